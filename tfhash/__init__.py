@@ -1,0 +1,38 @@
+"""tfhash: deep hashing for TensorFlow / Keras 3.
+
+Submodules are imported lazily so that ``import tfhash`` stays cheap (no TensorFlow import) for
+code that only needs the metrics, the data loaders or the index.
+
+The package logger ``tfhash`` has a ``NullHandler``: the library is quiet unless the application
+configures logging (the ``tfhash`` CLI does, with ``-v``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from typing import Any
+
+from tfhash._version import __version__
+
+logging.getLogger(__name__).addHandler(logging.NullHandler())
+
+_SUBMODULES = (
+    "codes",
+    "data",
+    "metrics",
+    "layers",
+    "losses",
+    "models",
+    "callbacks",
+    "proxies",
+    "index",
+)
+
+__all__ = ["__version__", *_SUBMODULES]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"tfhash.{name}")
+    raise AttributeError(f"module 'tfhash' has no attribute {name!r}")

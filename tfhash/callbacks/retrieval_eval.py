@@ -1,0 +1,46 @@
+"""Retrieval mAP at epoch end, logged to the history and TensorBoard (like TF Similarity's
+EvalCallback)."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+
+from tfhash.codes import sign_codes
+from tfhash.metrics import evaluate_retrieval
+
+
+class RetrievalEvalCallback(keras.callbacks.Callback):
+    """Encode a query and a database set with the model being trained and log ``val_map``
+    (mAP@R) and ``val_precision_h2`` every ``frequency`` epochs.
+
+    The model's ``predict`` must return the continuous codes, or a dict holding ``"codes"``.
+    Placed before a ``TensorBoard`` callback in the list, the values reach TensorBoard too
+    (Keras passes the same ``logs`` dict along).
+
+    Args:
+        query_x, query_labels, db_x, db_labels: the evaluation split.
+        top_r: depth of AP@R (None = all).
+        frequency: evaluate every ``frequency`` epochs.
+        prefix: prefix of the logged names.
+    """
+
+    def __init__(self, query_x, query_labels, db_x, db_labels, top_r=None, frequency: int = 1,
+                 batch_size: int = 512, prefix: str = "val_"):  # fmt: skip
+        super().__init__()
+        self.query_x, self.db_x = query_x, db_x
+        self.query_labels, self.db_labels = np.asarray(query_labels), np.asarray(db_labels)
+        self.top_r, self.frequency, self.batch_size, self.prefix = top_r, int(frequency), batch_size, prefix
+
+    def _codes(self, x) -> np.ndarray:
+        out = self.model.predict(x, batch_size=self.batch_size, verbose=0)
+        return sign_codes(np.asarray(out["codes"] if isinstance(out, dict) else out))
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is None or (epoch + 1) % self.frequency:
+            return
+        report = evaluate_retrieval(
+            self._codes(self.query_x), self._codes(self.db_x), self.query_labels, self.db_labels, top_r=self.top_r
+        )
+        logs[f"{self.prefix}map"] = report.mean_average_precision()
+        logs[f"{self.prefix}precision_h2"] = report.precision_at_radius(2)

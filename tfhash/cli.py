@@ -1,0 +1,99 @@
+"""The ``tfhash`` command line."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+
+import click
+
+from tfhash._version import __version__
+
+
+def _quiet_tensorflow() -> None:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="tfhash")
+@click.option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug).")
+def main(verbose: int) -> None:
+    """tfhash: deep hashing for TensorFlow / Keras."""
+    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    _quiet_tensorflow()
+
+
+def _fail(err: Exception) -> None:
+    click.echo(f"error: {err}", err=True)
+    sys.exit(2)
+
+
+@main.command()
+@click.option("--bits", default=48, show_default=True, type=click.IntRange(8, 256))
+@click.option("--epochs", default=20, show_default=True, type=click.IntRange(1))
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--data-root", default=None, help="Folder holding mnist/ (default: $TFHASH_DATA_ROOT or ../shared/data).")
+@click.option("--output-dir", default="runs/quickstart", show_default=True)
+def quickstart(bits: int, epochs: int, seed: int, data_root: str | None, output_dir: str) -> None:
+    """Train SCDH on MNIST (standard protocol), encode, search and print mAP."""
+    from tfhash.data import DataFormatError, DataNotFoundError
+    from tfhash.quickstart import run_quickstart
+
+    click.echo(f"tfhash quickstart: SCDH, {bits} bits, {epochs} epochs, seed {seed} (MNIST, 5,000 train / "
+               "1,000 queries / 69,000 database)")  # fmt: skip
+    try:
+        summary = run_quickstart(bits=bits, epochs=epochs, seed=seed, data_root=data_root, output_dir=output_dir, verbose=2)
+    except (DataNotFoundError, DataFormatError) as err:
+        _fail(err)
+    example = summary["example_query"]
+    click.echo(f"training: {summary['train_seconds']} s; encoding 70,000 images: {summary['encode_seconds']} s")
+    click.echo(f"example query (class {example['query_label']}): nearest classes {example['nearest_labels']} "
+               f"at Hamming distances {example['nearest_distances']}")  # fmt: skip
+    click.echo(f"P@H<=2: {summary['P@H<=2']:.4f}   P@1000: {summary['P@1000']:.4f}")
+    click.echo(f"summary written to {summary['output_dir']}/summary.json")
+    click.echo(f"mAP@all: {summary['mAP@all']:.4f}")
+
+
+@main.command()
+@click.argument("codes_file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--output-dir", required=True, help="Where metrics.json and the PNG plots go.")
+@click.option("--top-r", default=None, type=click.IntRange(1), help="Depth R of mAP@R (default: whole database).")
+@click.option("--radius", default=2, show_default=True, type=click.IntRange(0))
+@click.option("--tsne/--no-tsne", default=True, show_default=True)
+@click.option("--seed", default=0, show_default=True, type=int)
+def evaluate(codes_file: str, output_dir: str, top_r: int | None, radius: int, tsne: bool, seed: int) -> None:
+    """Metrics (JSON) and plots (PNG) from an .npz of query/database codes and labels."""
+    from tfhash.evaluation_report import write_evaluation
+
+    try:
+        metrics = write_evaluation(codes_file, output_dir, top_r=top_r, radius=radius, tsne=tsne, seed=seed)
+    except (ValueError, TypeError) as err:
+        _fail(err)
+    click.echo(json.dumps(metrics, indent=2))
+
+
+@main.group()
+def data() -> None:
+    """The real datasets."""
+
+
+@data.command("info")
+@click.argument("name", type=click.Choice(["mnist", "cifar10", "mirflickr25k", "wiki"]))
+@click.option("--data-root", default=None)
+@click.option("--seed", default=0, show_default=True, type=int)
+def data_info(name: str, data_root: str | None, seed: int) -> None:
+    """Load a dataset and print its shapes and standard split."""
+    from tfhash.data import DataFormatError, DataNotFoundError, load_dataset
+
+    try:
+        dataset = load_dataset(name, data_root=data_root, seed=seed)
+    except (DataNotFoundError, DataFormatError) as err:
+        _fail(err)
+    click.echo(json.dumps(dataset.describe(), indent=2))
+
+
+if __name__ == "__main__":
+    main()

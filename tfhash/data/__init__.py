@@ -1,0 +1,51 @@
+"""Loaders for the real datasets and their standard retrieval splits (DESIGN.md s.5).
+
+``load_dataset(name, data_root=None, seed=0)`` returns a :class:`HashingDataset`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from tfhash.data.cifar10 import load_cifar10
+from tfhash.data.dataset import DataFormatError, HashingDataset, one_hot
+from tfhash.data.mirflickr import load_mirflickr25k
+from tfhash.data.mnist import load_mnist
+from tfhash.data.paths import ENV_VAR, DataNotFoundError, find_data_file
+from tfhash.data.splits import Split, fixed_split, per_class_split, random_split
+from tfhash.data.wiki import load_wiki
+
+LOADERS: dict[str, Callable[..., HashingDataset]] = {
+    "mnist": load_mnist,
+    "cifar10": load_cifar10,
+    "mirflickr25k": load_mirflickr25k,
+    "wiki": load_wiki,
+}
+
+
+def load_dataset(name: str, data_root: str | os.PathLike | None = None, seed: int = 0) -> HashingDataset:
+    """Load one of :data:`LOADERS` by name with its standard split drawn from ``seed``."""
+    if name not in LOADERS:
+        raise ValueError(f"unknown dataset {name!r}; choose one of {sorted(LOADERS)}")
+    return LOADERS[name](data_root=data_root, seed=seed)
+
+
+__all__ = [
+    "ENV_VAR",
+    "LOADERS",
+    "DataFormatError",
+    "DataNotFoundError",
+    "HashingDataset",
+    "Split",
+    "find_data_file",
+    "fixed_split",
+    "load_cifar10",
+    "load_dataset",
+    "load_mirflickr25k",
+    "load_mnist",
+    "load_wiki",
+    "one_hot",
+    "per_class_split",
+    "random_split",
+]

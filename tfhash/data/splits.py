@@ -1,0 +1,100 @@
+"""Standard retrieval splits (DESIGN.md s.5), deterministic from a seed.
+
+Every split shuffles with ``numpy.random.default_rng(seed)`` so that no part is stored in label
+order (DESIGN.md s.3 explains why that matters for tie order) and records the seed it used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Split:
+    """Index arrays into a dataset's rows. ``train`` is a subset of ``database`` unless noted."""
+
+    query: np.ndarray
+    database: np.ndarray
+    train: np.ndarray
+    seed: int
+    protocol: str
+
+    def describe(self) -> dict:
+        return {
+            "protocol": self.protocol,
+            "seed": self.seed,
+            "query": int(self.query.size),
+            "database": int(self.database.size),
+            "train": int(self.train.size),
+        }
+
+
+def per_class_split(
+    class_ids: np.ndarray,
+    queries_per_class: int = 100,
+    train_per_class: int = 500,
+    seed: int = 0,
+) -> Split:
+    """CIFAR-10 / MNIST protocol: ``queries_per_class`` queries of each class, the rest is the
+    database, and ``train_per_class`` of each class of the database train.
+
+    Raises:
+        ValueError: when a class has too few examples for the request.
+    """
+    class_ids = np.asarray(class_ids)
+    if class_ids.ndim != 1:
+        raise ValueError("per_class_split needs integer class ids of shape (n,)")
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(class_ids.size)
+    shuffled = class_ids[order]
+    query_mask = np.zeros(class_ids.size, dtype=bool)
+    train_mask = np.zeros(class_ids.size, dtype=bool)
+    for cls in np.unique(class_ids):
+        positions = np.flatnonzero(shuffled == cls)
+        need = queries_per_class + train_per_class
+        if positions.size < need:
+            raise ValueError(
+                f"class {cls} has {positions.size} examples, fewer than "
+                f"{queries_per_class} queries + {train_per_class} training examples"
+            )
+        query_mask[positions[:queries_per_class]] = True
+        train_mask[positions[queries_per_class:need]] = True
+    return Split(
+        query=order[query_mask],
+        database=order[~query_mask],
+        train=order[train_mask],
+        seed=seed,
+        protocol=f"per-class: {queries_per_class} queries, {train_per_class} train per class",
+    )
+
+
+def random_split(n: int, num_query: int, num_train: int, seed: int = 0) -> Split:
+    """MIRFlickr / NUS-WIDE style: ``num_query`` random queries, the rest is the database, the
+    first ``num_train`` of the (shuffled) database train."""
+    if num_query + num_train > n:
+        raise ValueError(f"{num_query} queries + {num_train} train exceed the {n} examples")
+    order = np.random.default_rng(seed).permutation(n)
+    database = order[num_query:]
+    return Split(
+        query=order[:num_query],
+        database=database,
+        train=database[:num_train],
+        seed=seed,
+        protocol=f"random: {num_query} queries, {num_train} train from the database",
+    )
+
+
+def fixed_split(query: np.ndarray, database: np.ndarray, seed: int = 0) -> Split:
+    """A given query / database partition (Wiki): the database also trains. The database order is
+    shuffled with the seed so that it is not stored in label order."""
+    rng = np.random.default_rng(seed)
+    database = rng.permutation(np.asarray(database))
+    return Split(
+        query=np.asarray(query),
+        database=database,
+        train=database,
+        seed=seed,
+        protocol="fixed: given queries, database trains",
+    )

@@ -1,0 +1,6 @@
+"""Keras layers of tfhash (registered as serializable under package "tfhash")."""
+
+from tfhash.layers.hash_head import HashHead
+from tfhash.layers.semantic_clusters import SemanticClusters, negative_distances
+
+__all__ = ["HashHead", "SemanticClusters", "negative_distances"]

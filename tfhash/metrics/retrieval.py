@@ -1,0 +1,300 @@
+"""Retrieval metrics over binary codes: the project's one definition (DESIGN.md s.3).
+
+Conventions (see docs/metrics.md for how they compare with other hashing code bases):
+
+* relevance: a database item is relevant to a query when they share at least one label;
+* ranking: ascending Hamming distance, ties by ascending database index (stable);
+* AP@R = sum_r P(r) rel_r / sum_r rel_r over the top R, and 0 when the top R holds no relevant
+  item; mAP averages over *all* queries (queries without relevant items count as 0);
+* precision within Hamming radius r: relevant / retrieved in the ball d <= r; an empty ball scores 0;
+* P@N: relevant items among the top N of the ranking, divided by N;
+* PR curve: per query, precision and recall of the ball d <= r for r = 0..K, averaged over queries
+  (precision of an empty ball is 0, recall of a query without relevant items is 0);
+* tie-aware AP: the expected AP over uniformly random orders inside each distance tie (McSherry and
+  Najork, ECIR 2008), computed exactly from the distance histograms in O(n + K) per query; it does
+  not depend on the database order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tfhash.metrics.ranking import (
+    DEFAULT_CHUNK_BYTES,
+    Chunk,
+    distance_histograms,
+    iter_chunks,
+    prepare,
+    stable_ranking,
+)
+
+
+def _harmonic_numbers(n: int) -> np.ndarray:
+    """H[0..n] with H[0] = 0 and H[k] = 1 + 1/2 + ... + 1/k (float64)."""
+    return np.concatenate([[0.0], np.cumsum(1.0 / np.arange(1, n + 1, dtype=np.float64))])
+
+
+def average_precision_from_ranked(ranked_relevant: np.ndarray) -> np.ndarray:
+    """AP of each row of ranked 0/1 relevance (DESIGN.md s.3), 0 for rows without a hit.
+
+    Args:
+        ranked_relevant: ``(m, R)`` bool, relevance in ranking order, truncated at R.
+    """
+    m, depth = ranked_relevant.shape
+    rows, cols = np.nonzero(ranked_relevant)
+    if rows.size == 0:
+        return np.zeros(m)
+    hits_so_far = np.cumsum(ranked_relevant, axis=1, dtype=np.int32)[rows, cols]
+    precision_sum = np.bincount(rows, weights=hits_so_far / (cols + 1.0), minlength=m)
+    hits = np.bincount(rows, minlength=m)
+    return np.where(hits > 0, precision_sum / np.maximum(hits, 1), 0.0)
+
+
+def tie_aware_average_precision(counts: np.ndarray, relevant_counts: np.ndarray, harmonic: np.ndarray) -> np.ndarray:
+    """Expected AP over random orders within each Hamming-distance tie, from histograms.
+
+    For a tie group of ``m`` items with ``t`` relevant, preceded by ``n`` items of which ``r`` are
+    relevant, a relevant item at position k of the group has, in expectation, ``r + 1 +
+    (k - 1)(t - 1)/(m - 1)`` relevant items at or before it and rank ``n + k``; averaging over the
+    uniformly random position k gives the group's contribution
+
+        t/m * [ (r + 1) S0 + (t - 1)/(m - 1) S1 ],  S0 = H(n+m) - H(n),  S1 = m - (n + 1) S0,
+
+    with H the harmonic numbers. AP = sum of contributions / total relevant (0 when none).
+
+    Args:
+        counts, relevant_counts: ``(q, K + 1)`` items / relevant items at each distance.
+        harmonic: :func:`_harmonic_numbers` of at least the database size.
+    """
+    counts = counts.astype(np.float64)
+    relevant_counts = relevant_counts.astype(np.float64)
+    before = np.cumsum(counts, axis=1) - counts
+    relevant_before = np.cumsum(relevant_counts, axis=1) - relevant_counts
+    before_i = before.astype(np.int64)
+    s0 = harmonic[before_i + counts.astype(np.int64)] - harmonic[before_i]
+    s1 = counts - (before + 1.0) * s0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        pair_term = np.where(counts > 1, (relevant_counts - 1.0) / (counts - 1.0) * s1, 0.0)
+        group = np.where(counts > 0, relevant_counts / counts * ((relevant_before + 1.0) * s0 + pair_term), 0.0)
+    total = relevant_counts.sum(axis=1)
+    return np.where(total > 0, group.sum(axis=1) / np.maximum(total, 1.0), 0.0)
+
+
+@dataclass
+class RetrievalReport:
+    """Per-query values of one evaluation and their summaries.
+
+    Arrays have one entry per query (``precision_by_radius`` / ``recall_by_radius``: one row per
+    query, one column per radius 0..K). Fields a call did not ask for are ``None``.
+    """
+
+    bits: int
+    num_queries: int
+    num_database: int
+    top_r: int | None
+    average_precision: np.ndarray | None = None
+    tie_aware_average_precision: np.ndarray | None = None
+    precision_by_radius: np.ndarray | None = None
+    recall_by_radius: np.ndarray | None = None
+    ball_size_by_radius: np.ndarray | None = None
+    precision_at: dict[int, np.ndarray] = field(default_factory=dict)
+
+    def mean_average_precision(self) -> float:
+        return float(np.mean(self.average_precision)) if self.num_queries else 0.0
+
+    def precision_at_radius(self, radius: int) -> float:
+        column = min(radius, self.bits)
+        return float(np.mean(self.precision_by_radius[:, column])) if self.num_queries else 0.0
+
+    def nonempty_ball_share(self, radius: int) -> float:
+        column = min(radius, self.bits)
+        return float(np.mean(self.ball_size_by_radius[:, column] > 0)) if self.num_queries else 0.0
+
+    def summary(self, radius: int = 2) -> dict:
+        """Scalar summary (JSON-ready)."""
+        out: dict = {"bits": self.bits, "queries": self.num_queries, "database": self.num_database}
+        label = "all" if self.top_r is None else str(self.top_r)
+        if self.average_precision is not None:
+            out[f"mAP@{label}"] = self.mean_average_precision()
+        if self.tie_aware_average_precision is not None:
+            out["mAP@all (tie-aware)"] = float(np.mean(self.tie_aware_average_precision))
+        if self.precision_by_radius is not None:
+            out[f"P@H<={radius}"] = self.precision_at_radius(radius)
+            out[f"nonempty ball share (H<={radius})"] = self.nonempty_ball_share(radius)
+        for n, values in sorted(self.precision_at.items()):
+            out[f"P@{n}"] = float(np.mean(values))
+        return out
+
+
+def evaluate_retrieval(
+    query_codes,
+    db_codes,
+    query_labels,
+    db_labels,
+    *,
+    top_r: int | None = None,
+    average_precision: bool = True,
+    tie_aware: bool = False,
+    radius_curves: bool = True,
+    precision_at: Sequence[int] = (),
+    max_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+) -> RetrievalReport:
+    """Compute, in one chunked pass over the queries, every requested metric per query.
+
+    Args:
+        query_codes, db_codes: +-1 codes ``(n, K)`` or packed ``uint8`` ``(n, K/8)``.
+        query_labels, db_labels: class ids ``(n,)`` or one-hot / multi-hot ``(n, C)``.
+        top_r: depth R of AP@R; ``None`` means the whole database (mAP@all).
+        average_precision: compute AP@R in the stable tie order.
+        tie_aware: also compute the tie-aware AP (whole ranking only).
+        radius_curves: precision / recall / ball size for every radius 0..K.
+        precision_at: the N of the P@N values to compute.
+        max_chunk_bytes: memory budget of one query chunk.
+
+    Raises:
+        ValueError: invalid inputs (see :func:`tfhash.metrics.ranking.prepare`), ``top_r`` or an
+            N outside ``1..database size``, or ``tie_aware`` with a ``top_r``.
+    """
+    problem = prepare(query_codes, db_codes, query_labels, db_labels)
+    n_db = problem.num_database
+    for name, value in [("top_r", top_r)] + [("precision_at N", n) for n in precision_at]:
+        if value is not None and not (1 <= int(value) <= n_db):
+            raise ValueError(f"{name} = {value} must lie in 1..{n_db} (the database size)")
+    if tie_aware and top_r is not None:
+        raise ValueError("the tie-aware AP is defined here for the whole ranking only (top_r=None)")
+    depth = n_db if top_r is None else int(top_r)
+    report = RetrievalReport(problem.bits, problem.num_queries, n_db, top_r)
+    pieces: dict[str, list] = {key: [] for key in ("ap", "tie", "prec", "rec", "ball")}
+    pieces_at: dict[int, list] = {int(n): [] for n in precision_at}
+    needs_ranking = average_precision or bool(pieces_at)
+    needs_histograms = tie_aware or radius_curves
+    harmonic = _harmonic_numbers(n_db) if tie_aware else None
+    for chunk in iter_chunks(problem, max_chunk_bytes):
+        if needs_ranking:
+            limit = max([depth if average_precision else 0, *pieces_at])
+            order = stable_ranking(chunk.distances)[:, :limit]
+            ranked = np.take_along_axis(chunk.relevant, order, axis=1)
+            if average_precision:
+                pieces["ap"].append(average_precision_from_ranked(ranked[:, :depth]))
+            for n in pieces_at:
+                pieces_at[n].append(ranked[:, :n].sum(axis=1) / n)
+        if needs_histograms:
+            _histogram_metrics(chunk, problem.bits, tie_aware, radius_curves, harmonic, pieces)
+    if average_precision:
+        report.average_precision = _join(pieces["ap"])
+    if tie_aware:
+        report.tie_aware_average_precision = _join(pieces["tie"])
+    if radius_curves:
+        width = problem.bits + 1
+        report.precision_by_radius = _join(pieces["prec"], width)
+        report.recall_by_radius = _join(pieces["rec"], width)
+        report.ball_size_by_radius = _join(pieces["ball"], width).astype(np.int64)
+    report.precision_at = {n: _join(parts) for n, parts in pieces_at.items()}
+    return report
+
+
+def _histogram_metrics(chunk: Chunk, bits: int, tie_aware: bool, radius_curves: bool, harmonic, pieces) -> None:
+    counts, relevant_counts = distance_histograms(chunk, bits)
+    if tie_aware:
+        pieces["tie"].append(tie_aware_average_precision(counts, relevant_counts, harmonic))
+    if radius_curves:
+        ball = np.cumsum(counts, axis=1)
+        hits = np.cumsum(relevant_counts, axis=1)
+        total = hits[:, -1:]
+        pieces["prec"].append(np.where(ball > 0, hits / np.maximum(ball, 1), 0.0))
+        pieces["rec"].append(np.where(total > 0, hits / np.maximum(total, 1), 0.0))
+        pieces["ball"].append(ball)
+
+
+def _join(parts: list, width: int | None = None) -> np.ndarray:
+    if parts:
+        return np.concatenate(parts)
+    return np.zeros((0,) if width is None else (0, width))
+
+
+def average_precision(query_codes, db_codes, query_labels, db_labels, top_r: int | None = None, **kwargs) -> np.ndarray:
+    """Per-query AP@R (``top_r=None``: whole ranking), stable tie order."""
+    return evaluate_retrieval(
+        query_codes, db_codes, query_labels, db_labels, top_r=top_r, radius_curves=False, **kwargs
+    ).average_precision
+
+
+def mean_average_precision(query_codes, db_codes, query_labels, db_labels, top_r: int | None = None, **kwargs) -> float:
+    """mAP@R over all queries (queries without relevant items count as 0), stable tie order.
+
+    Codes are +-1 ``(n, K)`` or packed ``uint8`` ``(n, K/8)``; labels are class ids ``(n,)`` or
+    one-hot / multi-hot ``(n, C)``; ``top_r=None`` ranks the whole database (mAP@all).
+    """
+    return float(np.mean(average_precision(query_codes, db_codes, query_labels, db_labels, top_r, **kwargs)))
+
+
+def mean_average_precision_tie_aware(query_codes, db_codes, query_labels, db_labels, **kwargs) -> float:
+    """Tie-aware mAP@all: expected AP over random orders within distance ties; immune to the
+    database order (DESIGN.md s.3)."""
+    report = evaluate_retrieval(
+        query_codes, db_codes, query_labels, db_labels,
+        average_precision=False, tie_aware=True, radius_curves=False, **kwargs,
+    )  # fmt: skip
+    return float(np.mean(report.tie_aware_average_precision)) if report.num_queries else 0.0
+
+
+def precision_at_hamming_radius(query_codes, db_codes, query_labels, db_labels, radius: int = 2, **kwargs) -> float:
+    """Mean over queries of the precision inside the Hamming ball d <= radius (empty ball = 0)."""
+    if radius < 0:
+        raise ValueError(f"radius must be >= 0, got {radius}")
+    report = evaluate_retrieval(query_codes, db_codes, query_labels, db_labels, average_precision=False, **kwargs)
+    return report.precision_at_radius(radius)
+
+
+def precision_at_n(query_codes, db_codes, query_labels, db_labels, n: int, **kwargs) -> float:
+    """Mean over queries of the precision of the top ``n`` of the stable ranking."""
+    report = evaluate_retrieval(
+        query_codes, db_codes, query_labels, db_labels,
+        average_precision=False, radius_curves=False, precision_at=[n], **kwargs,
+    )  # fmt: skip
+    return float(np.mean(report.precision_at[int(n)])) if report.num_queries else 0.0
+
+
+def pr_curve_by_radius(query_codes, db_codes, query_labels, db_labels, **kwargs) -> dict[str, np.ndarray]:
+    """Mean precision and recall of the Hamming ball for every radius 0..K."""
+    report = evaluate_retrieval(query_codes, db_codes, query_labels, db_labels, average_precision=False, **kwargs)
+    return {
+        "radius": np.arange(report.bits + 1),
+        "precision": report.precision_by_radius.mean(axis=0),
+        "recall": report.recall_by_radius.mean(axis=0),
+    }
+
+
+def precision_at_n_curve(query_codes, db_codes, query_labels, db_labels, ns: Sequence[int], **kwargs) -> dict[str, np.ndarray]:
+    """Mean P@N for each N of ``ns`` (the top-N precision curve)."""
+    report = evaluate_retrieval(
+        query_codes, db_codes, query_labels, db_labels,
+        average_precision=False, radius_curves=False, precision_at=list(ns), **kwargs,
+    )  # fmt: skip
+    ns_sorted = sorted({int(n) for n in ns})
+    return {"n": np.array(ns_sorted), "precision": np.array([report.precision_at[n].mean() for n in ns_sorted])}
+
+
+def cross_modal_mean_average_precision(
+    query_codes: dict[str, np.ndarray],
+    db_codes: dict[str, np.ndarray],
+    query_labels,
+    db_labels,
+    top_r: int | None = None,
+    **kwargs,
+) -> dict[str, float]:
+    """mAP of every direction between two modalities, e.g. ``{"image->text": .., "text->image": ..}``.
+
+    Args:
+        query_codes, db_codes: modality name -> codes; both dicts must name the same two modalities.
+    """
+    if set(query_codes) != set(db_codes) or len(query_codes) != 2:
+        raise ValueError("cross-modal retrieval needs the same two modalities for queries and database")
+    first, second = sorted(query_codes)
+    return {
+        f"{a}->{b}": mean_average_precision(query_codes[a], db_codes[b], query_labels, db_labels, top_r, **kwargs)
+        for a, b in ((first, second), (second, first))
+    }

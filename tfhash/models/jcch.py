@@ -1,0 +1,91 @@
+"""JCCH cross-modal model: two towers, shared semantic cluster centres (JCCH Eq. 16-17)."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+
+from tfhash.layers import HashHead, SemanticClusters
+from tfhash.losses.scdh import cross_modal_loss
+from tfhash.models.base import binarize, loss_trackers, unpack_targets
+
+
+@keras.saving.register_keras_serializable(package="tfhash")
+class JCCHModel(keras.Model):
+    """Two towers (one backbone + HashHead + classifier per modality) whose codes are scored
+    against one shared :class:`SemanticClusters` layer.
+
+    Inputs are a dict ``{modality_a: x_a, modality_b: x_b}`` of paired examples; ``call`` returns
+    ``{modality: {"codes", "neg_distances", "logits"}}``. Targets: labels or
+    ``{"labels", "q", "u"}`` (JCCH coefficients; JCCH-B without them).
+
+    Args:
+        backbones: ``{modality: keras model}`` for exactly two modalities.
+        num_classes, bits: C and K.
+        lam, mu, alpha: SCDH weights, per tower; beta: weight of 1 - cos(F1, F2) (0 if unpaired).
+    """
+
+    def __init__(self, backbones: dict, num_classes: int, bits: int, lam: float = 0.005, mu: float = 0.2,
+                 alpha: float = 0.05, beta: float = 0.1, p: float = 3.0, **kwargs):  # fmt: skip
+        super().__init__(**kwargs)
+        if len(backbones) != 2:
+            raise ValueError("JCCHModel needs exactly two modalities")
+        self.modalities = sorted(backbones)
+        self.backbones = {m: backbones[m] for m in self.modalities}
+        self.num_classes, self.bits = int(num_classes), int(bits)
+        self.lam, self.mu, self.alpha, self.beta, self.p = float(lam), float(mu), float(alpha), float(beta), float(p)
+        self.hash_heads = {m: HashHead(self.bits, name=f"hash_head_{m}") for m in self.modalities}
+        self.classifiers = {
+            m: keras.layers.Dense(self.num_classes, kernel_initializer=keras.initializers.RandomNormal(stddev=0.01),
+                                  name=f"classifier_{m}")  # fmt: skip
+            for m in self.modalities
+        }
+        self.clusters = SemanticClusters(self.num_classes, self.bits, name="clusters")
+        self._trackers = loss_trackers(self, ("scul", "classifier", "quantization", "alignment"))
+
+    def tower(self, modality: str, x, training=False) -> dict:
+        if modality not in self.backbones:
+            raise ValueError(f"unknown modality {modality!r}; this model has {self.modalities}")
+        features = self.backbones[modality](x, training=training)
+        codes = self.hash_heads[modality](features)
+        return {"codes": codes, "neg_distances": self.clusters(codes), "logits": self.classifiers[modality](features)}
+
+    def call(self, inputs, training=False):
+        missing = [m for m in self.modalities if m not in inputs]
+        if missing:
+            raise ValueError(f"inputs lack modalities {missing}")
+        return {m: self.tower(m, inputs[m], training) for m in self.modalities}
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        labels, q, u = unpack_targets(y)
+        parts = cross_modal_loss(labels, [y_pred[m] for m in self.modalities], self.lam, self.mu, self.alpha,
+                                 self.beta, q, u, self.p)  # fmt: skip
+        for name, tracker in self._trackers.items():
+            tracker.update_state(parts[name])
+        return parts["loss"]
+
+    def encode(self, x, modality: str, batch_size: int = 512) -> np.ndarray:
+        """+-1 codes of one modality's inputs."""
+        if modality not in self.backbones:
+            raise ValueError(f"unknown modality {modality!r}; this model has {self.modalities}")
+        encoder = keras.Model(self.backbones[modality].inputs, self.hash_heads[modality](self.backbones[modality].outputs[0]))
+        return np.asarray(binarize(encoder.predict(x, batch_size=batch_size, verbose=0)))
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "backbones": {m: keras.saving.serialize_keras_object(b) for m, b in self.backbones.items()},
+            "num_classes": self.num_classes,
+            "bits": self.bits,
+            "lam": self.lam,
+            "mu": self.mu,
+            "alpha": self.alpha,
+            "beta": self.beta,
+            "p": self.p,
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        config["backbones"] = {m: keras.saving.deserialize_keras_object(b) for m, b in config["backbones"].items()}
+        return cls(**config)

@@ -1,0 +1,178 @@
+"""SCDH and MT-SCDH models (SCDH Eq. 18 and 21)."""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from tfhash.layers import HashHead, SemanticClusters
+from tfhash.losses.mean_teacher import mean_teacher_consistency
+from tfhash.losses.quantization import quantization_loss
+from tfhash.losses.scdh import scdh_loss
+from tfhash.models.base import EncoderMixin, loss_trackers, unpack_targets
+
+
+@keras.saving.register_keras_serializable(package="tfhash")
+class SCDHModel(EncoderMixin, keras.Model):
+    """backbone -> HashHead (F, K units) -> SemanticClusters (-D), plus a classifier head ("fc8")
+    on the backbone features; trained with SCUL + mu * l_1 + alpha * l_q.
+
+    ``call`` returns ``{"codes": F, "neg_distances": -D, "logits": a}``. Targets for ``fit`` are
+    ``(n, C)`` labels or ``{"labels", "q", "u"}`` with JCCH coefficients.
+
+    Args:
+        backbone: Keras model mapping inputs to a feature vector.
+        num_classes, bits: C and K.
+        lam, mu, alpha: SCDH weights (see :mod:`tfhash.models.presets`).
+        similarity: ``"euclidean"`` (SCDH) or ``"dot"`` (with ``lam=0``: the SCDH-S ablation).
+        p: Hoelder exponent of the quantization loss.
+    """
+
+    def __init__(self, backbone, num_classes: int, bits: int, lam: float = 0.005, mu: float = 0.2,
+                 alpha: float = 0.05, similarity: str = "euclidean", p: float = 3.0, **kwargs):  # fmt: skip
+        super().__init__(**kwargs)
+        self.backbone = backbone
+        self.num_classes, self.bits = int(num_classes), int(bits)
+        self.lam, self.mu, self.alpha, self.p = float(lam), float(mu), float(alpha), float(p)
+        self.similarity = similarity
+        self.hash_head = HashHead(self.bits, name="hash_head")
+        self.clusters = SemanticClusters(self.num_classes, self.bits, similarity=similarity, name="clusters")
+        self.classifier = keras.layers.Dense(
+            self.num_classes, kernel_initializer=keras.initializers.RandomNormal(stddev=0.01), name="classifier"
+        )
+        self._trackers = loss_trackers(self, ("scul", "classifier", "quantization"))
+
+    def call(self, inputs, training=False):
+        features = self.backbone(inputs, training=training)
+        codes = self.hash_head(features)
+        return {"codes": codes, "neg_distances": self.clusters(codes), "logits": self.classifier(features)}
+
+    def supervised_loss(self, labels, y_pred, q=None, u=None) -> dict:
+        return scdh_loss(labels, y_pred["neg_distances"], y_pred["logits"], y_pred["codes"],
+                         self.lam, self.mu, self.alpha, q, u, self.p)  # fmt: skip
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        labels, q, u = unpack_targets(y)
+        parts = self.supervised_loss(labels, y_pred, q, u)
+        for name, tracker in self._trackers.items():
+            tracker.update_state(parts[name])
+        return parts["loss"]
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "backbone": keras.saving.serialize_keras_object(self.backbone),
+            "num_classes": self.num_classes,
+            "bits": self.bits,
+            "lam": self.lam,
+            "mu": self.mu,
+            "alpha": self.alpha,
+            "similarity": self.similarity,
+            "p": self.p,
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        config["backbone"] = keras.saving.deserialize_keras_object(config["backbone"])
+        return cls(**config)
+
+
+@keras.saving.register_keras_serializable(package="tfhash")
+class MeanTeacherSCDH(EncoderMixin, keras.Model):
+    """MT-SCDH (SCDH Eq. 21): a student SCDH model trained on labelled and unlabelled data and a
+    teacher whose weights are the exponential moving average of the student's.
+
+    Unlabelled examples are rows whose labels are all zero. Per batch the loss is the SCDH loss of
+    the labelled rows, alpha * l_q of the unlabelled rows' codes, and w(t) times the consistency
+    mu d(a, a^T) + d(-D, -D^T) over all rows, the student and the teacher each seeing the input
+    with its own Gaussian noise. w(t) = consistency * exp(-5 (1 - t)^2) ramps up over
+    ``rampup_steps`` optimizer steps (Mean Teacher's sigmoid ramp-up); the EMA update follows
+    each optimizer step. ``encode`` uses the teacher (Mean Teacher's evaluation model).
+
+    Args:
+        student, teacher: two :class:`SCDHModel` of identical architecture.
+        consistency: w at the end of the ramp-up (50 as in Mean Teacher).
+        rampup_steps: ramp-up length in optimizer steps.
+        ema_decay: teacher EMA decay.
+        noise_stddev: standard deviation of the input noise, in input units.
+    """
+
+    def __init__(self, student: SCDHModel, teacher: SCDHModel, consistency: float = 50.0,
+                 rampup_steps: int = 1000, ema_decay: float = 0.99, noise_stddev: float = 0.0, **kwargs):  # fmt: skip
+        super().__init__(**kwargs)
+        self.student, self.teacher = student, teacher
+        self.teacher.trainable = False
+        self.consistency = float(consistency)
+        self.rampup_steps = int(rampup_steps)
+        self.ema_decay = float(ema_decay)
+        self.noise_stddev = float(noise_stddev)
+        self._trackers = loss_trackers(self, ("scul", "classifier", "quantization", "consistency"))
+
+    def _perturb(self, x, training):
+        if not training or self.noise_stddev <= 0:
+            return x
+        x = tf.cast(x, tf.float32)
+        return x + tf.random.normal(tf.shape(x), stddev=self.noise_stddev)
+
+    def call(self, inputs, training=False):
+        if not training:
+            return self.teacher(inputs, training=False)
+        return self.student(self._perturb(inputs, training), training=True)
+
+    def consistency_weight(self):
+        if self.rampup_steps <= 0:
+            return tf.constant(self.consistency)
+        t = tf.clip_by_value(tf.cast(self.optimizer.iterations, tf.float32) / self.rampup_steps, 0.0, 1.0)
+        return self.consistency * tf.exp(-5.0 * tf.square(1.0 - t))
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        labels, q, u = unpack_targets(y)
+        labels = tf.cast(labels, tf.float32)
+        labelled = tf.reduce_sum(labels, axis=-1) > 0
+        supervised = self.student.supervised_loss(
+            tf.boolean_mask(labels, labelled),
+            {k: tf.boolean_mask(v, labelled) for k, v in y_pred.items()},
+            None if q is None else tf.boolean_mask(q, labelled),
+            None if u is None else tf.boolean_mask(u, labelled),
+        )
+        has_labelled = tf.cast(tf.reduce_any(labelled), tf.float32)
+        unlabelled_codes = tf.boolean_mask(y_pred["codes"], tf.logical_not(labelled))
+        has_unlabelled = tf.cast(tf.shape(unlabelled_codes)[0] > 0, tf.float32)
+        teacher_out = self.teacher(self._perturb(x, training), training=False)
+        consistency = mean_teacher_consistency(
+            y_pred["logits"], teacher_out["logits"], y_pred["neg_distances"], teacher_out["neg_distances"], self.student.mu
+        )
+        total = (
+            has_labelled * tf.where(tf.math.is_finite(supervised["loss"]), supervised["loss"], 0.0)
+            + has_unlabelled * self.student.alpha * quantization_loss(unlabelled_codes, self.student.p)
+            + self.consistency_weight() * consistency
+        )
+        for name in ("scul", "classifier", "quantization"):
+            self._trackers[name].update_state(supervised[name])
+        self._trackers["consistency"].update_state(consistency)
+        return total
+
+    def train_step(self, data):
+        logs = super().train_step(data)
+        for teacher_w, student_w in zip(self.teacher.weights, self.student.weights):
+            teacher_w.assign(self.ema_decay * teacher_w + (1.0 - self.ema_decay) * student_w)
+        return logs
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "student": keras.saving.serialize_keras_object(self.student),
+            "teacher": keras.saving.serialize_keras_object(self.teacher),
+            "consistency": self.consistency,
+            "rampup_steps": self.rampup_steps,
+            "ema_decay": self.ema_decay,
+            "noise_stddev": self.noise_stddev,
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        for key in ("student", "teacher"):
+            config[key] = keras.saving.deserialize_keras_object(config[key])
+        return cls(**config)
