@@ -13,10 +13,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tfhash.codes import as_packed, hamming_distances
+from tfhash.codes import as_packed, hamming_distances, unpack_codes
 
 #: Default memory budget of one query chunk (bytes).
 DEFAULT_CHUNK_BYTES = 256 * 1024 * 1024
+#: Largest float32 copy of the database (bytes) for which distances come from a matrix product.
+MAX_FLOAT_DATABASE_BYTES = 1024 * 1024 * 1024
 # Bytes held per (query, database item) pair in a chunk: distances, relevance, ranking order,
 # ranked relevance, cumulative sums and precisions (see average_precision_at).
 _BYTES_PER_PAIR = 24
@@ -140,15 +142,24 @@ class Chunk:
 
 
 def iter_chunks(problem: RetrievalProblem, max_chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[Chunk]:
-    """Yield :class:`Chunk` objects covering every query in order."""
+    """Yield :class:`Chunk` objects covering every query in order.
+
+    Distances come from a float32 matrix product of the +-1 codes, d = (K - q.x) / 2, which is
+    exact (the products are small integers) and runs on BLAS; when a float32 copy of the database
+    would exceed :data:`MAX_FLOAT_DATABASE_BYTES`, from XOR + popcount of the packed codes.
+    """
     step = chunk_size_for(problem.num_database, problem.bits, max_chunk_bytes)
+    use_product = problem.num_database * problem.bits * 4 <= MAX_FLOAT_DATABASE_BYTES
+    db_float = unpack_codes(problem.db_packed).astype(np.float32) if use_product else None
     for start in range(0, problem.num_queries, step):
         rows = slice(start, min(start + step, problem.num_queries))
-        yield Chunk(
-            rows=rows,
-            distances=hamming_distances(problem.query_packed[rows], problem.db_packed),
-            relevant=relevance(problem.query_labels[rows], problem.db_labels),
-        )
+        if use_product:
+            query_float = unpack_codes(problem.query_packed[rows]).astype(np.float32)
+            products = query_float @ db_float.T
+            distances = ((problem.bits - products) * 0.5).astype(np.uint16)
+        else:
+            distances = hamming_distances(problem.query_packed[rows], problem.db_packed)
+        yield Chunk(rows=rows, distances=distances, relevant=relevance(problem.query_labels[rows], problem.db_labels))
 
 
 def stable_ranking(distances: np.ndarray) -> np.ndarray:

@@ -43,14 +43,12 @@ def average_precision_from_ranked(ranked_relevant: np.ndarray) -> np.ndarray:
     Args:
         ranked_relevant: ``(m, R)`` bool, relevance in ranking order, truncated at R.
     """
-    m, depth = ranked_relevant.shape
-    rows, cols = np.nonzero(ranked_relevant)
-    if rows.size == 0:
-        return np.zeros(m)
-    hits_so_far = np.cumsum(ranked_relevant, axis=1, dtype=np.int32)[rows, cols]
-    precision_sum = np.bincount(rows, weights=hits_so_far / (cols + 1.0), minlength=m)
-    hits = np.bincount(rows, minlength=m)
-    return np.where(hits > 0, precision_sum / np.maximum(hits, 1), 0.0)
+    depth = ranked_relevant.shape[1]
+    hits_so_far = np.cumsum(ranked_relevant, axis=1, dtype=np.float64)
+    hits = hits_so_far[:, -1].copy() if depth else np.zeros(ranked_relevant.shape[0])
+    hits_so_far *= ranked_relevant  # keep P(r) * rel_r only
+    precision_sum = hits_so_far @ (1.0 / np.arange(1, depth + 1, dtype=np.float64))
+    return np.where(hits > 0, precision_sum / np.maximum(hits, 1.0), 0.0)
 
 
 def tie_aware_average_precision(counts: np.ndarray, relevant_counts: np.ndarray, harmonic: np.ndarray) -> np.ndarray:

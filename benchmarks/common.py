@@ -1,0 +1,50 @@
+"""Shared helpers of the benchmark scripts: environment record and results files."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def environment() -> dict:
+    import numpy as np
+
+    info = {
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "numpy": np.__version__,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    try:
+        import tensorflow as tf
+
+        info["tensorflow"] = tf.__version__
+    except ImportError:
+        pass
+    return info
+
+
+def write_results(name: str, payload: dict, markdown: str) -> Path:
+    """Write ``results/<name>.json`` (payload + environment) and ``results/<name>.md``."""
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    payload = {"environment": environment(), **payload}
+    json_path = RESULTS_DIR / f"{name}.json"
+    json_path.write_text(json.dumps(payload, indent=2, default=float))
+    (RESULTS_DIR / f"{name}.md").write_text(markdown)
+    print(f"wrote {json_path} and {name}.md")
+    return json_path
+
+
+def markdown_table(rows: list[dict], columns: list[str]) -> str:
+    def fmt(value):
+        return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(fmt(row.get(c, "")) for c in columns) + " |" for row in rows]
+    return "\n".join(lines)

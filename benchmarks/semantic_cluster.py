@@ -1,0 +1,176 @@
+"""Semantic-cluster family on real data (issue 3): SCDH / SCDH-S on MNIST, JCCH on Wiki, multi-label
+SCUL and JCCH coefficients vs JCCH-B on MIRFlickr-25K tags, and the O(n) cost of SCUL against an
+O(n^2) pairwise loss.
+
+    python -m benchmarks.semantic_cluster [--quick] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from benchmarks.common import markdown_table, write_results  # noqa: E402
+from tfhash import losses  # noqa: E402
+from tfhash.data import load_mirflickr25k, load_wiki  # noqa: E402
+from tfhash.metrics import cross_modal_mean_average_precision, evaluate_retrieval  # noqa: E402
+from tfhash.models import build_jcch, build_scdh, mlp  # noqa: E402
+from tfhash.quickstart import train_scdh_mnist  # noqa: E402
+
+
+def standardise(train: np.ndarray, *others: np.ndarray) -> list[np.ndarray]:
+    mean, std = train.mean(axis=0), train.std(axis=0) + 1e-6
+    return [((a - mean) / std).astype("float32") for a in (train, *others)]
+
+
+def mnist_rows(bits_list, epochs, seed) -> list[dict]:
+    rows = []
+    for bits in bits_list:
+        for ablation in (False, True):
+            summary = train_scdh_mnist(bits=bits, epochs=epochs, seed=seed, ablation=ablation)["summary"]
+            rows.append({"dataset": "MNIST", "method": summary["method"], "bits": bits, "mAP@all": summary["mAP@all"],
+                         "P@H<=2": summary["P@H<=2"], "train_s": summary["train_seconds"], "seed": seed})  # fmt: skip
+            print(rows[-1], flush=True)
+    return rows
+
+
+def wiki_rows(bits_list, epochs, seed) -> list[dict]:
+    ds = load_wiki(seed=seed)
+    (train, train_y), (query, query_y), (db, db_y) = ds.part("train"), ds.part("query"), ds.part("database")
+    img_tr, img_q, img_db = standardise(train["image"], query["image"], db["image"])
+    txt_tr, txt_q, txt_db = standardise(train["text"], query["text"], db["text"])
+    rows = []
+    for bits in bits_list:
+        keras.utils.set_random_seed(seed)
+        model = build_jcch({"image": mlp(128, (512,)), "text": mlp(10, (512,))}, ds.num_classes, bits,
+                           preset="cifar10", beta=0.1)  # fmt: skip
+        model.compile(optimizer=keras.optimizers.Adam(1e-3))
+        start = time.perf_counter()
+        model.fit({"image": img_tr, "text": txt_tr}, train_y.astype("float32"), epochs=epochs, batch_size=128, verbose=0)
+        seconds = time.perf_counter() - start
+        out = cross_modal_mean_average_precision(
+            {"image": model.encode(img_q, "image"), "text": model.encode(txt_q, "text")},
+            {"image": model.encode(img_db, "image"), "text": model.encode(txt_db, "text")},
+            query_y, db_y,
+        )  # fmt: skip
+        rows.append({"dataset": "Wiki", "method": "JCCH", "bits": bits, "I->T mAP@all": out["image->text"],
+                     "T->I mAP@all": out["text->image"], "train_s": round(seconds, 1), "seed": seed})  # fmt: skip
+        print(rows[-1], flush=True)
+    return rows
+
+
+def mirflickr_rows(bits_list, epochs, seed, anchors: int | None) -> list[dict]:
+    ds = load_mirflickr25k(seed=seed)
+    (train, train_y), (query, query_y), (db, db_y) = ds.part("train"), ds.part("query"), ds.part("database")
+    start = time.perf_counter()
+    anchor_index = None if anchors is None else np.random.default_rng(seed).choice(len(train_y), anchors, replace=False)
+    q, u = losses.jcch_coefficients(train_y, anchor_index)
+    coefficient_seconds = time.perf_counter() - start
+    variants = {
+        "SCUL multi-label (JCCH-B: q = 1/|Y|, u = 1)": train_y.astype("float32"),
+        "JCCH coefficients": {"labels": train_y.astype("float32"), "q": q.astype("float32"), "u": u.astype("float32")},
+    }
+    rows = []
+    for bits in bits_list:
+        for name, target in variants.items():
+            keras.utils.set_random_seed(seed)
+            model = build_scdh(mlp(1386, (1024,)), ds.num_classes, bits, preset="nuswide")
+            model.compile(optimizer=keras.optimizers.Adam(1e-3))
+            start = time.perf_counter()
+            model.fit(train["text"], target, epochs=epochs, batch_size=128, verbose=0)
+            seconds = time.perf_counter() - start
+            report = evaluate_retrieval(model.encode(query["text"]), model.encode(db["text"]), query_y, db_y,
+                                        precision_at=[1000], top_r=None)  # fmt: skip
+            rows.append({"dataset": "MIRFlickr-25K tags", "method": name, "bits": bits,
+                         "mAP@all": report.mean_average_precision(), "P@1000": float(report.precision_at[1000].mean()),
+                         "train_s": round(seconds, 1), "seed": seed,
+                         "anchors": "all" if anchors is None else anchors,
+                         "coefficient_s": round(coefficient_seconds, 1)})  # fmt: skip
+            print(rows[-1], flush=True)
+    return rows
+
+
+def pairwise_loss(codes, labels):
+    """A DPSH-style pairwise likelihood over all n^2 pairs (the O(n^2) reference cost)."""
+    inner = 0.5 * tf.matmul(codes, codes, transpose_b=True)
+    similar = tf.cast(tf.matmul(labels, labels, transpose_b=True) > 0, tf.float32)
+    return tf.reduce_mean(tf.nn.softplus(inner) - similar * inner)
+
+
+def cost_rows(sizes, seed, bits=32, classes=10, repeats=3) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    centres = tf.Variable(rng.normal(scale=0.5, size=(classes, bits)).astype("float32"))
+    rows = []
+    for n in sizes:
+        codes = tf.Variable(rng.normal(size=(n, bits)).astype("float32"))
+        labels = tf.constant(np.eye(classes, dtype="float32")[rng.integers(0, classes, n)])
+
+        def unary():
+            with tf.GradientTape() as tape:
+                loss = losses.semantic_cluster_unary_loss(labels, -tf.norm(codes[:, None] - centres[None], axis=-1), 0.005)
+            return tape.gradient(loss, [codes, centres])
+
+        def pairwise():
+            with tf.GradientTape() as tape:
+                loss = pairwise_loss(codes, labels)
+            return tape.gradient(loss, [codes])
+
+        row = {"n": n, "seed": seed}
+        for name, fn in (("SCUL_s", unary), ("pairwise_s", pairwise)):
+            fn()
+            start = time.perf_counter()
+            for _ in range(repeats):
+                fn()
+            row[name] = (time.perf_counter() - start) / repeats
+        rows.append(row)
+        print(row, flush=True)
+    for name in ("SCUL_s", "pairwise_s"):
+        slope = np.polyfit(np.log([r["n"] for r in rows]), np.log([r[name] for r in rows]), 1)[0]
+        for row in rows:
+            row[f"{name} log-log slope"] = round(float(slope), 2)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="fewer epochs and bit lengths (minutes)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--only", choices=["mnist", "wiki", "mirflickr", "cost"], action="append")
+    args = parser.parse_args()
+    parts = set(args.only or ["mnist", "wiki", "mirflickr", "cost"])
+    quick = args.quick
+    results: dict = {"seed": args.seed, "quick": quick}
+    if "cost" in parts:
+        results["cost"] = cost_rows([1000, 2000, 4000, 8000] if quick else [1000, 2000, 4000, 8000, 16000], args.seed)
+    if "wiki" in parts:
+        results["wiki"] = wiki_rows([16, 32, 64], 30 if quick else 100, args.seed)
+    if "mirflickr" in parts:
+        results["mirflickr"] = mirflickr_rows([16, 32, 64], 5 if quick else 30, args.seed, anchors=None)
+    if "mnist" in parts:
+        results["mnist"] = mnist_rows([32] if quick else [32, 48], 3 if quick else 20, args.seed)
+    md = [f"# Semantic-cluster family on real data\n\nCommand: `python -m benchmarks.semantic_cluster"
+          f"{' --quick' if quick else ''} --seed {args.seed}`. Seeds are recorded in every row.\n"]  # fmt: skip
+    if "mnist" in results:
+        md += ["## MNIST (small CNN, 5,000 train / 1,000 queries / 69,000 database)\n",
+               markdown_table(results["mnist"], ["method", "bits", "mAP@all", "P@H<=2", "train_s", "seed"]), ""]  # fmt: skip
+    if "wiki" in results:
+        md += ["## Wiki (JCCH, SIFT image MLP vs LDA text MLP, shared centres)\n",
+               markdown_table(results["wiki"], ["method", "bits", "I->T mAP@all", "T->I mAP@all", "train_s", "seed"]), ""]  # fmt: skip
+    if "mirflickr" in results:
+        md += ["## MIRFlickr-25K, tags -> codes (the image modality is not available offline)\n",
+               markdown_table(results["mirflickr"], ["method", "bits", "mAP@all", "P@1000", "train_s", "anchors", "seed"]), ""]  # fmt: skip
+    if "cost" in results:
+        md += ["## Cost of one loss + gradient evaluation vs n (32 bits, 10 classes)\n",
+               markdown_table(results["cost"], ["n", "SCUL_s", "pairwise_s", "SCUL_s log-log slope", "pairwise_s log-log slope"]), ""]  # fmt: skip
+    write_results("semantic_cluster" + ("_quick" if quick else ""), results, "\n".join(md))
+
+
+if __name__ == "__main__":
+    main()
