@@ -2,8 +2,16 @@
 thin Keras ``Loss`` wrappers. Formulas: DESIGN.md s.4."""
 
 from tfhash.losses.jcch_coefficients import jcch_coefficients
-from tfhash.losses.keras_losses import ClassifierCrossEntropy, QuantizationLoss, SemanticClusterUnaryLoss
-from tfhash.losses.mean_teacher import mean_teacher_consistency, sigmoid_rampup, softmax_squared_distance
+from tfhash.losses.keras_losses import (
+    ClassifierCrossEntropy,
+    QuantizationLoss,
+    SemanticClusterUnaryLoss,
+)
+from tfhash.losses.mean_teacher import (
+    mean_teacher_consistency,
+    sigmoid_rampup,
+    softmax_squared_distance,
+)
 from tfhash.losses.quantization import quantization_loss
 from tfhash.losses.scdh import alignment_loss, cross_modal_loss, scdh_loss
 from tfhash.losses.semantic_cluster import (

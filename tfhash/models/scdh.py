@@ -155,7 +155,7 @@ class MeanTeacherSCDH(EncoderMixin, keras.Model):
 
     def train_step(self, data):
         logs = super().train_step(data)
-        for teacher_w, student_w in zip(self.teacher.weights, self.student.weights):
+        for teacher_w, student_w in zip(self.teacher.weights, self.student.weights, strict=True):
             teacher_w.assign(self.ema_decay * teacher_w + (1.0 - self.ema_decay) * student_w)
         return logs
 
