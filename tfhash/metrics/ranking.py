@@ -1,5 +1,6 @@
 """The shared engine of the retrieval metrics: validated inputs, chunked Hamming distances,
-relevance, histograms over distances and the stable ranking (DESIGN.md s.2-3).
+relevance and histograms over distances (DESIGN.md s.2-3). The ranking statistics themselves are
+computed by :mod:`tfhash.metrics.kernels` without sorting.
 
 Memory is bounded by processing queries in chunks: a chunk holds a few ``(m, n)`` arrays and the
 chunk size ``m`` is chosen so that they stay under ``max_chunk_bytes``; nothing of size
@@ -19,9 +20,9 @@ from tfhash.codes import as_packed, hamming_distances, unpack_codes
 DEFAULT_CHUNK_BYTES = 256 * 1024 * 1024
 #: Largest float32 copy of the database (bytes) for which distances come from a matrix product.
 MAX_FLOAT_DATABASE_BYTES = 1024 * 1024 * 1024
-# Bytes held per (query, database item) pair in a chunk: distances, relevance, ranking order,
-# ranked relevance, cumulative sums and precisions (see average_precision_at).
-_BYTES_PER_PAIR = 24
+# Bytes held per (query, database item) pair in a chunk: float32 products, uint16 distances, bool
+# relevance, and the histogram indices of distance_histograms (int64).
+_BYTES_PER_PAIR = 16
 
 
 @dataclass(frozen=True)
@@ -160,16 +161,6 @@ def iter_chunks(problem: RetrievalProblem, max_chunk_bytes: int = DEFAULT_CHUNK_
         else:
             distances = hamming_distances(problem.query_packed[rows], problem.db_packed)
         yield Chunk(rows=rows, distances=distances, relevant=relevance(problem.query_labels[rows], problem.db_labels))
-
-
-def stable_ranking(distances: np.ndarray) -> np.ndarray:
-    """Database indices of each row ranked by ascending distance, ties by ascending index.
-
-    Distances take only K + 1 values, so NumPy's stable sort on 8/16-bit integers runs as a
-    radix (counting) sort: O(n) per query rather than O(n log n).
-    """
-    small = distances.astype(np.uint8) if distances.max(initial=0) < 256 else distances.astype(np.uint16)
-    return np.argsort(small, axis=1, kind="stable")
 
 
 def distance_histograms(chunk: Chunk, bits: int) -> tuple[np.ndarray, np.ndarray]:

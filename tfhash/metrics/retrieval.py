@@ -22,33 +22,19 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tfhash.metrics.kernels import rank_statistics
 from tfhash.metrics.ranking import (
     DEFAULT_CHUNK_BYTES,
     Chunk,
     distance_histograms,
     iter_chunks,
     prepare,
-    stable_ranking,
 )
 
 
 def _harmonic_numbers(n: int) -> np.ndarray:
     """H[0..n] with H[0] = 0 and H[k] = 1 + 1/2 + ... + 1/k (float64)."""
     return np.concatenate([[0.0], np.cumsum(1.0 / np.arange(1, n + 1, dtype=np.float64))])
-
-
-def average_precision_from_ranked(ranked_relevant: np.ndarray) -> np.ndarray:
-    """AP of each row of ranked 0/1 relevance (DESIGN.md s.3), 0 for rows without a hit.
-
-    Args:
-        ranked_relevant: ``(m, R)`` bool, relevance in ranking order, truncated at R.
-    """
-    depth = ranked_relevant.shape[1]
-    hits_so_far = np.cumsum(ranked_relevant, axis=1, dtype=np.float64)
-    hits = hits_so_far[:, -1].copy() if depth else np.zeros(ranked_relevant.shape[0])
-    hits_so_far *= ranked_relevant  # keep P(r) * rel_r only
-    precision_sum = hits_so_far @ (1.0 / np.arange(1, depth + 1, dtype=np.float64))
-    return np.where(hits > 0, precision_sum / np.maximum(hits, 1.0), 0.0)
 
 
 def tie_aware_average_precision(counts: np.ndarray, relevant_counts: np.ndarray, harmonic: np.ndarray) -> np.ndarray:
@@ -170,15 +156,16 @@ def evaluate_retrieval(
     needs_ranking = average_precision or bool(pieces_at)
     needs_histograms = tie_aware or radius_curves
     harmonic = _harmonic_numbers(n_db) if tie_aware else None
+    ns = np.array(sorted(pieces_at), dtype=np.int64)
     for chunk in iter_chunks(problem, max_chunk_bytes):
         if needs_ranking:
-            limit = max([depth if average_precision else 0, *pieces_at])
-            order = stable_ranking(chunk.distances)[:, :limit]
-            ranked = np.take_along_axis(chunk.relevant, order, axis=1)
-            if average_precision:
-                pieces["ap"].append(average_precision_from_ranked(ranked[:, :depth]))
-            for n in pieces_at:
-                pieces_at[n].append(ranked[:, :n].sum(axis=1) / n)
+            m = chunk.distances.shape[0]
+            ap = np.zeros(m)
+            hits_at = np.zeros((m, ns.size), dtype=np.int64)
+            rank_statistics(chunk.distances, chunk.relevant, problem.bits, depth, ns, ap, hits_at)
+            pieces["ap"].append(ap)
+            for column, n in enumerate(ns):
+                pieces_at[int(n)].append(hits_at[:, column] / n)
         if needs_histograms:
             _histogram_metrics(chunk, problem.bits, tie_aware, radius_curves, harmonic, pieces)
     if average_precision:
