@@ -61,3 +61,26 @@ def test_quickstart_end_to_end_on_mnist(tmp_path):
     assert summary["mAP@all"] > 0.5  # one epoch already separates digits far above chance (0.1)
     with np.load(out / "codes.npz") as codes:
         assert codes["db_codes"].shape == (69000, 2)
+
+
+def test_index_build_search_info(tmp_path):
+    rng = np.random.default_rng(1)
+    db = rng.choice(np.array([-1, 1], np.int8), size=(300, 32))
+    np.savez(tmp_path / "codes.npz", db_codes=db, query_codes=db[:3], db_ids=np.arange(300) + 1000)
+    runner = CliRunner()
+    out = tmp_path / "idx"
+    built = runner.invoke(main, ["index", "build", str(tmp_path / "codes.npz"), "--ids-array", "db_ids",
+                                 "--output", str(out), "--model-version", "4", "--batch-size", "100"])  # fmt: skip
+    assert built.exit_code == 0, built.output
+    found = runner.invoke(main, ["index", "search", str(out), "--queries", str(tmp_path / "codes.npz"), "-k", "2",
+                                 "--expected-model-version", "4"])  # fmt: skip
+    assert found.exit_code == 0, found.output
+    first = json.loads(found.output.splitlines()[0])
+    assert first["ids"][0] == 1000 and first["distances"][0] == 0
+    shown = runner.invoke(main, ["index", "info", str(out)])
+    assert json.loads(shown.output)["model"]["version"] == "4"
+    wrong = runner.invoke(main, ["index", "search", str(out), "--queries", str(tmp_path / "codes.npz"), "-k", "301"])
+    assert wrong.exit_code != 0 and "larger than the 300 items" in wrong.output
+    stale = runner.invoke(main, ["index", "search", str(out), "--queries", str(tmp_path / "codes.npz"),
+                                 "--expected-model-version", "5"])  # fmt: skip
+    assert stale.exit_code != 0 and "model version" in stale.output

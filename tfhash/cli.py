@@ -95,5 +95,14 @@ def data_info(name: str, data_root: str | None, seed: int) -> None:
     click.echo(json.dumps(dataset.describe(), indent=2))
 
 
+def _register_subgroups() -> None:
+    from tfhash.index.cli import index_group
+
+    main.add_command(index_group)
+
+
+_register_subgroups()
+
+
 if __name__ == "__main__":
     main()

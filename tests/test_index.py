@@ -1,0 +1,222 @@
+"""Indexes against an independent brute-force reference written here; persistence and errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfhash.codes import pack_codes
+from tfhash.index import BinaryIndex, IndexError_, IndexFormatError, index_factory, load_index, read_manifest
+from tfhash.index.tf_search import HammingTopK, export_hamming_search
+
+
+def _codes(rng, n, bits, centres=None, flip=0.2):
+    if centres is None:
+        return rng.choice(np.array([-1, 1], np.int8), size=(n, bits))
+    codes = centres[rng.integers(0, len(centres), n)].copy()
+    codes[rng.random(codes.shape) < flip] *= -1
+    return codes
+
+
+def _reference(db, ids, queries, k):
+    """Plain loops: sort (distance, insertion position) per query."""
+    bits = db.shape[1]
+    out_d, out_i = [], []
+    for q in queries:
+        dist = [(bits - int(np.dot(q.astype(int), x.astype(int)))) // 2 for x in db]
+        order = sorted(range(len(db)), key=lambda j: (dist[j], j))[:k]
+        out_d.append([dist[j] for j in order])
+        out_i.append([ids[j] for j in order])
+    return np.array(out_d), np.array(out_i)
+
+
+@pytest.mark.parametrize("bits, k", [(16, 1), (16, 60), (64, 10)])
+def test_flat_search_equals_brute_force_with_stable_ties(bits, k):
+    rng = np.random.default_rng(0)
+    db, queries = _codes(rng, 400, bits), _codes(rng, 12, bits)
+    ids = rng.permutation(10_000)[:400] * 7  # external ids unrelated to position
+    index = index_factory(bits, "BFlat")
+    index.add(db, ids)
+    result = index.search(queries, k)
+    expected_d, expected_i = _reference(db, ids, queries, k)
+    np.testing.assert_array_equal(result.distances, expected_d)
+    np.testing.assert_array_equal(result.ids, expected_i)
+    assert index.exact and index.describe()["count"] == 400
+
+
+def test_range_search_inclusive_radius():
+    rng = np.random.default_rng(1)
+    db, queries = _codes(rng, 300, 16), _codes(rng, 5, 16)
+    index = BinaryIndex(16)
+    index.add(pack_codes(db))
+    for radius in (0, 3, 6):
+        for q, found in zip(queries, index.range_search(queries, radius), strict=True):
+            dist = (16 - db.astype(int) @ q.astype(int)) // 2
+            expected = [j for j in sorted(range(300), key=lambda j: (dist[j], j)) if dist[j] <= radius]
+            assert found.ids.tolist() == expected
+            assert found.distances.tolist() == [dist[j] for j in expected]
+
+
+@pytest.mark.parametrize("description, params", [("BIVF16", {"nprobe": 16}), ("BIVF16", {"nprobe": 2}), ("BMultiHash4", {"nflip": 2})])
+def test_sublinear_indexes_are_honest_and_recall(description, params):
+    rng = np.random.default_rng(2)
+    centres = _codes(rng, 20, 64)
+    db, queries = _codes(rng, 4000, 64, centres), _codes(rng, 50, 64, centres)
+    exact = index_factory(64, "BFlat")
+    exact.add(db)
+    approx = index_factory(64, description, **params)
+    approx.add(db)
+    assert not approx.exact
+    truth = exact.search(queries, 10)
+    got = approx.search(queries, 10)
+    found = got.ids >= 0
+    # any id returned is at its true distance
+    for i in range(len(queries)):
+        dist = (64 - db.astype(int) @ queries[i].astype(int)) // 2
+        assert np.array_equal(got.distances[i][found[i]], dist[got.ids[i][found[i]]])
+    # recall up to ties: a returned item counts when it lies within the true k-th distance
+    recall = np.mean(found & (got.distances <= truth.distances[:, -1:]))
+    if params.get("nprobe") == 16:  # all lists visited: the exact distances, ties in another order
+        np.testing.assert_array_equal(got.distances, truth.distances)
+    else:
+        assert 0.3 < recall <= 1.0
+
+
+def test_remove_and_upsert():
+    rng = np.random.default_rng(3)
+    db = _codes(rng, 50, 32)
+    for description in ("BFlat", "BIVF4", "BMultiHash4"):
+        index = index_factory(32, description)
+        index.add(db, np.arange(100, 150))
+        assert index.remove([100, 101, 999]) == 2
+        assert index.ntotal == 48 and 100 not in index.search(db[:1], 48).ids
+        far = -db[5:6]  # all bits flipped: distance 32 from the old code
+        index.upsert(far, [105])
+        assert index.ntotal == 48
+        hit = index.search(far, 1)
+        assert hit.ids[0, 0] == 105 and hit.distances[0, 0] == 0
+        with pytest.raises(IndexError_, match="already in the index"):
+            index.add(db[:1], [110])
+
+
+def test_bad_arguments_are_clear_errors():
+    index = BinaryIndex(32)
+    index.add(np.ones((5, 32), np.int8))
+    with pytest.raises(IndexError_, match="larger than the 5 items"):
+        index.search(np.ones((1, 32), np.int8), 6)
+    with pytest.raises(IndexError_, match=">= 1"):
+        index.search(np.ones((1, 32), np.int8), 0)
+    with pytest.raises(IndexError_, match="bits"):
+        index.search(np.ones((1, 16), np.int8), 1)
+    with pytest.raises(IndexError_, match="unique"):
+        index.add(np.ones((2, 32), np.int8), [7, 7])
+    with pytest.raises(IndexError_, match="unknown index description"):
+        index_factory(32, "HNSW32")
+    with pytest.raises(IndexError_, match="multiple of 8"):
+        BinaryIndex(12)
+
+
+@pytest.mark.parametrize("description", ["BFlat", "BIVF8", "BMultiHash4", "ScaNNBrute"])
+def test_save_load_round_trip(tmp_path, description):
+    rng = np.random.default_rng(4)
+    db, queries = _codes(rng, 200, 32), _codes(rng, 7, 32)
+    index = index_factory(32, description)
+    index.add(db, np.arange(200) * 3)
+    before = index.search(queries, 5)
+    path = tmp_path / "idx"
+    index.save(path, model_version="7", signature_fingerprint="abc")
+    manifest = read_manifest(path)
+    assert manifest["model"] == {"version": "7", "signature_fingerprint": "abc"}
+    assert manifest["count"] == 200 and manifest["bits"] == 32 and manifest["id_dtype"] == "int64"
+    loaded = load_index(path, expected_model_version="7")
+    after = loaded.search(queries, 5)
+    np.testing.assert_array_equal(before.distances, after.distances)
+    if loaded.exact:
+        np.testing.assert_array_equal(before.ids, after.ids)
+    assert not list(tmp_path.glob(".idx*"))  # no staging directories left behind
+
+
+def test_corrupt_and_unknown_indexes_are_refused(tmp_path):
+    index = BinaryIndex(16)
+    index.add(np.ones((4, 16), np.int8))
+    path = tmp_path / "idx"
+    index.save(path, model_version="1")
+    with pytest.raises(IndexFormatError, match="model version"):
+        load_index(path, expected_model_version="2")
+    codes_file = path / "codes.npy"
+    data = bytearray(codes_file.read_bytes())
+    data[-1] ^= 0xFF
+    codes_file.write_bytes(bytes(data))
+    with pytest.raises(IndexFormatError, match="checksum mismatch for codes.npy"):
+        load_index(path)
+    index.save(path)  # atomic replace of the corrupted directory
+    load_index(path)
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["format_version"] = 99
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(IndexFormatError, match="version 99 is not supported"):
+        load_index(path)
+    (path / "manifest.json").write_text("{not json")
+    with pytest.raises(IndexFormatError, match="not valid JSON"):
+        load_index(path)
+    with pytest.raises(IndexFormatError, match="no manifest.json"):
+        load_index(tmp_path)
+
+
+def test_scann_brute_force_on_signs_is_exact_hamming():
+    rng = np.random.default_rng(5)
+    db, queries = _codes(rng, 500, 32), _codes(rng, 10, 32)
+    index = index_factory(32, "ScaNNBrute")
+    index.add(db)
+    result = index.search(queries, 20)
+    expected_d, _ = _reference(db, np.arange(500), queries, 20)
+    np.testing.assert_allclose(result.distances, expected_d)
+    for i in range(10):  # every returned id sits at the reported distance (ties in any order)
+        dist = (32 - db.astype(int) @ queries[i].astype(int)) // 2
+        np.testing.assert_array_equal(dist[result.ids[i]], result.distances[i])
+
+
+def test_scann_tree_ah_recall_and_asymmetric_queries():
+    rng = np.random.default_rng(6)
+    centres = _codes(rng, 10, 32)
+    db = _codes(rng, 3000, 32, centres)
+    queries = _codes(rng, 20, 32, centres)
+    index = index_factory(32, "ScaNN", num_leaves=30, leaves_to_search=10)
+    index.add(db)
+    truth = index_factory(32, "BFlat")
+    truth.add(db)
+    got, exact = index.search(queries, 10), truth.search(queries, 10)
+    kth = exact.distances[:, -1:]
+    # recall up to ties: a returned item counts when it is within the true k-th distance
+    assert np.mean(got.distances <= kth) > 0.8
+    continuous = queries * rng.uniform(0.5, 1.5, queries.shape)  # float queries, binary database
+    asym = index_factory(32, "ScaNNBrute")
+    asym.add(db)
+    result = asym.search(continuous, 5)
+    scores = continuous @ db.T.astype(float)
+    np.testing.assert_allclose(result.distances, (32 - np.sort(scores, axis=1)[:, ::-1][:, :5]) / 2, rtol=1e-4)
+
+
+def test_pure_tf_search_matches_flat_and_exports_stock_ops(tmp_path):
+    rng = np.random.default_rng(7)
+    db, queries = _codes(rng, 1000, 16), _codes(rng, 6, 16)
+    ids = np.arange(1000) + 500
+    flat = BinaryIndex(16)
+    flat.add(db, ids)
+    module = HammingTopK(pack_codes(db), ids, chunk_size=128)  # 8 chunks, many ties across chunks
+    out = module.search(tf.constant(pack_codes(queries)), tf.constant(40))
+    expected = flat.search(queries, 40)
+    np.testing.assert_array_equal(out["distances"].numpy(), expected.distances)
+    np.testing.assert_array_equal(out["ids"].numpy(), expected.ids)
+    export_hamming_search(pack_codes(db), ids, tmp_path / "sm", chunk_size=128)
+    loaded = tf.saved_model.load(str(tmp_path / "sm"))
+    served = loaded.signatures["serving_default"](queries=tf.constant(pack_codes(queries)), k=tf.constant(40))
+    np.testing.assert_array_equal(served["ids"].numpy(), expected.ids)
+    from tests.test_semantic_cluster_models import _stock_ops_only
+
+    assert _stock_ops_only(tmp_path / "sm") == set()
+    with pytest.raises(tf.errors.InvalidArgumentError, match="database size"):
+        loaded.signatures["serving_default"](queries=tf.constant(pack_codes(queries)), k=tf.constant(1001))

@@ -1,0 +1,29 @@
+"""The wheel installs everything under the tfhash namespace (issue 2: no top-level `components`,
+`pipelines` or `serving` modules in site-packages)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_wheel_has_only_the_tfhash_namespace(tmp_path):
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), str(ROOT)],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = tmp_path.glob("tfhash-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    top_level = {name.split("/")[0] for name in names}
+    assert {t for t in top_level if not t.startswith("tfhash")} == set()
+    for module in ("tfhash/components/__init__.py", "tfhash/pipelines/__init__.py", "tfhash/serving/__init__.py",
+                   "tfhash/losses/__init__.py", "tfhash/index/__init__.py", "tfhash/py.typed"):  # fmt: skip
+        assert module in names
