@@ -9,7 +9,14 @@ import pytest
 import tensorflow as tf
 
 from tfhash.codes import pack_codes
-from tfhash.index import BinaryIndex, IndexError_, IndexFormatError, index_factory, load_index, read_manifest
+from tfhash.index import (
+    BinaryIndex,
+    IndexError_,
+    IndexFormatError,
+    index_factory,
+    load_index,
+    read_manifest,
+)
 from tfhash.index.tf_search import HammingTopK, export_hamming_search
 
 

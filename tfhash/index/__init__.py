@@ -12,7 +12,13 @@ checksummed persistence.
 from tfhash.index.base import HashIndex, IndexError_, SearchResult
 from tfhash.index.binary import BinaryIndex
 from tfhash.index.factory import index_factory
-from tfhash.index.persistence import FORMAT_VERSION, IndexFormatError, load_index, read_manifest, save_index
+from tfhash.index.persistence import (
+    FORMAT_VERSION,
+    IndexFormatError,
+    load_index,
+    read_manifest,
+    save_index,
+)
 from tfhash.index.scann_index import ScannIndex
 
 __all__ = [
