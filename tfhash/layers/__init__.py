@@ -1,6 +1,7 @@
 """Keras layers of tfhash (registered as serializable under package "tfhash")."""
 
 from tfhash.layers.hash_head import HashHead
+from tfhash.layers.proxies import FixedProxies, LearnableProxies
 from tfhash.layers.semantic_clusters import SemanticClusters, negative_distances
 
-__all__ = ["HashHead", "SemanticClusters", "negative_distances"]
+__all__ = ["FixedProxies", "LearnableProxies", "HashHead", "SemanticClusters", "negative_distances"]

@@ -12,6 +12,13 @@ from tfhash.losses.mean_teacher import (
     sigmoid_rampup,
     softmax_squared_distance,
 )
+from tfhash.losses.proxy import (
+    balanced_binary_cross_entropy,
+    best_known_min_distance,
+    hamming_triplet_loss,
+    hyp2_loss,
+    hyp2_zeta,
+)
 from tfhash.losses.quantization import quantization_loss
 from tfhash.losses.scdh import alignment_loss, cross_modal_loss, scdh_loss
 from tfhash.losses.semantic_cluster import (
@@ -26,6 +33,11 @@ __all__ = [
     "QuantizationLoss",
     "SemanticClusterUnaryLoss",
     "alignment_loss",
+    "balanced_binary_cross_entropy",
+    "best_known_min_distance",
+    "hamming_triplet_loss",
+    "hyp2_loss",
+    "hyp2_zeta",
     "classifier_cross_entropy",
     "cluster_cross_entropy",
     "cross_modal_loss",

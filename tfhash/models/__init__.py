@@ -1,4 +1,5 @@
-"""Model builders: SCDH, SCDH-S, MT-SCDH and JCCH, each with ``encode(x) -> +-1 codes``.
+"""Model builders: SCDH, SCDH-S, MT-SCDH, JCCH, HCLM / sHCLM (+ triplet) and HyP2, each with
+``encode(x) -> +-1 codes``.
 
 Paper hyper-parameters are named presets (:data:`SCDH_PRESETS`); every value is overridable.
 """
@@ -13,6 +14,7 @@ import numpy as np
 from tfhash.models.backbones import mlp, small_cnn
 from tfhash.models.jcch import JCCHModel
 from tfhash.models.presets import SCDH_PRESETS, resolve_preset
+from tfhash.models.proxy import HCLMModel, HyP2Model
 from tfhash.models.scdh import MeanTeacherSCDH, SCDHModel
 
 _WARMUP_KEYS = ("warmup_norm", "warmup_epochs")
@@ -61,7 +63,30 @@ def build_jcch(backbones: dict, num_classes: int, bits: int, preset: str | None 
     return JCCHModel(backbones, num_classes, bits, beta=beta, **params)
 
 
+def build_hclm(backbone: keras.Model, num_classes: int, bits: int, similarity: np.ndarray | None = None,
+               seed: int = 0, tag_frequencies=None, triplet_weight: float = 0.0, margin: float | None = None,
+               proxies: np.ndarray | None = None) -> HCLMModel:  # fmt: skip
+    """HCLM (fixed proxies from :func:`tfhash.proxies.hclm_proxies`), sHCLM when a class
+    ``similarity`` is given, + the Hamming triplet term when ``triplet_weight > 0``; multi-label
+    balanced BCE when ``tag_frequencies`` is given. ``proxies`` overrides the construction (the
+    ablation's random / learned-free alternatives)."""
+    from tfhash.proxies import hclm_proxies
+
+    if proxies is None:
+        proxies = hclm_proxies(num_classes, bits, similarity=similarity, seed=seed)
+    return HCLMModel(backbone, proxies, tag_frequencies=tag_frequencies, triplet_weight=triplet_weight, margin=margin)
+
+
+def build_hyp2(backbone: keras.Model, num_classes: int, bits: int, zeta: float | None = None, beta: float = 0.5) -> HyP2Model:
+    """HyP2 with learnable proxies; zeta defaults to the code-table margin of (C, K)."""
+    return HyP2Model(backbone, num_classes, bits, zeta=zeta, beta=beta)
+
+
 __all__ = [
+    "HCLMModel",
+    "HyP2Model",
+    "build_hclm",
+    "build_hyp2",
     "SCDH_PRESETS",
     "JCCHModel",
     "MeanTeacherSCDH",

@@ -1,0 +1,62 @@
+"""Proxy layers: fixed hash-consistent proxies (HCLM) and learnable proxies (HyP2)."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+from keras import ops
+
+
+@keras.saving.register_keras_serializable(package="tfhash")
+class FixedProxies(keras.layers.Layer):
+    """Non-trainable last layer whose weights are the given +-1 proxies: logits nu(x).w_c (HCLM).
+
+    Args:
+        proxies: ``(C, K)`` +-1 array (e.g. from :func:`tfhash.proxies.hclm_proxies`).
+    """
+
+    def __init__(self, proxies, **kwargs):
+        super().__init__(**kwargs)
+        proxies = np.asarray(proxies, dtype=np.float32)
+        if proxies.ndim != 2 or not np.all(np.abs(proxies) == 1.0):
+            raise ValueError("proxies must be a (C, K) array of +-1")
+        self.num_classes, self.bits = proxies.shape
+        self.proxies = self.add_weight(
+            name="proxies", shape=proxies.shape, initializer=keras.initializers.Constant(proxies), trainable=False
+        )
+
+    def call(self, codes):
+        return ops.matmul(codes, ops.transpose(self.proxies))
+
+    def compute_output_shape(self, input_shape):
+        return (*input_shape[:-1], self.num_classes)
+
+    def get_config(self):
+        return {**super().get_config(), "proxies": ops.convert_to_numpy(self.proxies).astype(int).tolist()}
+
+
+@keras.saving.register_keras_serializable(package="tfhash")
+class LearnableProxies(keras.layers.Layer):
+    """C trainable proxies in R^K (HyP2), initialised N(0, 2/C) as the official code does; returns
+    the cosine of each code to each proxy, ``(n, C)``."""
+
+    def __init__(self, num_classes: int, bits: int, **kwargs):
+        super().__init__(**kwargs)
+        self.num_classes, self.bits = int(num_classes), int(bits)
+        self.proxies = self.add_weight(
+            name="proxies",
+            shape=(self.num_classes, self.bits),
+            initializer=keras.initializers.RandomNormal(stddev=float(np.sqrt(2.0 / self.num_classes))),
+            trainable=True,
+        )
+
+    def call(self, codes):
+        unit_codes = codes / ops.maximum(ops.norm(codes, axis=-1, keepdims=True), 1e-12)
+        unit_proxies = self.proxies / ops.maximum(ops.norm(self.proxies, axis=-1, keepdims=True), 1e-12)
+        return ops.matmul(unit_codes, ops.transpose(unit_proxies))
+
+    def compute_output_shape(self, input_shape):
+        return (*input_shape[:-1], self.num_classes)
+
+    def get_config(self):
+        return {**super().get_config(), "num_classes": self.num_classes, "bits": self.bits}
