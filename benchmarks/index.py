@@ -74,7 +74,7 @@ def run(n: int, bits: int, seed: int, n_queries: int, numpy_queries: int) -> lis
         truth[k] = distances
         rows.append({"n": n, "bits": bits, "index": "plain faiss.IndexBinaryFlat", "exact": True, "k": k,
                      "build_s": round(plain_build, 2), "query_ms": round(ms, 3), "recall@k": 1.0, "seed": seed})  # fmt: skip
-    del plain
+    plain.reset()
     (ref_d, _), ms = timed_search(lambda q, kk: numpy_reference(db, q, kk), queries[:numpy_queries], 100)
     rows.append({"n": n, "bits": bits, "index": f"NumPy reference ({numpy_queries} queries)", "exact": True, "k": 100,
                  "query_ms": round(ms, 3), "recall@k": recall_up_to_ties(ref_d, truth[100][:numpy_queries]), "seed": seed})  # fmt: skip
