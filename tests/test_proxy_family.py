@@ -173,8 +173,10 @@ def test_proxy_layers():
     assert not layer.trainable_weights
     clone = FixedProxies.from_config(layer.get_config())
     np.testing.assert_array_equal(clone.proxies.numpy(), codes)
-    with pytest.raises(ValueError, match="\\+-1"):
-        FixedProxies(np.zeros((2, 8)))
+    with pytest.raises(ValueError, match="finite"):
+        FixedProxies(np.full((2, 8), np.nan))
+    learned = FixedProxies(codes, learn=True)
+    assert len(learned.trainable_weights) == 1 and FixedProxies.from_config(learned.get_config()).learn
     learn = LearnableProxies(500, 64)
     assert np.std(learn.proxies.numpy()) == pytest.approx(np.sqrt(2 / 500), rel=0.05)
 

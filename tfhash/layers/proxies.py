@@ -9,20 +9,24 @@ from keras import ops
 
 @keras.saving.register_keras_serializable(package="tfhash")
 class FixedProxies(keras.layers.Layer):
-    """Non-trainable last layer whose weights are the given +-1 proxies: logits nu(x).w_c (HCLM).
+    """Last layer whose weights are the given proxies: logits nu(x).w_c (HCLM). The proxies are
+    fixed unless ``learn=True`` (the "learned proxies" arm of the HCLM ablation).
 
     Args:
-        proxies: ``(C, K)`` +-1 array (e.g. from :func:`tfhash.proxies.hclm_proxies`).
+        proxies: ``(C, K)`` finite array: +-1 HCLM proxies (:func:`tfhash.proxies.hclm_proxies`),
+            or real-valued ones (e.g. Tammes points) for the ablation.
+        learn: train the proxies (initialised from ``proxies``).
     """
 
-    def __init__(self, proxies, **kwargs):
+    def __init__(self, proxies, learn: bool = False, **kwargs):
         super().__init__(**kwargs)
         proxies = np.asarray(proxies, dtype=np.float32)
-        if proxies.ndim != 2 or not np.all(np.abs(proxies) == 1.0):
-            raise ValueError("proxies must be a (C, K) array of +-1")
+        if proxies.ndim != 2 or not np.all(np.isfinite(proxies)):
+            raise ValueError("proxies must be a finite (C, K) array")
         self.num_classes, self.bits = proxies.shape
+        self.learn = bool(learn)
         self.proxies = self.add_weight(
-            name="proxies", shape=proxies.shape, initializer=keras.initializers.Constant(proxies), trainable=False
+            name="proxies", shape=proxies.shape, initializer=keras.initializers.Constant(proxies), trainable=self.learn
         )
 
     def call(self, codes):
@@ -32,7 +36,7 @@ class FixedProxies(keras.layers.Layer):
         return (*input_shape[:-1], self.num_classes)
 
     def get_config(self):
-        return {**super().get_config(), "proxies": ops.convert_to_numpy(self.proxies).astype(int).tolist()}
+        return {**super().get_config(), "proxies": ops.convert_to_numpy(self.proxies).tolist(), "learn": self.learn}
 
 
 @keras.saving.register_keras_serializable(package="tfhash")

@@ -21,19 +21,20 @@ class HCLMModel(EncoderMixin, keras.Model):
 
     Args:
         backbone: Keras feature extractor.
-        proxies: ``(C, K)`` +-1 proxies (HCLM or sHCLM assignment).
+        proxies: ``(C, K)`` proxies: +-1 HCLM / sHCLM proxies, or real-valued ones (ablation).
+        learn_proxies: train the proxies too (the ablation's "learned proxies").
         tag_frequencies: ``(C,)`` training-set tag frequencies; given = multi-label balanced BCE.
         triplet_weight: lambda of the joint objective (0 = no triplet term; the paper uses 1).
         margin: triplet margin m in Hamming units (default K / 8; our choice, the paper leaves it open).
     """
 
     def __init__(self, backbone, proxies, tag_frequencies=None, triplet_weight: float = 0.0, margin: float | None = None,
-                 **kwargs):  # fmt: skip
+                 learn_proxies: bool = False, **kwargs):  # fmt: skip
         super().__init__(**kwargs)
         self.backbone = backbone
         proxies = np.asarray(proxies)
         self.num_classes, self.bits = proxies.shape
-        self.proxy_layer = FixedProxies(proxies, name="proxies")
+        self.proxy_layer = FixedProxies(proxies, learn=learn_proxies, name="proxies")
         self.hash_head = HashHead(self.bits, activation="tanh", name="hash_head")
         self.tag_frequencies = None if tag_frequencies is None else [float(f) for f in np.asarray(tag_frequencies)]
         if self.tag_frequencies is not None and len(self.tag_frequencies) != self.num_classes:
@@ -65,6 +66,7 @@ class HCLMModel(EncoderMixin, keras.Model):
             "tag_frequencies": self.tag_frequencies,
             "triplet_weight": self.triplet_weight,
             "margin": self.margin,
+            "learn_proxies": self.proxy_layer.learn,
         }
 
     @classmethod

@@ -1,0 +1,168 @@
+"""Proxy family (issue 4): proxy quality table, HCLM / sHCLM (+ triplet) and the HCLM ablation on
+CIFAR-10 SqueezeNet features, HyP2 on MIRFlickr-25K tags.
+
+    python -m benchmarks.proxy [--seed 0] [--only quality|cifar|mirflickr] [--quick]
+
+CIFAR-10 features: the shared ImageNet SqueezeNet v1.1 (frozen), CIFAR pixels resized to 128x128,
+global-average-pooled to 512 values, cached under runs/cache/. A two-layer head on those features
+is trained per method (the backbone is not fine-tuned here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+from benchmarks.common import markdown_table, write_results  # noqa: E402
+from tfhash import proxies  # noqa: E402
+from tfhash.data import load_cifar10, load_mirflickr25k  # noqa: E402
+from tfhash.losses import best_known_min_distance  # noqa: E402
+from tfhash.metrics import evaluate_retrieval  # noqa: E402
+from tfhash.models import HCLMModel, build_hyp2, mlp  # noqa: E402
+from tfhash.models.backbones import squeezenet  # noqa: E402
+
+SETTINGS = [(10, 16), (10, 32), (10, 64), (21, 32), (38, 48), (100, 16), (100, 64), (1000, 128)]
+CACHE = Path(__file__).resolve().parents[1] / "runs" / "cache"
+
+
+def quality_rows(seed: int) -> list[dict]:
+    rows = []
+    for num_classes, bits in SETTINGS:
+        start = time.perf_counter()
+        codes = proxies.hclm_proxies(num_classes, bits, seed=seed)
+        seconds = time.perf_counter() - start
+        quality = proxies.code_quality(codes)
+        rng = np.random.default_rng(seed)
+        random_min = proxies.code_quality(rng.choice(np.array([-1, 1], np.int8), size=(num_classes, bits)))["min_distance"]
+        hadamard = proxies.hadamard_codes(num_classes, bits)
+        hadamard_min = proxies.code_quality(hadamard)["min_distance"] if hadamard is not None else None
+        best = best_known_min_distance(num_classes, bits)
+        rows.append({
+            "C": num_classes, "K": bits, "HCLM min d": quality["min_distance"],
+            "HCLM mean d": round(quality["mean_distance"], 2), "random min d": random_min,
+            "Hadamard min d": "n/a" if hadamard_min is None else hadamard_min, "best known d": best,
+            "HCLM / best": round(quality["min_distance"] / best, 3), "seconds": round(seconds, 1),
+            "beats random": quality["min_distance"] > random_min,
+            "matches Hadamard": "n/a" if hadamard_min is None else quality["min_distance"] >= hadamard_min,
+            ">= 75% of best": quality["min_distance"] >= 0.75 * best, "seed": seed,
+        })  # fmt: skip
+        print(rows[-1], flush=True)
+    return rows
+
+
+def cifar_features(seed: int, size: int = 128):
+    ds = load_cifar10(seed=seed)
+    path = CACHE / f"cifar10_squeezenet_{size}.npy"
+    if path.is_file():
+        features = np.load(path, allow_pickle=False)
+    else:
+        start = time.perf_counter()
+        net = squeezenet((size, size, 3), resize_from=(32, 32, 3))
+        features = net.predict(ds.inputs["image"], batch_size=256, verbose=0).astype(np.float32)
+        print(f"SqueezeNet features of 60,000 images: {time.perf_counter() - start:.0f} s", flush=True)
+        CACHE.mkdir(parents=True, exist_ok=True)
+        np.save(path, features, allow_pickle=False)
+    return ds, features
+
+
+def train_and_score(model, train_x, train_y, query_x, query_y, db_x, db_y, epochs, seed) -> dict:
+    model.compile(optimizer=keras.optimizers.Adam(1e-3))
+    start = time.perf_counter()
+    model.fit(train_x, train_y, epochs=epochs, batch_size=128, verbose=0)
+    seconds = time.perf_counter() - start
+    report = evaluate_retrieval(model.encode(query_x), model.encode(db_x), query_y, db_y, precision_at=[1000])
+    summary = report.summary()
+    return {"mAP@all": summary["mAP@all"], "P@H<=2": summary["P@H<=2"], "P@1000": summary["P@1000"],
+            "train_s": round(seconds, 1), "seed": seed}  # fmt: skip
+
+
+def cifar_rows(seed: int, bits_list, epochs: int) -> list[dict]:
+    ds, features = cifar_features(seed)
+    train, query, db = ds.split.train, ds.split.query, ds.split.database
+    mean, std = features[train].mean(0), features[train].std(0) + 1e-6
+    x = (features - mean) / std
+    labels = ds.labels.astype("float32")
+    similarity = proxies.class_mean_similarity(features[train], ds.class_ids[train])
+    rows = []
+    for bits in bits_list:
+        rng = np.random.default_rng(seed)
+        hclm = proxies.hclm_proxies(10, bits, seed=seed)
+        variants = {
+            "learned proxies": (rng.normal(size=(10, bits)), {"learn_proxies": True}),
+            "random +-1 proxies": (rng.choice(np.array([-1, 1]), size=(10, bits)), {}),
+            "Tammes proxies (real)": (proxies.tammes_points(10, bits, rng), {}),
+            "HCLM": (hclm, {}),
+            "sHCLM": (hclm[proxies.assign_proxies(hclm, similarity)], {}),
+            "sHCLM + triplet": (hclm[proxies.assign_proxies(hclm, similarity)], {"triplet_weight": 1.0}),
+        }
+        for name, (proxy_matrix, options) in variants.items():
+            keras.utils.set_random_seed(seed)
+            model = HCLMModel(mlp(512, (512,)), proxy_matrix, **options)
+            row = {"dataset": "CIFAR-10 (SqueezeNet features)", "method": name, "bits": bits}
+            row.update(train_and_score(model, x[train], labels[train], x[query], labels[query], x[db], labels[db], epochs, seed))
+            rows.append(row)
+            print(row, flush=True)
+    return rows
+
+
+def mirflickr_rows(seed: int, bits_list, epochs: int) -> list[dict]:
+    ds = load_mirflickr25k(seed=seed)
+    (train, train_y), (query, query_y), (db, db_y) = ds.part("train"), ds.part("query"), ds.part("database")
+    similarity = proxies.tag_cooccurrence_similarity(train_y)
+    frequencies = train_y.mean(axis=0)
+    rows = []
+    for bits in bits_list:
+        keras.utils.set_random_seed(seed)
+        methods = {
+            "HyP2": build_hyp2(mlp(1386, (1024,)), ds.num_classes, bits),
+            "sHCLM (balanced BCE)": HCLMModel(
+                mlp(1386, (1024,)),
+                proxies.hclm_proxies(ds.num_classes, bits, similarity=similarity, seed=seed),
+                tag_frequencies=frequencies,
+            ),
+        }
+        for name, model in methods.items():
+            row = {"dataset": "MIRFlickr-25K tags", "method": name, "bits": bits}
+            row.update(train_and_score(model, train["text"], train_y.astype("float32"), query["text"], query_y,
+                                       db["text"], db_y, epochs, seed))  # fmt: skip
+            rows.append(row)
+            print(row, flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--only", choices=["quality", "cifar", "mirflickr"], action="append")
+    args = parser.parse_args()
+    parts = set(args.only or ["quality", "cifar", "mirflickr"])
+    bits_list = [16, 32] if args.quick else [16, 32, 64]
+    results: dict = {"seed": args.seed, "quick": args.quick}
+    md = [f"# Proxy family\n\nCommand: `python -m benchmarks.proxy --seed {args.seed}{' --quick' if args.quick else ''}`.\n"]
+    if "quality" in parts:
+        results["quality"] = quality_rows(args.seed)
+        md += ["## Proxy quality (minimum Hamming distance between class proxies)\n",
+               "`best known d`: the code table's best-known minimum distance for 2^ceil(log2 C) codewords of "
+               "length K. Hadamard applies when K is a power of two and C <= 2K.\n",
+               markdown_table(results["quality"], list(results["quality"][0].keys())), ""]  # fmt: skip
+    if "cifar" in parts:
+        results["cifar"] = cifar_rows(args.seed, bits_list, 15 if args.quick else 40)
+        md += ["## CIFAR-10: HCLM ablation on frozen SqueezeNet features (1,000 queries / 59,000 database / 5,000 train)\n",
+               markdown_table(results["cifar"], ["method", "bits", "mAP@all", "P@H<=2", "P@1000", "train_s", "seed"]), ""]  # fmt: skip
+    if "mirflickr" in parts:
+        results["mirflickr"] = mirflickr_rows(args.seed, bits_list, 10 if args.quick else 30)
+        md += ["## MIRFlickr-25K, tags -> codes (2,000 queries / 18,015 database / 10,000 train)\n",
+               markdown_table(results["mirflickr"], ["method", "bits", "mAP@all", "P@H<=2", "P@1000", "train_s", "seed"]), ""]  # fmt: skip
+    write_results("proxy" + ("_quick" if args.quick else ""), results, "\n".join(md))
+
+
+if __name__ == "__main__":
+    main()
