@@ -14,13 +14,15 @@ import numba
 import numpy as np
 
 
-@numba.njit(cache=True, nogil=True)
-def rank_statistics(distances, relevant, bits, depth, ns, average_precision, hits_at):  # pragma: no cover - compiled
+@numba.njit(cache=True, nogil=True, parallel=True)
+def rank_statistics(values, from_products, relevant, bits, depth, ns, average_precision, hits_at):  # pragma: no cover - compiled
     """Fill ``average_precision[i]`` (AP over the top ``depth``) and ``hits_at[i, t]`` (relevant
-    items among the top ``ns[t]``) for every query row i.
+    items among the top ``ns[t]``) for every query row i; rows run in parallel.
 
     Args:
-        distances: ``(m, n)`` unsigned Hamming distances in 0..bits.
+        values: ``(m, n)`` Hamming distances in 0..bits, or, with ``from_products``, the +-1 dot
+            products q.x, turned into distances (K - q.x) / 2 on the fly (exact: same parity as K).
+        from_products: how to read ``values``.
         relevant: ``(m, n)`` bool relevance.
         bits: K.
         depth: R of AP@R (n for the whole ranking).
@@ -28,20 +30,18 @@ def rank_statistics(distances, relevant, bits, depth, ns, average_precision, hit
         average_precision: ``(m,)`` float64 output.
         hits_at: ``(m, len(ns))`` int64 output.
     """
-    m, n = distances.shape
+    m, n = values.shape
     width = bits + 1
-    counts = np.zeros(width, np.int64)
-    relevant_counts = np.zeros(width, np.int64)
-    starts = np.zeros(width, np.int64)
-    relevant_starts = np.zeros(width, np.int64)
-    for i in range(m):
-        counts[:] = 0
-        relevant_counts[:] = 0
+    for i in numba.prange(m):
+        counts = np.zeros(width, np.int64)
+        relevant_counts = np.zeros(width, np.int64)
         for j in range(n):
-            h = distances[i, j]
+            h = int((bits - values[i, j]) * 0.5 + 0.25) if from_products else int(values[i, j])
             counts[h] += 1
             if relevant[i, j]:
                 relevant_counts[h] += 1
+        starts = np.zeros(width, np.int64)
+        relevant_starts = np.zeros(width, np.int64)
         start = 0
         relevant_start = 0
         for h in range(width):
@@ -54,7 +54,7 @@ def rank_statistics(distances, relevant, bits, depth, ns, average_precision, hit
         total = 0.0
         hits = 0
         for j in range(n):
-            h = distances[i, j]
+            h = int((bits - values[i, j]) * 0.5 + 0.25) if from_products else int(values[i, j])
             starts[h] += 1  # now the rank of item j
             if relevant[i, j]:
                 relevant_starts[h] += 1  # relevant items ranked at or before j

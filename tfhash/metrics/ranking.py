@@ -20,8 +20,8 @@ from tfhash.codes import as_packed, hamming_distances, unpack_codes
 DEFAULT_CHUNK_BYTES = 256 * 1024 * 1024
 #: Largest float32 copy of the database (bytes) for which distances come from a matrix product.
 MAX_FLOAT_DATABASE_BYTES = 1024 * 1024 * 1024
-# Bytes held per (query, database item) pair in a chunk: float32 products, uint16 distances, bool
-# relevance, and the histogram indices of distance_histograms (int64).
+# Bytes held per (query, database item) pair in a chunk: float32 products, bool relevance, and
+# when histograms are asked for, uint16 distances and their int64 bin indices.
 _BYTES_PER_PAIR = 16
 
 
@@ -133,13 +133,23 @@ def chunk_size_for(num_database: int, bits: int, max_chunk_bytes: int = DEFAULT_
     return max(1, int(max_chunk_bytes // max(per_query, 1)))
 
 
-@dataclass(frozen=True)
+@dataclass
 class Chunk:
-    """One block of queries: their rows, distances ``(m, n)`` and relevance ``(m, n)``."""
+    """One block of queries: their rows, relevance ``(m, n)`` and either the +-1 dot products
+    ``(m, n)`` float32 (matrix-product path) or the distances (popcount path). ``distances`` is
+    derived on first use: d = (K - q.x) / 2."""
 
     rows: slice
-    distances: np.ndarray
     relevant: np.ndarray
+    bits: int
+    products: np.ndarray | None = None
+    _distances: np.ndarray | None = None
+
+    @property
+    def distances(self) -> np.ndarray:
+        if self._distances is None:
+            self._distances = np.rint((self.bits - self.products) * 0.5).astype(np.uint16)
+        return self._distances
 
 
 def iter_chunks(problem: RetrievalProblem, max_chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[Chunk]:
@@ -151,16 +161,16 @@ def iter_chunks(problem: RetrievalProblem, max_chunk_bytes: int = DEFAULT_CHUNK_
     """
     step = chunk_size_for(problem.num_database, problem.bits, max_chunk_bytes)
     use_product = problem.num_database * problem.bits * 4 <= MAX_FLOAT_DATABASE_BYTES
-    db_float = unpack_codes(problem.db_packed).astype(np.float32) if use_product else None
+    db_float_t = np.ascontiguousarray(unpack_codes(problem.db_packed).astype(np.float32).T) if use_product else None
     for start in range(0, problem.num_queries, step):
         rows = slice(start, min(start + step, problem.num_queries))
+        relevant = relevance(problem.query_labels[rows], problem.db_labels)
         if use_product:
             query_float = unpack_codes(problem.query_packed[rows]).astype(np.float32)
-            products = query_float @ db_float.T
-            distances = ((problem.bits - products) * 0.5).astype(np.uint16)
+            yield Chunk(rows, relevant, problem.bits, products=query_float @ db_float_t)
         else:
             distances = hamming_distances(problem.query_packed[rows], problem.db_packed)
-        yield Chunk(rows=rows, distances=distances, relevant=relevance(problem.query_labels[rows], problem.db_labels))
+            yield Chunk(rows, relevant, problem.bits, _distances=distances)
 
 
 def distance_histograms(chunk: Chunk, bits: int) -> tuple[np.ndarray, np.ndarray]:

@@ -159,10 +159,12 @@ def evaluate_retrieval(
     ns = np.array(sorted(pieces_at), dtype=np.int64)
     for chunk in iter_chunks(problem, max_chunk_bytes):
         if needs_ranking:
-            m = chunk.distances.shape[0]
+            m = chunk.relevant.shape[0]
             ap = np.zeros(m)
             hits_at = np.zeros((m, ns.size), dtype=np.int64)
-            rank_statistics(chunk.distances, chunk.relevant, problem.bits, depth, ns, ap, hits_at)
+            from_products = chunk.products is not None
+            values = chunk.products if from_products else chunk.distances
+            rank_statistics(values, from_products, chunk.relevant, problem.bits, depth, ns, ap, hits_at)
             pieces["ap"].append(ap)
             for column, n in enumerate(ns):
                 pieces_at[int(n)].append(hits_at[:, column] / n)
