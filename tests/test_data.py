@@ -115,3 +115,41 @@ def test_corrupt_mat_and_archive_are_clear_errors(tmp_path):
 def test_unknown_dataset_name():
     with pytest.raises(ValueError, match="choose one of"):
         data.load_dataset("imagenet")
+
+
+def test_export_tfrecords_round_trip(tmp_path):
+    import tensorflow as tf
+
+    from tfhash.data.export import export_tfrecords
+
+    ds = data.load_wiki(seed=0)
+    meta = export_tfrecords(ds, tmp_path, shards=2, limit=50)
+    assert meta["split"]["train"] == 50 and meta["modalities"]["text"] == {"kind": "vector", "shape": [10]}
+    files = sorted(str(p) for p in (tmp_path / "query").glob("*.tfrecord.gz"))
+    assert len(files) == 2
+    spec = {
+        "id": tf.io.FixedLenFeature([], tf.int64),
+        "labels": tf.io.VarLenFeature(tf.int64),
+        "image": tf.io.FixedLenFeature([128], tf.float32),
+        "text": tf.io.FixedLenFeature([10], tf.float32),
+    }
+    rows = [tf.io.parse_single_example(r, spec) for r in tf.data.TFRecordDataset(files, compression_type="GZIP")]
+    assert len(rows) == 50
+    by_id = {int(r["id"]): r for r in rows}
+    first = int(ds.split.query[0])
+    np.testing.assert_allclose(by_id[first]["text"].numpy(), ds.inputs["text"][first])
+    assert tf.sparse.to_dense(by_id[first]["labels"]).numpy().tolist() == np.flatnonzero(ds.labels[first]).tolist()
+
+
+def test_export_images_as_png(tmp_path):
+    import tensorflow as tf
+
+    from tfhash.data.export import to_example
+
+    image = np.arange(28 * 28, dtype=np.uint8).reshape(28, 28)
+    example = to_example({"image": image}, np.array([0, 1, 1]), 7)
+    png = example.features.feature["image"].bytes_list.value[0]
+    np.testing.assert_array_equal(tf.io.decode_png(png).numpy()[..., 0], image)
+    assert list(example.features.feature["labels"].int64_list.value) == [1, 2]
+    with pytest.raises(ValueError, match="NaN"):
+        to_example({"x": np.array([np.nan, 1.0], dtype=np.float32)}, np.array([1]), 0)

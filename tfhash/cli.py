@@ -95,6 +95,25 @@ def data_info(name: str, data_root: str | None, seed: int) -> None:
     click.echo(json.dumps(dataset.describe(), indent=2))
 
 
+@data.command("export")
+@click.argument("name", type=click.Choice(["mnist", "cifar10", "mirflickr25k", "wiki"]))
+@click.option("--output", required=True, type=click.Path(file_okay=False), help="Folder for train/, query/, database/.")
+@click.option("--data-root", default=None)
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the standard split.")
+@click.option("--shards", default=1, show_default=True, type=click.IntRange(1))
+@click.option("--limit", default=None, type=click.IntRange(1), help="Keep the first N examples of each split.")
+def data_export(name: str, output: str, data_root: str | None, seed: int, shards: int, limit: int | None) -> None:
+    """Write a dataset's standard split as gzipped TFRecord tf.Examples (ImportExampleGen input)."""
+    from tfhash.data import DataFormatError, DataNotFoundError, load_dataset
+    from tfhash.data.export import export_tfrecords
+
+    try:
+        metadata = export_tfrecords(load_dataset(name, data_root=data_root, seed=seed), output, shards, limit)
+    except (DataNotFoundError, DataFormatError, ValueError) as err:
+        _fail(err)
+    click.echo(json.dumps(metadata, indent=2))
+
+
 def _register_subgroups() -> None:
     from tfhash.index.cli import index_group
 

@@ -3,9 +3,10 @@
 With ties broken by database index (DESIGN.md s.3) the rank of item j at distance h is
 ``(items at distance < h) + (items at distance h with index <= j)``, and the number of relevant
 items ranked at or before a relevant item j is ``(relevant at distance < h) + (relevant at
-distance h with index <= j)``. One pass builds the distance histograms (K + 1 bins), a second pass
-in index order accumulates AP and the top-N hit counts: O(n + K) per query, no sort, no
-allocation proportional to n. Compiled with numba (cached on disk after the first call).
+distance h with index <= j)``. One pass in index order builds the distance histograms (K + 1 bins)
+and, at each relevant item, notes its bucket and its two within-bucket counts (the histogram
+values at that moment); a pass over the relevant items alone then turns those into ranks:
+O(n + K) per query, no sort. Compiled with numba (cached on disk after the first call).
 """
 
 from __future__ import annotations
@@ -35,34 +36,35 @@ def rank_statistics(values, from_products, relevant, bits, depth, ns, average_pr
     for i in numba.prange(m):
         counts = np.zeros(width, np.int64)
         relevant_counts = np.zeros(width, np.int64)
+        bucket = np.empty(n, np.int32)  # of each relevant item, in index order
+        position = np.empty(n, np.int64)  # its place among the items of its bucket
+        relevant_position = np.empty(n, np.int64)  # its place among the relevant items of its bucket
+        found = 0
         for j in range(n):
             h = int((bits - values[i, j]) * 0.5 + 0.25) if from_products else int(values[i, j])
             counts[h] += 1
             if relevant[i, j]:
                 relevant_counts[h] += 1
+                bucket[found] = h
+                position[found] = counts[h]
+                relevant_position[found] = relevant_counts[h]
+                found += 1
         starts = np.zeros(width, np.int64)
         relevant_starts = np.zeros(width, np.int64)
-        start = 0
-        relevant_start = 0
-        for h in range(width):
-            starts[h] = start
-            relevant_starts[h] = relevant_start
-            start += counts[h]
-            relevant_start += relevant_counts[h]
+        for h in range(1, width):
+            starts[h] = starts[h - 1] + counts[h - 1]
+            relevant_starts[h] = relevant_starts[h - 1] + relevant_counts[h - 1]
         for t in range(ns.size):
             hits_at[i, t] = 0
         total = 0.0
         hits = 0
-        for j in range(n):
-            h = int((bits - values[i, j]) * 0.5 + 0.25) if from_products else int(values[i, j])
-            starts[h] += 1  # now the rank of item j
-            if relevant[i, j]:
-                relevant_starts[h] += 1  # relevant items ranked at or before j
-                rank = starts[h]
-                if rank <= depth:
-                    hits += 1
-                    total += relevant_starts[h] / rank
-                for t in range(ns.size):
-                    if rank <= ns[t]:
-                        hits_at[i, t] += 1
+        for r in range(found):
+            h = bucket[r]
+            rank = starts[h] + position[r]
+            if rank <= depth:
+                hits += 1
+                total += (relevant_starts[h] + relevant_position[r]) / rank
+            for t in range(ns.size):
+                if rank <= ns[t]:
+                    hits_at[i, t] += 1
         average_precision[i] = total / hits if hits > 0 else 0.0

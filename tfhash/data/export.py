@@ -1,0 +1,98 @@
+"""Write a :class:`HashingDataset` as gzipped TFRecord files of ``tf.Example`` with one folder per
+split (``train/``, ``query/``, ``database/``), the input of TFX's ImportExampleGen.
+
+Features of each example:
+
+* ``id``: int64, the row index in the dataset;
+* ``labels``: int64 list of the example's label indices (empty for unlabelled examples);
+* per modality ``<name>``: images as PNG bytes (``tf.io.decode_png`` restores them), feature
+  vectors as float lists.
+
+``metadata.json`` beside the splits records the dataset, the class names, the modality kinds and
+shapes, the split sizes and the seed that drew the split.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from tfhash.data.dataset import HashingDataset
+
+SPLITS = ("train", "query", "database")
+
+
+def _png_bytes(image: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(image).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def modality_kind(array: np.ndarray) -> str:
+    """``"image"`` for uint8 arrays of 2-D (grey) or 3-D (colour) items, else ``"vector"``."""
+    return "image" if array.dtype == np.uint8 and array.ndim in (3, 4) else "vector"
+
+
+def to_example(inputs: dict[str, np.ndarray], labels: np.ndarray, example_id: int):
+    """One ``tf.train.Example`` from one row of every modality and its multi-hot labels."""
+    import tensorflow as tf
+
+    feature = {
+        "id": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(example_id)])),
+        "labels": tf.train.Feature(int64_list=tf.train.Int64List(value=np.flatnonzero(labels).tolist())),
+    }
+    for name, value in inputs.items():
+        if modality_kind(value[None]) == "image":
+            feature[name] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[_png_bytes(value)]))
+        else:
+            values = np.asarray(value, dtype=np.float32).ravel()
+            if not np.all(np.isfinite(values)):
+                raise ValueError(f"example {example_id}: modality {name!r} contains NaN or infinity")
+            feature[name] = tf.train.Feature(float_list=tf.train.FloatList(value=values.tolist()))
+    return tf.train.Example(features=tf.train.Features(feature=feature))
+
+
+def export_tfrecords(dataset: HashingDataset, output_dir: str | os.PathLike, shards: int = 1, limit: int | None = None) -> dict:
+    """Write every split of ``dataset`` under ``output_dir`` and return the metadata.
+
+    Args:
+        shards: files per split.
+        limit: keep only the first ``limit`` examples of each split (small pipelines, tests).
+    """
+    import tensorflow as tf
+
+    out = Path(output_dir)
+    counts = {}
+    for split in SPLITS:
+        index = getattr(dataset.split, split)[:limit]
+        (out / split).mkdir(parents=True, exist_ok=True)
+        options = tf.io.TFRecordOptions(compression_type="GZIP")
+        writers = [
+            tf.io.TFRecordWriter(str(out / split / f"data-{s:05d}-of-{shards:05d}.tfrecord.gz"), options)
+            for s in range(shards)
+        ]
+        try:
+            for position, row in enumerate(index):
+                example = to_example({k: v[row] for k, v in dataset.inputs.items()}, dataset.labels[row], int(row))
+                writers[position % shards].write(example.SerializeToString())
+        finally:
+            for writer in writers:
+                writer.close()
+        counts[split] = int(index.size)
+    metadata = {
+        "dataset": dataset.name,
+        "num_classes": dataset.num_classes,
+        "class_names": dataset.class_names,
+        "modalities": {
+            k: {"kind": modality_kind(v), "shape": list(v.shape[1:])} for k, v in dataset.inputs.items()
+        },
+        "split": {**dataset.split.describe(), **counts},
+        "compression": "GZIP",
+    }
+    (out / "metadata.json").write_text(json.dumps(metadata, indent=2))
+    return metadata
