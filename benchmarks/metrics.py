@@ -46,7 +46,7 @@ def naive_map(query, db, query_labels, db_labels) -> float:
 
 
 def fast_map(query, db, query_labels, db_labels) -> float:
-    return evaluate_retrieval(pack_codes(query), pack_codes(db), query_labels, db_labels, radius_curves=False).mean_average_precision()
+    return evaluate_retrieval(pack_codes(query), pack_codes(db), query_labels, db_labels).mean_average_precision()
 
 
 def timed(fn, *args):

@@ -131,7 +131,7 @@ def test_query_without_relevant_items_counts_as_zero():
 def test_radius_metrics_match_brute_force(multi_label):
     rng = np.random.default_rng(3)
     q, db, ql, dl = _random_problem(rng, 30, 120, 16, 4, multi_label)
-    report = metrics.evaluate_retrieval(q, db, ql, dl, average_precision=False)
+    report = metrics.evaluate_retrieval(q, db, ql, dl)
     for radius in (0, 1, 2, 5, 16):
         refs = [_ref_radius(q[i], db, ql[i], dl, radius) for i in range(len(q))]
         np.testing.assert_allclose(report.precision_by_radius[:, radius], [r[0] for r in refs], atol=1e-12)
@@ -189,26 +189,33 @@ def test_packed_codes_and_label_forms_agree():
     assert metrics.mean_average_precision(q, db, ql, one_hot_d) == base
 
 
-def test_chunking_does_not_change_results():
+def test_thread_count_does_not_change_results():
+    import numba
+
     rng = np.random.default_rng(7)
-    q, db, ql, dl = _random_problem(rng, 40, 300, 32, 5, multi_label=True)
+    q, db, ql, dl = _random_problem(rng, 41, 300, 32, 5, multi_label=True)
     full = metrics.evaluate_retrieval(q, db, ql, dl, tie_aware=True, precision_at=[10])
-    tiny = metrics.evaluate_retrieval(q, db, ql, dl, tie_aware=True, precision_at=[10], max_chunk_bytes=1)
-    np.testing.assert_array_equal(full.average_precision, tiny.average_precision)
-    np.testing.assert_allclose(full.tie_aware_average_precision, tiny.tie_aware_average_precision)
-    np.testing.assert_array_equal(full.precision_by_radius, tiny.precision_by_radius)
-    np.testing.assert_array_equal(full.precision_at[10], tiny.precision_at[10])
+    previous = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        single = metrics.evaluate_retrieval(q, db, ql, dl, tie_aware=True, precision_at=[10])
+    finally:
+        numba.set_num_threads(previous)
+    np.testing.assert_array_equal(full.average_precision, single.average_precision)
+    np.testing.assert_array_equal(full.tie_aware_average_precision, single.tie_aware_average_precision)
+    np.testing.assert_array_equal(full.precision_by_radius, single.precision_by_radius)
+    np.testing.assert_array_equal(full.precision_at[10], single.precision_at[10])
 
 
-def test_popcount_path_for_large_databases_matches_brute_force(monkeypatch):
-    """Databases too large for a float32 copy use XOR + popcount on packed codes."""
-    from tfhash.metrics import ranking
-
-    monkeypatch.setattr(ranking, "MAX_FLOAT_DATABASE_BYTES", 0)
+def test_byte_words_and_many_classes_match_brute_force():
+    """K = 24 runs on 8-bit words; 70 classes need two 64-bit label words."""
     rng = np.random.default_rng(12)
-    q, db, ql, dl = _random_problem(rng, 12, 150, 24, 4, multi_label=True)
+    q, db, ql, dl = _random_problem(rng, 12, 150, 24, 70, multi_label=True)
     expected = [_ref_ap(q[i], db, ql[i], dl) for i in range(len(q))]
     np.testing.assert_allclose(metrics.average_precision(q, db, ql, dl), expected, rtol=0, atol=1e-12)
+    ids_q, ids_db = rng.integers(0, 70, 12), rng.integers(0, 70, 150)
+    expected = [_ref_ap(q[i], db, ids_q[i], ids_db) for i in range(len(q))]
+    np.testing.assert_allclose(metrics.average_precision(q, db, ids_q, ids_db), expected, rtol=0, atol=1e-12)
 
 
 def test_hamming_distance_definition():

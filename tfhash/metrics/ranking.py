@@ -1,51 +1,34 @@
-"""The shared engine of the retrieval metrics: validated inputs, chunked Hamming distances,
-relevance and histograms over distances (DESIGN.md s.2-3). The ranking statistics themselves are
-computed by :mod:`tfhash.metrics.kernels` without sorting.
-
-Memory is bounded by processing queries in chunks: a chunk holds a few ``(m, n)`` arrays and the
-chunk size ``m`` is chosen so that they stay under ``max_chunk_bytes``; nothing of size
-``queries x database`` is ever materialised.
-"""
+"""Validated inputs of the retrieval metrics (DESIGN.md s.2-3): packed code words and label
+bitmasks, the form :mod:`tfhash.metrics.kernels` consumes."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
-from tfhash.codes import as_packed, hamming_distances, unpack_codes
-
-#: Default memory budget of one query chunk (bytes).
-DEFAULT_CHUNK_BYTES = 256 * 1024 * 1024
-#: Largest float32 copy of the database (bytes) for which distances come from a matrix product.
-MAX_FLOAT_DATABASE_BYTES = 1024 * 1024 * 1024
-# Bytes held per (query, database item) pair in a chunk: float32 products, bool relevance, and
-# when histograms are asked for, uint16 distances and their int64 bin indices.
-_BYTES_PER_PAIR = 16
+from tfhash.codes import as_packed
 
 
 @dataclass(frozen=True)
 class RetrievalProblem:
-    """Validated, packed codes and normalised labels of one query set against one database.
+    """Codes as packed words (``uint64`` when K is a multiple of 64, else ``uint8``) and labels as
+    ``uint64`` bitmasks (bit c of a row set when the item carries class c); an item is relevant to
+    a query when their masks share a bit."""
 
-    Labels are kept either as integer class ids (1-D, single-label) or as ``float32`` multi-hot
-    matrices (2-D); relevance of (q, x) is "share at least one label" in both cases.
-    """
-
-    query_packed: np.ndarray
-    db_packed: np.ndarray
+    query_words: np.ndarray
+    db_words: np.ndarray
     query_labels: np.ndarray
     db_labels: np.ndarray
     bits: int
 
     @property
     def num_queries(self) -> int:
-        return self.query_packed.shape[0]
+        return self.query_words.shape[0]
 
     @property
     def num_database(self) -> int:
-        return self.db_packed.shape[0]
+        return self.db_words.shape[0]
 
 
 def _normalise_labels(labels: np.ndarray, name: str) -> np.ndarray:
@@ -63,32 +46,25 @@ def _normalise_labels(labels: np.ndarray, name: str) -> np.ndarray:
     return labels
 
 
-def _label_forms(query_labels: np.ndarray, db_labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Bring both label arrays to one form: integer ids when both are single-label, otherwise
-    ``float32`` multi-hot with the same number of classes."""
-    if query_labels.ndim == 2 and db_labels.ndim == 2 and query_labels.shape[1] != db_labels.shape[1]:
-        raise ValueError(
-            f"query labels have {query_labels.shape[1]} classes, database labels {db_labels.shape[1]}"
-        )
-
-    def is_one_hot(labels: np.ndarray) -> bool:
-        return labels.ndim == 2 and bool(np.all((labels > 0).sum(axis=1) == 1))
-
-    if (query_labels.ndim == 1 or is_one_hot(query_labels)) and (db_labels.ndim == 1 or is_one_hot(db_labels)):
-        as_ids = [lab if lab.ndim == 1 else (lab > 0).argmax(axis=1) for lab in (query_labels, db_labels)]
-        return as_ids[0].astype(np.int64), as_ids[1].astype(np.int64)
-    num_classes = max(lab.shape[1] for lab in (query_labels, db_labels) if lab.ndim == 2)
-
-    def as_multi_hot(labels: np.ndarray) -> np.ndarray:
-        if labels.ndim == 2:
-            return (labels > 0).astype(np.float32)
+def label_bitmasks(labels: np.ndarray, num_classes: int) -> np.ndarray:
+    """Class ids ``(n,)`` or multi-hot ``(n, C)`` -> ``uint64`` ``(n, ceil(C / 64))`` bitmasks."""
+    if labels.ndim == 1:
         if labels.size and labels.max() >= num_classes:
             raise ValueError(f"class id {labels.max()} is outside the {num_classes} classes")
-        out = np.zeros((labels.size, num_classes), dtype=np.float32)
-        out[np.arange(labels.size), labels] = 1.0
-        return out
+        multi_hot = np.zeros((labels.size, num_classes), dtype=bool)
+        multi_hot[np.arange(labels.size), labels] = True
+    else:
+        multi_hot = labels > 0
+    words = max(1, -(-num_classes // 64))
+    padded = np.zeros((multi_hot.shape[0], words * 64), dtype=bool)
+    padded[:, : multi_hot.shape[1]] = multi_hot
+    return np.ascontiguousarray(np.packbits(padded, axis=1, bitorder="little").view(np.uint64))
 
-    return as_multi_hot(query_labels), as_multi_hot(db_labels)
+
+def code_words(packed: np.ndarray) -> np.ndarray:
+    """Packed ``uint8`` codes as 64-bit words when the width allows, else as bytes."""
+    packed = np.ascontiguousarray(packed)
+    return packed.view(np.uint64) if packed.shape[1] % 8 == 0 else packed
 
 
 def prepare(query_codes, db_codes, query_labels, db_labels) -> RetrievalProblem:
@@ -96,7 +72,7 @@ def prepare(query_codes, db_codes, query_labels, db_labels) -> RetrievalProblem:
 
     Args:
         query_codes, db_codes: +-1 codes ``(n, K)`` (any numeric dtype) or packed ``uint8``
-            ``(n, K/8)``; both in the same form and width.
+            ``(n, K/8)``.
         query_labels, db_labels: integer class ids ``(n,)`` or one-hot / multi-hot ``(n, C)``.
 
     Raises:
@@ -116,69 +92,17 @@ def prepare(query_codes, db_codes, query_labels, db_labels) -> RetrievalProblem:
     for codes, labels, name in ((query_packed, query_labels, "query"), (db_packed, db_labels, "database")):
         if codes.shape[0] != labels.shape[0]:
             raise ValueError(f"{name}: {codes.shape[0]} codes but {labels.shape[0]} label rows")
-    query_labels, db_labels = _label_forms(query_labels, db_labels)
-    return RetrievalProblem(query_packed, db_packed, query_labels, db_labels, query_packed.shape[1] * 8)
-
-
-def relevance(query_labels: np.ndarray, db_labels: np.ndarray) -> np.ndarray:
-    """``(m, n)`` bool: database item shares at least one label with the query (DESIGN.md s.3)."""
-    if query_labels.ndim == 1:
-        return query_labels[:, None] == db_labels[None, :]
-    return (query_labels @ db_labels.T) > 0.5
-
-
-def chunk_size_for(num_database: int, bits: int, max_chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> int:
-    """Number of queries per chunk that keeps one chunk under ``max_chunk_bytes``."""
-    per_query = num_database * (_BYTES_PER_PAIR + bits // 8)
-    return max(1, int(max_chunk_bytes // max(per_query, 1)))
-
-
-@dataclass
-class Chunk:
-    """One block of queries: their rows, relevance ``(m, n)`` and either the +-1 dot products
-    ``(m, n)`` float32 (matrix-product path) or the distances (popcount path). ``distances`` is
-    derived on first use: d = (K - q.x) / 2."""
-
-    rows: slice
-    relevant: np.ndarray
-    bits: int
-    products: np.ndarray | None = None
-    _distances: np.ndarray | None = None
-
-    @property
-    def distances(self) -> np.ndarray:
-        if self._distances is None:
-            self._distances = np.rint((self.bits - self.products) * 0.5).astype(np.uint16)
-        return self._distances
-
-
-def iter_chunks(problem: RetrievalProblem, max_chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[Chunk]:
-    """Yield :class:`Chunk` objects covering every query in order.
-
-    Distances come from a float32 matrix product of the +-1 codes, d = (K - q.x) / 2, which is
-    exact (the products are small integers) and runs on BLAS; when a float32 copy of the database
-    would exceed :data:`MAX_FLOAT_DATABASE_BYTES`, from XOR + popcount of the packed codes.
-    """
-    step = chunk_size_for(problem.num_database, problem.bits, max_chunk_bytes)
-    use_product = problem.num_database * problem.bits * 4 <= MAX_FLOAT_DATABASE_BYTES
-    db_float_t = np.ascontiguousarray(unpack_codes(problem.db_packed).astype(np.float32).T) if use_product else None
-    for start in range(0, problem.num_queries, step):
-        rows = slice(start, min(start + step, problem.num_queries))
-        relevant = relevance(problem.query_labels[rows], problem.db_labels)
-        if use_product:
-            query_float = unpack_codes(problem.query_packed[rows]).astype(np.float32)
-            yield Chunk(rows, relevant, problem.bits, products=query_float @ db_float_t)
-        else:
-            distances = hamming_distances(problem.query_packed[rows], problem.db_packed)
-            yield Chunk(rows, relevant, problem.bits, _distances=distances)
-
-
-def distance_histograms(chunk: Chunk, bits: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per query, how many database items (and how many relevant ones) lie at each distance
-    0..K: two ``(m, K + 1)`` ``int64`` arrays."""
-    m = chunk.distances.shape[0]
-    width = bits + 1
-    flat = (np.arange(m)[:, None] * width + chunk.distances).ravel()
-    counts = np.bincount(flat, minlength=m * width).reshape(m, width)
-    relevant = np.bincount(flat, weights=chunk.relevant.ravel(), minlength=m * width)
-    return counts, np.rint(relevant).astype(np.int64).reshape(m, width)
+    widths = {lab.shape[1] for lab in (query_labels, db_labels) if lab.ndim == 2}
+    if len(widths) > 1:
+        raise ValueError(f"query labels have {query_labels.shape[1]} classes, database labels {db_labels.shape[1]}")
+    if widths:
+        num_classes = widths.pop()
+    else:
+        num_classes = int(max(query_labels.max(initial=0), db_labels.max(initial=0))) + 1
+    return RetrievalProblem(
+        code_words(query_packed),
+        code_words(db_packed),
+        label_bitmasks(query_labels, num_classes),
+        label_bitmasks(db_labels, num_classes),
+        query_packed.shape[1] * 8,
+    )

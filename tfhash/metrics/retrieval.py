@@ -22,14 +22,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tfhash.metrics.kernels import rank_statistics
-from tfhash.metrics.ranking import (
-    DEFAULT_CHUNK_BYTES,
-    Chunk,
-    distance_histograms,
-    iter_chunks,
-    prepare,
-)
+import numba
+
+from tfhash.metrics.kernels import ranking_statistics
+from tfhash.metrics.ranking import prepare
 
 
 def _harmonic_numbers(n: int) -> np.ndarray:
@@ -71,8 +67,9 @@ def tie_aware_average_precision(counts: np.ndarray, relevant_counts: np.ndarray,
 class RetrievalReport:
     """Per-query values of one evaluation and their summaries.
 
-    Arrays have one entry per query (``precision_by_radius`` / ``recall_by_radius``: one row per
-    query, one column per radius 0..K). Fields a call did not ask for are ``None``.
+    Arrays have one entry per query (``precision_by_radius`` / ``recall_by_radius`` /
+    ``ball_size_by_radius``: one row per query, one column per radius 0..K).
+    ``tie_aware_average_precision`` is ``None`` unless asked for.
     """
 
     bits: int
@@ -120,93 +117,60 @@ def evaluate_retrieval(
     db_labels,
     *,
     top_r: int | None = None,
-    average_precision: bool = True,
     tie_aware: bool = False,
-    radius_curves: bool = True,
     precision_at: Sequence[int] = (),
-    max_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
 ) -> RetrievalReport:
-    """Compute, in one chunked pass over the queries, every requested metric per query.
+    """Compute every metric per query in one compiled pass over the database per query
+    (:mod:`tfhash.metrics.kernels`): AP@R in the stable tie order, P@N, and the distance
+    histograms from which the radius curves and the tie-aware AP follow. Memory is O(queries x K)
+    plus O(database) scratch per thread: nothing of size queries x database.
 
     Args:
         query_codes, db_codes: +-1 codes ``(n, K)`` or packed ``uint8`` ``(n, K/8)``.
         query_labels, db_labels: class ids ``(n,)`` or one-hot / multi-hot ``(n, C)``.
         top_r: depth R of AP@R; ``None`` means the whole database (mAP@all).
-        average_precision: compute AP@R in the stable tie order.
         tie_aware: also compute the tie-aware AP (whole ranking only).
-        radius_curves: precision / recall / ball size for every radius 0..K.
         precision_at: the N of the P@N values to compute.
-        max_chunk_bytes: memory budget of one query chunk.
 
     Raises:
         ValueError: invalid inputs (see :func:`tfhash.metrics.ranking.prepare`), ``top_r`` or an
             N outside ``1..database size``, or ``tie_aware`` with a ``top_r``.
     """
     problem = prepare(query_codes, db_codes, query_labels, db_labels)
-    n_db = problem.num_database
+    n_db, m, bits = problem.num_database, problem.num_queries, problem.bits
     for name, value in [("top_r", top_r)] + [("precision_at N", n) for n in precision_at]:
         if value is not None and not (1 <= int(value) <= n_db):
             raise ValueError(f"{name} = {value} must lie in 1..{n_db} (the database size)")
     if tie_aware and top_r is not None:
         raise ValueError("the tie-aware AP is defined here for the whole ranking only (top_r=None)")
-    depth = n_db if top_r is None else int(top_r)
-    report = RetrievalReport(problem.bits, problem.num_queries, n_db, top_r)
-    pieces: dict[str, list] = {key: [] for key in ("ap", "tie", "prec", "rec", "ball")}
-    pieces_at: dict[int, list] = {int(n): [] for n in precision_at}
-    needs_ranking = average_precision or bool(pieces_at)
-    needs_histograms = tie_aware or radius_curves
-    harmonic = _harmonic_numbers(n_db) if tie_aware else None
-    ns = np.array(sorted(pieces_at), dtype=np.int64)
-    for chunk in iter_chunks(problem, max_chunk_bytes):
-        if needs_ranking:
-            m = chunk.relevant.shape[0]
-            ap = np.zeros(m)
-            hits_at = np.zeros((m, ns.size), dtype=np.int64)
-            from_products = chunk.products is not None
-            values = chunk.products if from_products else chunk.distances
-            rank_statistics(values, from_products, chunk.relevant, problem.bits, depth, ns, ap, hits_at)
-            pieces["ap"].append(ap)
-            for column, n in enumerate(ns):
-                pieces_at[int(n)].append(hits_at[:, column] / n)
-        if needs_histograms:
-            _histogram_metrics(chunk, problem.bits, tie_aware, radius_curves, harmonic, pieces)
-    if average_precision:
-        report.average_precision = _join(pieces["ap"])
+    ns = np.array(sorted({int(n) for n in precision_at}), dtype=np.int64)
+    ap = np.zeros(m)
+    hits_at = np.zeros((m, ns.size), dtype=np.int64)
+    counts = np.zeros((m, bits + 1), dtype=np.int64)
+    relevant_counts = np.zeros((m, bits + 1), dtype=np.int64)
+    if m:
+        ranking_statistics(problem.query_words, problem.db_words, problem.query_labels, problem.db_labels, bits,
+                           n_db if top_r is None else int(top_r), ns, min(numba.get_num_threads(), m),
+                           ap, hits_at, counts, relevant_counts)  # fmt: skip
+    ball = np.cumsum(counts, axis=1)
+    hits = np.cumsum(relevant_counts, axis=1)
+    total = hits[:, -1:]
+    report = RetrievalReport(bits, m, n_db, top_r)
+    report.average_precision = ap
+    report.precision_by_radius = np.where(ball > 0, hits / np.maximum(ball, 1), 0.0)
+    report.recall_by_radius = np.where(total > 0, hits / np.maximum(total, 1), 0.0)
+    report.ball_size_by_radius = ball
+    report.precision_at = {int(n): hits_at[:, t] / n for t, n in enumerate(ns)}
     if tie_aware:
-        report.tie_aware_average_precision = _join(pieces["tie"])
-    if radius_curves:
-        width = problem.bits + 1
-        report.precision_by_radius = _join(pieces["prec"], width)
-        report.recall_by_radius = _join(pieces["rec"], width)
-        report.ball_size_by_radius = _join(pieces["ball"], width).astype(np.int64)
-    report.precision_at = {n: _join(parts) for n, parts in pieces_at.items()}
+        report.tie_aware_average_precision = tie_aware_average_precision(
+            counts, relevant_counts, _harmonic_numbers(n_db)
+        )
     return report
-
-
-def _histogram_metrics(chunk: Chunk, bits: int, tie_aware: bool, radius_curves: bool, harmonic, pieces) -> None:
-    counts, relevant_counts = distance_histograms(chunk, bits)
-    if tie_aware:
-        pieces["tie"].append(tie_aware_average_precision(counts, relevant_counts, harmonic))
-    if radius_curves:
-        ball = np.cumsum(counts, axis=1)
-        hits = np.cumsum(relevant_counts, axis=1)
-        total = hits[:, -1:]
-        pieces["prec"].append(np.where(ball > 0, hits / np.maximum(ball, 1), 0.0))
-        pieces["rec"].append(np.where(total > 0, hits / np.maximum(total, 1), 0.0))
-        pieces["ball"].append(ball)
-
-
-def _join(parts: list, width: int | None = None) -> np.ndarray:
-    if parts:
-        return np.concatenate(parts)
-    return np.zeros((0,) if width is None else (0, width))
 
 
 def average_precision(query_codes, db_codes, query_labels, db_labels, top_r: int | None = None, **kwargs) -> np.ndarray:
     """Per-query AP@R (``top_r=None``: whole ranking), stable tie order."""
-    return evaluate_retrieval(
-        query_codes, db_codes, query_labels, db_labels, top_r=top_r, radius_curves=False, **kwargs
-    ).average_precision
+    return evaluate_retrieval(query_codes, db_codes, query_labels, db_labels, top_r=top_r, **kwargs).average_precision
 
 
 def mean_average_precision(query_codes, db_codes, query_labels, db_labels, top_r: int | None = None, **kwargs) -> float:
@@ -221,10 +185,7 @@ def mean_average_precision(query_codes, db_codes, query_labels, db_labels, top_r
 def mean_average_precision_tie_aware(query_codes, db_codes, query_labels, db_labels, **kwargs) -> float:
     """Tie-aware mAP@all: expected AP over random orders within distance ties; immune to the
     database order (DESIGN.md s.3)."""
-    report = evaluate_retrieval(
-        query_codes, db_codes, query_labels, db_labels,
-        average_precision=False, tie_aware=True, radius_curves=False, **kwargs,
-    )  # fmt: skip
+    report = evaluate_retrieval(query_codes, db_codes, query_labels, db_labels, tie_aware=True, **kwargs)
     return float(np.mean(report.tie_aware_average_precision)) if report.num_queries else 0.0
 
 
@@ -232,22 +193,19 @@ def precision_at_hamming_radius(query_codes, db_codes, query_labels, db_labels, 
     """Mean over queries of the precision inside the Hamming ball d <= radius (empty ball = 0)."""
     if radius < 0:
         raise ValueError(f"radius must be >= 0, got {radius}")
-    report = evaluate_retrieval(query_codes, db_codes, query_labels, db_labels, average_precision=False, **kwargs)
+    report = evaluate_retrieval(query_codes, db_codes, query_labels, db_labels, **kwargs)
     return report.precision_at_radius(radius)
 
 
 def precision_at_n(query_codes, db_codes, query_labels, db_labels, n: int, **kwargs) -> float:
     """Mean over queries of the precision of the top ``n`` of the stable ranking."""
-    report = evaluate_retrieval(
-        query_codes, db_codes, query_labels, db_labels,
-        average_precision=False, radius_curves=False, precision_at=[n], **kwargs,
-    )  # fmt: skip
+    report = evaluate_retrieval(query_codes, db_codes, query_labels, db_labels, precision_at=[n], **kwargs)
     return float(np.mean(report.precision_at[int(n)])) if report.num_queries else 0.0
 
 
 def pr_curve_by_radius(query_codes, db_codes, query_labels, db_labels, **kwargs) -> dict[str, np.ndarray]:
     """Mean precision and recall of the Hamming ball for every radius 0..K."""
-    report = evaluate_retrieval(query_codes, db_codes, query_labels, db_labels, average_precision=False, **kwargs)
+    report = evaluate_retrieval(query_codes, db_codes, query_labels, db_labels, **kwargs)
     return {
         "radius": np.arange(report.bits + 1),
         "precision": report.precision_by_radius.mean(axis=0),
@@ -257,10 +215,7 @@ def pr_curve_by_radius(query_codes, db_codes, query_labels, db_labels, **kwargs)
 
 def precision_at_n_curve(query_codes, db_codes, query_labels, db_labels, ns: Sequence[int], **kwargs) -> dict[str, np.ndarray]:
     """Mean P@N for each N of ``ns`` (the top-N precision curve)."""
-    report = evaluate_retrieval(
-        query_codes, db_codes, query_labels, db_labels,
-        average_precision=False, radius_curves=False, precision_at=list(ns), **kwargs,
-    )  # fmt: skip
+    report = evaluate_retrieval(query_codes, db_codes, query_labels, db_labels, precision_at=list(ns), **kwargs)
     ns_sorted = sorted({int(n) for n in ns})
     return {"n": np.array(ns_sorted), "precision": np.array([report.precision_at[n].mean() for n in ns_sorted])}
 
