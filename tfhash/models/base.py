@@ -39,3 +39,35 @@ def loss_trackers(model: keras.Model, names) -> dict:
         setattr(model, f"_{name}_tracker", tracker)
         trackers[name] = tracker
     return trackers
+
+
+class NestedConfigMixin:
+    """``get_config`` / ``from_config`` for models whose constructor takes Keras objects (a
+    backbone, a dict of backbones, sub-models): ``nested_keys`` names those arguments, and
+    :meth:`config_params` returns the plain ones."""
+
+    nested_keys: tuple[str, ...] = ()
+
+    def config_params(self) -> dict:
+        raise NotImplementedError
+
+    def get_config(self):
+        nested = {}
+        for key in self.nested_keys:
+            value = getattr(self, key)
+            if isinstance(value, dict):
+                nested[key] = {name: keras.saving.serialize_keras_object(obj) for name, obj in value.items()}
+            else:
+                nested[key] = keras.saving.serialize_keras_object(value)
+        return {**super().get_config(), **nested, **self.config_params()}
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        for key in cls.nested_keys:
+            value = config[key]
+            if isinstance(value, dict) and "class_name" not in value:
+                config[key] = {name: keras.saving.deserialize_keras_object(obj) for name, obj in value.items()}
+            else:
+                config[key] = keras.saving.deserialize_keras_object(value)
+        return cls(**config)

@@ -7,11 +7,11 @@ import numpy as np
 
 from tfhash.layers import HashHead, SemanticClusters
 from tfhash.losses.scdh import cross_modal_loss
-from tfhash.models.base import binarize, loss_trackers, unpack_targets
+from tfhash.models.base import NestedConfigMixin, binarize, loss_trackers, unpack_targets
 
 
 @keras.saving.register_keras_serializable(package="tfhash")
-class JCCHModel(keras.Model):
+class JCCHModel(NestedConfigMixin, keras.Model):
     """Two towers (one backbone + HashHead + classifier per modality) whose codes are scored
     against one shared :class:`SemanticClusters` layer.
 
@@ -71,21 +71,8 @@ class JCCHModel(keras.Model):
         encoder = keras.Model(self.backbones[modality].inputs, self.hash_heads[modality](self.backbones[modality].outputs[0]))
         return np.asarray(binarize(encoder.predict(x, batch_size=batch_size, verbose=0)))
 
-    def get_config(self):
-        return {
-            **super().get_config(),
-            "backbones": {m: keras.saving.serialize_keras_object(b) for m, b in self.backbones.items()},
-            "num_classes": self.num_classes,
-            "bits": self.bits,
-            "lam": self.lam,
-            "mu": self.mu,
-            "alpha": self.alpha,
-            "beta": self.beta,
-            "p": self.p,
-        }
+    nested_keys = ("backbones",)
 
-    @classmethod
-    def from_config(cls, config):
-        config = dict(config)
-        config["backbones"] = {m: keras.saving.deserialize_keras_object(b) for m, b in config["backbones"].items()}
-        return cls(**config)
+    def config_params(self) -> dict:
+        return {"num_classes": self.num_classes, "bits": self.bits, "lam": self.lam, "mu": self.mu,
+                "alpha": self.alpha, "beta": self.beta, "p": self.p}  # fmt: skip

@@ -8,11 +8,11 @@ import numpy as np
 from tfhash.layers import FixedProxies, HashHead, LearnableProxies
 from tfhash.losses.proxy import balanced_binary_cross_entropy, hamming_triplet_loss, hyp2_loss
 from tfhash.losses.semantic_cluster import classifier_cross_entropy
-from tfhash.models.base import EncoderMixin, loss_trackers, unpack_targets
+from tfhash.models.base import EncoderMixin, NestedConfigMixin, loss_trackers, unpack_targets
 
 
 @keras.saving.register_keras_serializable(package="tfhash")
-class HCLMModel(EncoderMixin, keras.Model):
+class HCLMModel(NestedConfigMixin, EncoderMixin, keras.Model):
     """backbone -> HashHead(tanh) = nu(x) -> FixedProxies (logits nu.w_c).
 
     Loss: softmax cross-entropy (single-label) or the class-balanced BCE (multi-label, with
@@ -58,26 +58,16 @@ class HCLMModel(EncoderMixin, keras.Model):
         self._trackers["triplet"].update_state(triplet)
         return proxy_loss + self.triplet_weight * triplet
 
-    def get_config(self):
-        return {
-            **super().get_config(),
-            "backbone": keras.saving.serialize_keras_object(self.backbone),
-            "proxies": self.proxy_layer.get_config()["proxies"],
-            "tag_frequencies": self.tag_frequencies,
-            "triplet_weight": self.triplet_weight,
-            "margin": self.margin,
-            "learn_proxies": self.proxy_layer.learn,
-        }
+    nested_keys = ("backbone",)
 
-    @classmethod
-    def from_config(cls, config):
-        config = dict(config)
-        config["backbone"] = keras.saving.deserialize_keras_object(config["backbone"])
-        return cls(**config)
+    def config_params(self) -> dict:
+        return {"proxies": self.proxy_layer.get_config()["proxies"], "tag_frequencies": self.tag_frequencies,
+                "triplet_weight": self.triplet_weight, "margin": self.margin,
+                "learn_proxies": self.proxy_layer.learn}  # fmt: skip
 
 
 @keras.saving.register_keras_serializable(package="tfhash")
-class HyP2Model(EncoderMixin, keras.Model):
+class HyP2Model(NestedConfigMixin, EncoderMixin, keras.Model):
     """backbone -> HashHead (linear F) with learnable proxies, trained with the HyP2 loss.
     ``call`` returns ``{"codes": F, "cosines": cos(F, p)}``.
 
@@ -106,18 +96,7 @@ class HyP2Model(EncoderMixin, keras.Model):
         labels, _, _ = unpack_targets(y)
         return hyp2_loss(labels, y_pred["codes"], self.proxy_layer.proxies, self.zeta, self.beta)
 
-    def get_config(self):
-        return {
-            **super().get_config(),
-            "backbone": keras.saving.serialize_keras_object(self.backbone),
-            "num_classes": self.num_classes,
-            "bits": self.bits,
-            "zeta": self.zeta,
-            "beta": self.beta,
-        }
+    nested_keys = ("backbone",)
 
-    @classmethod
-    def from_config(cls, config):
-        config = dict(config)
-        config["backbone"] = keras.saving.deserialize_keras_object(config["backbone"])
-        return cls(**config)
+    def config_params(self) -> dict:
+        return {"num_classes": self.num_classes, "bits": self.bits, "zeta": self.zeta, "beta": self.beta}

@@ -9,11 +9,11 @@ from tfhash.layers import HashHead, SemanticClusters
 from tfhash.losses.mean_teacher import mean_teacher_consistency
 from tfhash.losses.quantization import quantization_loss
 from tfhash.losses.scdh import scdh_loss
-from tfhash.models.base import EncoderMixin, loss_trackers, unpack_targets
+from tfhash.models.base import EncoderMixin, NestedConfigMixin, loss_trackers, unpack_targets
 
 
 @keras.saving.register_keras_serializable(package="tfhash")
-class SCDHModel(EncoderMixin, keras.Model):
+class SCDHModel(NestedConfigMixin, EncoderMixin, keras.Model):
     """backbone -> HashHead (F, K units) -> SemanticClusters (-D), plus a classifier head ("fc8")
     on the backbone features; trained with SCUL + mu * l_1 + alpha * l_q.
 
@@ -58,28 +58,15 @@ class SCDHModel(EncoderMixin, keras.Model):
             tracker.update_state(parts[name])
         return parts["loss"]
 
-    def get_config(self):
-        return {
-            **super().get_config(),
-            "backbone": keras.saving.serialize_keras_object(self.backbone),
-            "num_classes": self.num_classes,
-            "bits": self.bits,
-            "lam": self.lam,
-            "mu": self.mu,
-            "alpha": self.alpha,
-            "similarity": self.similarity,
-            "p": self.p,
-        }
+    nested_keys = ("backbone",)
 
-    @classmethod
-    def from_config(cls, config):
-        config = dict(config)
-        config["backbone"] = keras.saving.deserialize_keras_object(config["backbone"])
-        return cls(**config)
+    def config_params(self) -> dict:
+        return {"num_classes": self.num_classes, "bits": self.bits, "lam": self.lam, "mu": self.mu,
+                "alpha": self.alpha, "similarity": self.similarity, "p": self.p}  # fmt: skip
 
 
 @keras.saving.register_keras_serializable(package="tfhash")
-class MeanTeacherSCDH(EncoderMixin, keras.Model):
+class MeanTeacherSCDH(NestedConfigMixin, EncoderMixin, keras.Model):
     """MT-SCDH (SCDH Eq. 21): a student SCDH model trained on labelled and unlabelled data and a
     teacher whose weights are the exponential moving average of the student's.
 
@@ -159,20 +146,8 @@ class MeanTeacherSCDH(EncoderMixin, keras.Model):
             teacher_w.assign(self.ema_decay * teacher_w + (1.0 - self.ema_decay) * student_w)
         return logs
 
-    def get_config(self):
-        return {
-            **super().get_config(),
-            "student": keras.saving.serialize_keras_object(self.student),
-            "teacher": keras.saving.serialize_keras_object(self.teacher),
-            "consistency": self.consistency,
-            "rampup_steps": self.rampup_steps,
-            "ema_decay": self.ema_decay,
-            "noise_stddev": self.noise_stddev,
-        }
+    nested_keys = ("student", "teacher")
 
-    @classmethod
-    def from_config(cls, config):
-        config = dict(config)
-        for key in ("student", "teacher"):
-            config[key] = keras.saving.deserialize_keras_object(config[key])
-        return cls(**config)
+    def config_params(self) -> dict:
+        return {"consistency": self.consistency, "rampup_steps": self.rampup_steps, "ema_decay": self.ema_decay,
+                "noise_stddev": self.noise_stddev}  # fmt: skip
