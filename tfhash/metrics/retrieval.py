@@ -20,9 +20,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
-
 import numba
+import numpy as np
 
 from tfhash.metrics.kernels import ranking_statistics
 from tfhash.metrics.ranking import prepare

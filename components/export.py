@@ -1,0 +1,81 @@
+"""SavedModel export of a trained tfhash model for TF Serving (stock TF ops only).
+
+Signatures:
+
+* ``serving_default``: ``examples`` (serialized raw tf.Example, string ``[None]``) -> parsed with
+  the raw feature spec, transformed by the Transform graph (labels and id are not required), then
+  encoded;
+* ``encode_features``: the transformed model input as a raw tensor -> encoded.
+
+Both return ``codes`` (continuous float32), ``binary_codes`` (int8 +-1, sign(0) = +1) and
+``packed_codes`` (uint8, big bit order; DESIGN.md s.2). TF Serving warmup records go to
+``assets.extra/tf_serving_warmup_requests``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import tensorflow as tf
+
+NOT_SERVED = ("labels", "id")
+
+
+def code_outputs(codes: tf.Tensor, bits: int) -> dict:
+    """continuous, +-1 and packed codes from ``(n, K)`` continuous codes, with stock ops."""
+    binary = tf.where(codes >= 0.0, tf.ones_like(codes, tf.int8), -tf.ones_like(codes, tf.int8))
+    bits_by_byte = tf.reshape(tf.cast(codes >= 0.0, tf.int32), [-1, bits // 8, 8])
+    weights = tf.constant([128, 64, 32, 16, 8, 4, 2, 1], dtype=tf.int32)
+    packed = tf.cast(tf.reduce_sum(bits_by_byte * weights, axis=-1), tf.uint8)
+    return {"codes": codes, "binary_codes": binary, "packed_codes": packed}
+
+
+class ServingModule(tf.Module):
+    """Holds the Keras model and the Transform layer so that both are saved."""
+
+    def __init__(self, model, tft_layer, raw_feature_spec: dict, input_name: str, input_shape, bits: int):
+        super().__init__()
+        self.model = model
+        self.tft_layer = tft_layer
+        self.bits = int(bits)
+        self.input_name = input_name
+        spec = {k: v for k, v in raw_feature_spec.items() if k not in NOT_SERVED}
+        self.serve_examples = tf.function(
+            lambda examples: self._encode(self.tft_layer(tf.io.parse_example(examples, spec))[input_name]),
+            input_signature=[tf.TensorSpec([None], tf.string, name="examples")],
+        )
+        self.encode_features = tf.function(
+            self._encode, input_signature=[tf.TensorSpec([None, *input_shape], tf.float32, name=input_name)]
+        )
+
+    def _encode(self, features):
+        return code_outputs(self.model(features, training=False)["codes"], self.bits)
+
+
+def export_serving_model(model, tf_transform_output, input_name: str, input_shape, bits: int, path: str,
+                         warmup_examples: list[bytes] | None = None, model_name: str = "tfhash") -> None:  # fmt: skip
+    """Save ``model`` with the Transform graph as a SavedModel at ``path`` (see module docstring)."""
+    module = ServingModule(model, tf_transform_output.transform_features_layer(),
+                           tf_transform_output.raw_feature_spec(), input_name, input_shape, bits)  # fmt: skip
+    tf.saved_model.save(
+        module,
+        path,
+        signatures={"serving_default": module.serve_examples, "encode_features": module.encode_features},
+    )
+    if warmup_examples:
+        write_warmup_requests(path, warmup_examples, model_name)
+
+
+def write_warmup_requests(path: str, serialized_examples: list[bytes], model_name: str) -> str:
+    """TF Serving warmup file: PredictionLogs replaying a few Predict requests on serving_default."""
+    from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
+
+    directory = os.path.join(path, "assets.extra")
+    tf.io.gfile.makedirs(directory)
+    target = os.path.join(directory, "tf_serving_warmup_requests")
+    with tf.io.TFRecordWriter(target) as writer:
+        request = predict_pb2.PredictRequest(model_spec=model_pb2.ModelSpec(name=model_name, signature_name="serving_default"))
+        request.inputs["examples"].CopyFrom(tf.make_tensor_proto(serialized_examples, dtype=tf.string))
+        log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
+        writer.write(log.SerializeToString())
+    return target

@@ -1,0 +1,61 @@
+"""IndexBuilder: encodes the database split with exactly the pushed SavedModel version and writes
+tfhash indexes (manifest naming that version and the signature fingerprint) next to it:
+``<index_base_dir>/<version>/<kind>/``."""
+
+
+import json
+import logging
+import os
+
+import tensorflow as tf
+from tfhash.components.encoding import encode_split, split_files
+from tfx.dsl.component.experimental.annotations import InputArtifact, OutputArtifact, Parameter
+from tfx.dsl.component.experimental.decorators import component
+from tfx.types import artifact, standard_artifacts
+
+logger = logging.getLogger(__name__)
+
+
+class HashIndex(artifact.Artifact):
+    """The tfhash indexes built for one pushed model version."""
+
+    TYPE_NAME = "tfhash.HashIndex"
+
+
+def signature_fingerprint(saved_model_dir: str) -> str:
+    """The SavedModel's fingerprint checksum (changes with the graph or the weights)."""
+    return str(tf.saved_model.experimental.read_fingerprint(saved_model_dir).saved_model_checksum)
+
+
+@component
+def IndexBuilder(
+    examples: InputArtifact[standard_artifacts.Examples],
+    pushed_model: InputArtifact[standard_artifacts.PushedModel],
+    index: OutputArtifact[HashIndex],
+    index_base_dir: Parameter[str],
+    num_classes: Parameter[int] = 10,
+    kinds: Parameter[str] = "BFlat",
+    database_split: Parameter[str] = "database",
+) -> None:
+    from tfhash.index import index_factory
+
+    os.makedirs(index.uri, exist_ok=True)
+    if not pushed_model.get_int_custom_property("pushed"):
+        logger.warning("IndexBuilder: the model was not pushed; no index is built")
+        index.set_int_custom_property("built", 0)
+        return
+    version = pushed_model.get_string_custom_property("pushed_version")
+    model_dir = pushed_model.get_string_custom_property("pushed_destination")
+    codes, _, ids = encode_split(model_dir, split_files(examples.uri, database_split), num_classes)
+    fingerprint = signature_fingerprint(model_dir)
+    written = {}
+    for kind in [k.strip() for k in kinds.split(",") if k.strip()]:
+        built = index_factory(codes.shape[1] * 8, kind)
+        built.add(codes, ids)
+        path = os.path.join(index_base_dir, version, kind)
+        built.save(path, model_version=version, signature_fingerprint=fingerprint)
+        written[kind] = path
+    with open(os.path.join(index.uri, "indexes.json"), "w") as handle:
+        json.dump({"model_version": version, "model_dir": model_dir, "indexes": written}, handle, indent=2)
+    index.set_int_custom_property("built", 1)
+    index.set_string_custom_property("model_version", version)

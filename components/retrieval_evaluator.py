@@ -1,0 +1,78 @@
+"""RetrievalEvaluator: encodes the query and database splits with the candidate model, computes
+the metrics module's mAP@R, P@H<=2 and P@N, writes them (JSON + plots) as a ModelEvaluation, and
+blesses the model only when mAP reaches ``map_threshold`` and is not below the last blessed
+model's mAP (computed on the same data) by more than ``max_regression``. The stock Pusher consumes
+the blessing."""
+
+
+import json
+import os
+
+from tfhash.components.encoding import encode_split, split_files
+from tfx.dsl.component.experimental.annotations import InputArtifact, OutputArtifact, Parameter
+from tfx.dsl.component.experimental.decorators import component
+from tfx.types import standard_artifacts
+from tfx.utils import path_utils
+
+
+def retrieval_metrics(saved_model_dir: str, examples_uri: str, num_classes: int, query_split: str,
+                      database_split: str, top_r: int | None) -> tuple[dict, object]:  # fmt: skip
+    """Metrics summary of one model on one Examples artifact, and the full report."""
+    from tfhash.metrics import evaluate_retrieval
+
+    q_codes, q_labels, _ = encode_split(saved_model_dir, split_files(examples_uri, query_split), num_classes)
+    db_codes, db_labels, _ = encode_split(saved_model_dir, split_files(examples_uri, database_split), num_classes)
+    report = evaluate_retrieval(q_codes, db_codes, q_labels, db_labels, top_r=top_r,
+                                precision_at=[min(1000, len(db_codes))])  # fmt: skip
+    return report.summary(radius=2), report
+
+
+def blessing_decision(candidate_map: float, baseline_map: float | None, threshold: float, max_regression: float) -> tuple[bool, str]:
+    """Bless when mAP >= threshold and mAP >= baseline - max_regression (no baseline: threshold only)."""
+    if candidate_map < threshold:
+        return False, f"mAP {candidate_map:.4f} is below the threshold {threshold}"
+    if baseline_map is not None and candidate_map < baseline_map - max_regression:
+        return False, f"mAP {candidate_map:.4f} regresses more than {max_regression} from the blessed {baseline_map:.4f}"
+    return True, "blessed"
+
+
+@component
+def RetrievalEvaluator(
+    examples: InputArtifact[standard_artifacts.Examples],
+    model: InputArtifact[standard_artifacts.Model],
+    evaluation: OutputArtifact[standard_artifacts.ModelEvaluation],
+    blessing: OutputArtifact[standard_artifacts.ModelBlessing],
+    baseline_model: InputArtifact[standard_artifacts.Model] = None,  # optional: the latest blessed model
+    num_classes: Parameter[int] = 10,
+    map_threshold: Parameter[float] = 0.5,
+    max_regression: Parameter[float] = 0.01,
+    top_r: Parameter[int] = 0,
+    query_split: Parameter[str] = "query",
+    database_split: Parameter[str] = "database",
+) -> None:
+    from tfhash.metrics.plots import plot_pr_curve
+
+    depth = top_r or None
+    summary, report = retrieval_metrics(path_utils.serving_model_path(model.uri), examples.uri, num_classes,
+                                        query_split, database_split, depth)  # fmt: skip
+    label = "mAP@all" if depth is None else f"mAP@{depth}"
+    baseline = None
+    if baseline_model is not None:
+        baseline, _ = retrieval_metrics(path_utils.serving_model_path(baseline_model.uri), examples.uri, num_classes,
+                                        query_split, database_split, depth)  # fmt: skip
+    blessed, reason = blessing_decision(summary[label], baseline[label] if baseline else None, map_threshold, max_regression)
+    os.makedirs(evaluation.uri, exist_ok=True)
+    result = {"metrics": summary, "baseline": baseline, "blessed": blessed, "reason": reason, "model_uri": model.uri}
+    with open(os.path.join(evaluation.uri, "metrics.json"), "w") as handle:
+        json.dump(result, handle, indent=2)
+    curve = {"precision": report.precision_by_radius.mean(axis=0), "recall": report.recall_by_radius.mean(axis=0)}
+    plot_pr_curve(curve, os.path.join(evaluation.uri, "pr_curve.png"))
+    os.makedirs(blessing.uri, exist_ok=True)
+    with open(os.path.join(blessing.uri, "BLESSED" if blessed else "NOT_BLESSED"), "w") as handle:
+        handle.write(reason)
+    blessing.set_int_custom_property("blessed", int(blessed))
+    blessing.set_string_custom_property("current_model", model.uri)
+    blessing.set_int_custom_property("current_model_id", model.id)
+    if baseline_model is not None:
+        blessing.set_string_custom_property("baseline_model", baseline_model.uri)
+        blessing.set_int_custom_property("baseline_model_id", baseline_model.id)

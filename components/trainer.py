@@ -1,0 +1,109 @@
+"""Trainer module file: ``run_fn`` builds a tfhash method from the run config, trains it under a
+tf.distribute strategy and exports the serving SavedModel (on the chief only)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+
+import keras
+import tensorflow as tf
+import tensorflow_transform as tft
+from tfhash.components.export import export_serving_model
+from tfhash.components.preprocessing import LABELS
+
+logger = logging.getLogger(__name__)
+
+
+def cluster_spec() -> dict:
+    """The parsed TF_CONFIG (empty when unset)."""
+    return json.loads(os.environ.get("TF_CONFIG", "{}") or "{}")
+
+
+def is_multi_worker(config: dict | None = None) -> bool:
+    config = cluster_spec() if config is None else config
+    cluster = config.get("cluster", {})
+    return sum(len(v) for k, v in cluster.items() if k in ("chief", "worker")) > 1
+
+
+def is_chief(config: dict | None = None) -> bool:
+    """True without a cluster; in a cluster, for the ``chief`` task, or worker 0 when no chief."""
+    config = cluster_spec() if config is None else config
+    if not config.get("cluster"):
+        return True
+    task = config.get("task", {})
+    if "chief" in config["cluster"]:
+        return task.get("type") == "chief"
+    return task.get("type") == "worker" and int(task.get("index", 0)) == 0
+
+
+def make_strategy():
+    """MultiWorkerMirroredStrategy when TF_CONFIG names a cluster of several workers, else
+    MirroredStrategy (all local devices)."""
+    if is_multi_worker():
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    return tf.distribute.MirroredStrategy()
+
+
+def export_directory(serving_model_dir: str) -> str:
+    """Where this task exports: the real directory on the chief, a throw-away one elsewhere
+    (every worker must run the save for collective ops, only the chief's copy is kept)."""
+    if is_chief():
+        return serving_model_dir
+    return tempfile.mkdtemp(prefix="tfhash-worker-export-")
+
+
+def build_model(training: dict, input_shape, num_classes: int):
+    """A library model from the run config's ``training`` section."""
+    from tfhash.models import build_hclm, build_hyp2, build_scdh, mlp, small_cnn
+    from tfhash.proxies import hclm_proxies
+
+    if training["backbone"] == "small_cnn":
+        backbone = small_cnn(tuple(input_shape))
+    else:
+        backbone = mlp(int(input_shape[0]), tuple(training["hidden"]))
+    method, bits, overrides = training["method"], int(training["bits"]), dict(training.get("overrides", {}))
+    if method in ("scdh", "scdh-s"):
+        return build_scdh(backbone, num_classes, bits, preset=training.get("preset"), ablation=method == "scdh-s", **overrides)
+    if method in ("hclm", "shclm"):
+        return build_hclm(backbone, num_classes, bits, proxies=hclm_proxies(num_classes, bits, seed=int(training["seed"])), **overrides)
+    return build_hyp2(backbone, num_classes, bits, **overrides)
+
+
+def _glob(patterns) -> list[str]:
+    patterns = [patterns] if isinstance(patterns, str) else list(patterns)
+    return sorted(f for p in patterns for f in tf.io.gfile.glob(p))
+
+
+def _dataset(file_pattern, feature_spec, input_name: str, batch_size: int, shuffle: bool, seed: int):
+    files = _glob(file_pattern)
+    data = tf.data.TFRecordDataset(files, compression_type="GZIP")
+    if shuffle:
+        data = data.shuffle(10_000, seed=seed, reshuffle_each_iteration=True)
+    data = data.batch(batch_size).map(lambda records: tf.io.parse_example(records, feature_spec))
+    return data.map(lambda f: (f[input_name], f[LABELS])).prefetch(tf.data.AUTOTUNE)
+
+
+def run_fn(fn_args) -> None:
+    """TFX Trainer entry point. ``fn_args.custom_config``: ``training`` (the run config's
+    section), ``input_name``, ``input_shape``, ``num_classes`` and ``raw_examples_dir`` (the
+    exported data, whose first training records become the TF Serving warmup requests)."""
+    config = fn_args.custom_config
+    training = config["training"]
+    keras.utils.set_random_seed(int(training["seed"]))
+    transform_output = tft.TFTransformOutput(fn_args.transform_output)
+    spec = transform_output.transformed_feature_spec()
+    input_name, input_shape = config["input_name"], list(config["input_shape"])
+    train = _dataset(fn_args.train_files, spec, input_name, int(training["batch_size"]), True, int(training["seed"]))
+    strategy = make_strategy()
+    with strategy.scope():
+        model = build_model(training, input_shape, int(config["num_classes"]))
+        model.compile(optimizer=keras.optimizers.Adam(float(training["learning_rate"])))
+    callbacks = [keras.callbacks.TensorBoard(log_dir=fn_args.model_run_dir)] if fn_args.model_run_dir else []
+    model.fit(train, epochs=int(training["epochs"]), verbose=2, callbacks=callbacks)
+    raw_files = _glob(os.path.join(config["raw_examples_dir"], "train", "*"))[:1] if config.get("raw_examples_dir") else []
+    warmup = [r.numpy() for r in tf.data.TFRecordDataset(raw_files, compression_type="GZIP").take(4)] if raw_files else None
+    export_serving_model(model, transform_output, input_name, input_shape, int(training["bits"]),
+                         export_directory(fn_args.serving_model_dir), warmup_examples=warmup)  # fmt: skip

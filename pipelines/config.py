@@ -1,0 +1,95 @@
+"""One typed config file describes a pipeline run (JSON)."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+METHODS = ("scdh", "scdh-s", "hclm", "shclm", "hyp2")
+
+
+@dataclass
+class TrainingConfig:
+    """What the Trainer builds: a method of the library with its hyper-parameters."""
+
+    method: str = "scdh"
+    bits: int = 48
+    backbone: str = "small_cnn"  # small_cnn | mlp
+    hidden: list[int] = field(default_factory=lambda: [1024])
+    preset: str | None = "cifar10"
+    overrides: dict = field(default_factory=dict)  # e.g. {"lam": 0.01}
+    epochs: int = 20
+    batch_size: int = 64
+    learning_rate: float = 1e-3
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"unknown method {self.method!r}; choose one of {METHODS}")
+        if self.bits <= 0 or self.bits % 8:
+            raise ValueError("bits must be a positive multiple of 8 (packed codes)")
+        if self.backbone not in ("small_cnn", "mlp"):
+            raise ValueError(f"unknown backbone {self.backbone!r}; use small_cnn or mlp")
+
+
+@dataclass
+class PipelineConfig:
+    """A pipeline run: data, training, blessing, serving and index settings.
+
+    Paths are relative to the config file's folder unless absolute; ``run_dir`` holds the data
+    export, the pipeline root, the ML Metadata SQLite file, the serving base directory and the
+    indexes.
+    """
+
+    name: str
+    dataset: str = "mnist"
+    data_root: str | None = None
+    split_seed: int = 0
+    limit: int | None = None  # examples per split, for small runs
+    modality: str = "image"
+    run_dir: str = "runs/pipeline"
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    map_threshold: float = 0.5
+    max_regression: float = 0.01
+    index_kinds: list[str] = field(default_factory=lambda: ["BFlat"])
+    bad_record_policy: str = "fail"  # fail | drop
+    beam_args: list[str] = field(default_factory=lambda: ["--direct_running_mode=in_memory", "--direct_num_workers=1"])
+    image: str = "tfhash-pipeline:latest"  # container image named in the Kubeflow JSON
+
+    def __post_init__(self) -> None:
+        if isinstance(self.training, dict):
+            known = {f.name for f in fields(TrainingConfig)}
+            unknown = set(self.training) - known
+            if unknown:
+                raise ValueError(f"unknown training settings {sorted(unknown)}")
+            self.training = TrainingConfig(**self.training)
+        if self.bad_record_policy not in ("fail", "drop"):
+            raise ValueError("bad_record_policy must be 'fail' or 'drop'")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> PipelineConfig:
+        """Read a JSON config; relative paths resolve against its folder.
+
+        Raises:
+            ValueError: unreadable file, unknown keys or invalid values (the message says which).
+        """
+        path = Path(path)
+        try:
+            raw = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            raise ValueError(f"{path}: cannot read the pipeline config ({err})") from err
+        known = {f.name for f in fields(cls)}
+        unknown = set(raw) - known
+        if unknown:
+            raise ValueError(f"{path}: unknown settings {sorted(unknown)}")
+        config = cls(**raw)
+        base = path.resolve().parent
+        config.run_dir = str((base / config.run_dir).resolve()) if not os.path.isabs(config.run_dir) else config.run_dir
+        if config.data_root and not os.path.isabs(config.data_root):
+            config.data_root = str((base / config.data_root).resolve())
+        return config
+
+    def to_dict(self) -> dict:
+        return asdict(self)

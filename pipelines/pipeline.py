@@ -1,0 +1,106 @@
+"""The tfhash pipeline: ImportExampleGen -> StatisticsGen -> SchemaGen -> Transform -> Trainer ->
+RetrievalEvaluator (against the latest blessed model) -> Pusher -> IndexBuilder."""
+
+from __future__ import annotations
+
+import os
+
+from tfhash.components.index_builder import IndexBuilder
+from tfhash.components.retrieval_evaluator import RetrievalEvaluator
+from tfhash.pipelines.config import PipelineConfig
+from tfx import v1 as tfx
+from tfx.proto import example_gen_pb2, transform_pb2
+
+from tfhash.data.export import SPLITS
+
+
+def paths(config: PipelineConfig) -> dict[str, str]:
+    """Every location a run uses, under ``config.run_dir``."""
+    root = config.run_dir
+    return {
+        "data": os.path.join(root, "data"),
+        "pipeline_root": os.path.join(root, "pipeline_root"),
+        "metadata": os.path.join(root, "metadata.sqlite"),
+        "serving": os.path.join(root, "serving", config.name),
+        "indexes": os.path.join(root, "indexes", config.name),
+    }
+
+
+def model_input(metadata: dict, modality: str) -> tuple[str, list[int]]:
+    if modality not in metadata["modalities"]:
+        raise ValueError(f"the exported data has no modality {modality!r}; it has {sorted(metadata['modalities'])}")
+    return modality, list(metadata["modalities"][modality]["shape"])
+
+
+def create_pipeline(config: PipelineConfig, metadata: dict, metadata_connection=None, pipeline_root: str | None = None,
+                    data_dir: str | None = None) -> tfx.dsl.Pipeline:  # fmt: skip
+    """Build the pipeline for ``config`` over data exported with ``metadata`` (see
+    :func:`tfhash.data.export.export_tfrecords`)."""
+    where = paths(config)
+    input_name, input_shape = model_input(metadata, config.modality)
+    num_classes = int(metadata["num_classes"])
+    example_gen = tfx.components.ImportExampleGen(
+        input_base=data_dir or where["data"],
+        input_config=example_gen_pb2.Input(
+            splits=[example_gen_pb2.Input.Split(name=s, pattern=f"{s}/*") for s in SPLITS]
+        ),
+    )
+    statistics_gen = tfx.components.StatisticsGen(examples=example_gen.outputs["examples"])
+    schema_gen = tfx.components.SchemaGen(statistics=statistics_gen.outputs["statistics"], infer_feature_shape=True)
+    transform = tfx.components.Transform(
+        examples=example_gen.outputs["examples"],
+        schema=schema_gen.outputs["schema"],
+        preprocessing_fn="tfhash.components.preprocessing.preprocessing_fn",
+        splits_config=transform_pb2.SplitsConfig(analyze=["train"], transform=list(SPLITS)),
+        custom_config={"num_classes": num_classes, "modalities": {input_name: metadata["modalities"][input_name]}},
+    )
+    trainer = tfx.components.Trainer(
+        run_fn="tfhash.components.trainer.run_fn",
+        examples=transform.outputs["transformed_examples"],
+        transform_graph=transform.outputs["transform_graph"],
+        schema=schema_gen.outputs["schema"],
+        train_args=tfx.proto.TrainArgs(splits=["train"]),
+        eval_args=tfx.proto.EvalArgs(splits=["query"]),
+        custom_config={
+            "training": config.to_dict()["training"],
+            "input_name": input_name,
+            "input_shape": input_shape,
+            "num_classes": num_classes,
+            "raw_examples_dir": data_dir or where["data"],
+        },
+    )
+    baseline = tfx.dsl.Resolver(
+        strategy_class=tfx.dsl.experimental.LatestBlessedModelStrategy,
+        model=tfx.dsl.Channel(type=tfx.types.standard_artifacts.Model),
+        model_blessing=tfx.dsl.Channel(type=tfx.types.standard_artifacts.ModelBlessing),
+    ).with_id("latest_blessed_model_resolver")
+    evaluator = RetrievalEvaluator(
+        examples=example_gen.outputs["examples"],
+        model=trainer.outputs["model"],
+        baseline_model=baseline.outputs["model"],
+        num_classes=num_classes,
+        map_threshold=config.map_threshold,
+        max_regression=config.max_regression,
+    )
+    pusher = tfx.components.Pusher(
+        model=trainer.outputs["model"],
+        model_blessing=evaluator.outputs["blessing"],
+        push_destination=tfx.proto.PushDestination(
+            filesystem=tfx.proto.PushDestination.Filesystem(base_directory=where["serving"])
+        ),
+    )
+    index_builder = IndexBuilder(
+        examples=example_gen.outputs["examples"],
+        pushed_model=pusher.outputs["pushed_model"],
+        index_base_dir=where["indexes"],
+        num_classes=num_classes,
+        kinds=",".join(config.index_kinds),
+    )
+    return tfx.dsl.Pipeline(
+        pipeline_name=config.name,
+        pipeline_root=pipeline_root or where["pipeline_root"],
+        components=[example_gen, statistics_gen, schema_gen, transform, trainer, baseline, evaluator, pusher, index_builder],
+        enable_cache=True,
+        metadata_connection_config=metadata_connection,
+        beam_pipeline_args=list(config.beam_args),
+    )
