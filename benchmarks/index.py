@@ -111,6 +111,7 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 10_000_000])
     parser.add_argument("--bits", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--queries", type=int, default=1000)
+    parser.add_argument("--name", default="index", help="results file name (benchmarks/results/<name>.*)")
     args = parser.parse_args()
     rows = []
     for n in args.sizes:
@@ -119,14 +120,14 @@ def main() -> None:
     md = (
         "# Index benchmark\n\n"
         f"Command: `python -m benchmarks.index --seed {args.seed} --sizes {' '.join(map(str, args.sizes))} "
-        f"--bits {' '.join(map(str, args.bits))}`; FAISS threads: {faiss.omp_get_max_threads()}. "
+        f"--bits {' '.join(map(str, args.bits))} --name {args.name}`; FAISS threads: {faiss.omp_get_max_threads()}. "
         "query_ms is wall time per query over a batch (1,000 queries at 1M, 200 at 10M; the NumPy reference "
         "on 20). recall@k counts returned items within the true k-th distance (ties make id sets ambiguous). "
         "memory_MiB is the growth of the process RSS during the build.\n\n"
         + markdown_table(rows, ["n", "bits", "index", "exact", "k", "build_s", "memory_MiB", "query_ms", "recall@k"])
         + "\n"
     )
-    write_results("index", {"seed": args.seed, "rows": rows}, md)
+    write_results(args.name, {"seed": args.seed, "rows": rows}, md)
 
 
 if __name__ == "__main__":
