@@ -54,7 +54,6 @@ class PipelineConfig:
     map_threshold: float = 0.5
     max_regression: float = 0.01
     index_kinds: list[str] = field(default_factory=lambda: ["BFlat"])
-    bad_record_policy: str = "fail"  # fail | drop
     beam_args: list[str] = field(default_factory=lambda: ["--direct_running_mode=in_memory", "--direct_num_workers=1"])
     image: str = "tfhash-pipeline:latest"  # container image named in the Kubeflow JSON
 
@@ -65,8 +64,6 @@ class PipelineConfig:
             if unknown:
                 raise ValueError(f"unknown training settings {sorted(unknown)}")
             self.training = TrainingConfig(**self.training)
-        if self.bad_record_policy not in ("fail", "drop"):
-            raise ValueError("bad_record_policy must be 'fail' or 'drop'")
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> PipelineConfig:
