@@ -5,13 +5,20 @@ inputs of the tf.Examples written by ``tfhash data export``.
 "shape": [...]}}}`` (the export's metadata). Images are decoded from PNG to float pixels in
 0..255 (the Keras models rescale themselves, as in the library); vectors are z-scored with
 statistics of the analysed split (tft.scale_to_z_score, a full-pass Beam analyzer); labels become
-a dense multi-hot ``labels`` vector. The ``id`` is passed through.
+a dense multi-hot ``labels`` vector. The ``id`` is passed through. With ``jcch_anchors`` in the
+config, the JCCH label coefficients ``jcch_q`` and ``jcch_u`` are added
+(:mod:`tfhash.components.label_statistics`); they derive from the labels, so the serving
+signature, which receives no labels, never needs them.
 """
 
 from __future__ import annotations
 
 import tensorflow as tf
 import tensorflow_transform as tft
+from tfhash.components.compat import disable_tft_deep_copy
+
+# The Transform executor imports this module before it builds its Beam pipeline.
+disable_tft_deep_copy()
 
 LABELS = "labels"
 
@@ -39,6 +46,12 @@ def decode_images(encoded: tf.Tensor, shape: list[int]) -> tf.Tensor:
 def preprocessing_fn(inputs, custom_config):
     outputs = {"id": inputs["id"]}
     outputs[LABELS] = multi_hot(inputs[LABELS], int(custom_config["num_classes"]))
+    if custom_config.get("jcch_anchors"):
+        from tfhash.components.label_statistics import jcch_coefficient_features
+
+        outputs["jcch_q"], outputs["jcch_u"] = jcch_coefficient_features(
+            outputs[LABELS], inputs["id"], int(custom_config["jcch_anchors"])
+        )
     for name, spec in custom_config["modalities"].items():
         if spec["kind"] == "image":
             outputs[name] = decode_images(inputs[name], list(spec["shape"]))

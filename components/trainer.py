@@ -77,13 +77,21 @@ def _glob(patterns) -> list[str]:
     return sorted(f for p in patterns for f in tf.io.gfile.glob(p))
 
 
-def _dataset(file_pattern, feature_spec, input_name: str, batch_size: int, shuffle: bool, seed: int):
+def targets(features: dict, label_coefficients: bool):
+    """The fit target: the multi-hot labels, or labels with the JCCH q / u from Transform."""
+    if label_coefficients:
+        return {"labels": features[LABELS], "q": features["jcch_q"], "u": features["jcch_u"]}
+    return features[LABELS]
+
+
+def _dataset(file_pattern, feature_spec, input_name: str, batch_size: int, shuffle: bool, seed: int,
+             label_coefficients: bool = False):  # fmt: skip
     files = _glob(file_pattern)
     data = tf.data.TFRecordDataset(files, compression_type="GZIP")
     if shuffle:
         data = data.shuffle(10_000, seed=seed, reshuffle_each_iteration=True)
     data = data.batch(batch_size).map(lambda records: tf.io.parse_example(records, feature_spec))
-    return data.map(lambda f: (f[input_name], f[LABELS])).prefetch(tf.data.AUTOTUNE)
+    return data.map(lambda f: (f[input_name], targets(f, label_coefficients))).prefetch(tf.data.AUTOTUNE)
 
 
 def run_fn(fn_args) -> None:
@@ -96,7 +104,8 @@ def run_fn(fn_args) -> None:
     transform_output = tft.TFTransformOutput(fn_args.transform_output)
     spec = transform_output.transformed_feature_spec()
     input_name, input_shape = config["input_name"], list(config["input_shape"])
-    train = _dataset(fn_args.train_files, spec, input_name, int(training["batch_size"]), True, int(training["seed"]))
+    train = _dataset(fn_args.train_files, spec, input_name, int(training["batch_size"]), True, int(training["seed"]),
+                     bool(training.get("label_coefficients")))  # fmt: skip
     strategy = make_strategy()
     with strategy.scope():
         model = build_model(training, input_shape, int(config["num_classes"]))

@@ -24,6 +24,7 @@ class TrainingConfig:
     batch_size: int = 64
     learning_rate: float = 1e-3
     seed: int = 0
+    label_coefficients: bool = False  # train with the JCCH q / u computed in Transform
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -54,6 +55,7 @@ class PipelineConfig:
     map_threshold: float = 0.5
     max_regression: float = 0.01
     index_kinds: list[str] = field(default_factory=lambda: ["BFlat"])
+    jcch_anchors: int | None = None  # anchors of the JCCH coefficients computed in Transform (None: off)
     beam_args: list[str] = field(default_factory=lambda: ["--direct_running_mode=in_memory", "--direct_num_workers=1"])
     image: str = "tfhash-pipeline:latest"  # container image named in the Kubeflow JSON
 
@@ -64,6 +66,10 @@ class PipelineConfig:
             if unknown:
                 raise ValueError(f"unknown training settings {sorted(unknown)}")
             self.training = TrainingConfig(**self.training)
+        if self.training.label_coefficients and not self.jcch_anchors:
+            raise ValueError("training.label_coefficients needs jcch_anchors (the Transform computes q and u)")
+        if self.training.label_coefficients and self.training.method not in ("scdh", "scdh-s"):
+            raise ValueError("JCCH label coefficients apply to the semantic-cluster methods (scdh, scdh-s)")
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> PipelineConfig:

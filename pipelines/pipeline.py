@@ -52,7 +52,11 @@ def create_pipeline(config: PipelineConfig, metadata: dict, metadata_connection=
         schema=schema_gen.outputs["schema"],
         preprocessing_fn="tfhash.components.preprocessing.preprocessing_fn",
         splits_config=transform_pb2.SplitsConfig(analyze=["train"], transform=list(SPLITS)),
-        custom_config={"num_classes": num_classes, "modalities": {input_name: metadata["modalities"][input_name]}},
+        custom_config={
+            "num_classes": num_classes,
+            "modalities": {input_name: metadata["modalities"][input_name]},
+            "jcch_anchors": config.jcch_anchors,
+        },
     )
     trainer = tfx.components.Trainer(
         run_fn="tfhash.components.trainer.run_fn",

@@ -31,7 +31,9 @@ def test_small_pipeline_end_to_end(tmp_path):
 
     from tfhash.index import load_index
 
-    config = _config(tmp_path)
+    # SCDH trained with the JCCH coefficients computed by Transform (50 anchors)
+    config = _config(tmp_path, jcch_anchors=50,
+                     training={"method": "scdh", "bits": 16, "epochs": 3, "batch_size": 64, "label_coefficients": True})  # fmt: skip
     summary = run_local(config, log=lambda m: None)
     assert summary["blessed"] is True and summary["metrics"]["queries"] == 400
     assert summary["metrics"]["mAP@all"] > 0.2  # 3 epochs on 400 digits already beat chance (0.1)
@@ -81,6 +83,16 @@ def test_export_only_on_the_chief(monkeypatch, tmp_path, tf_config, chief, multi
     assert (exported == target) is chief
 
 
+def test_trainer_targets_carry_label_coefficients():
+    import tensorflow as tf
+
+    features = {"labels": tf.ones([2, 3]), "jcch_q": tf.fill([2, 3], 0.5), "jcch_u": tf.fill([2, 3], 2.0)}
+    assert trainer.targets(features, False) is features["labels"]
+    with_coefficients = trainer.targets(features, True)
+    assert set(with_coefficients) == {"labels", "q", "u"}
+    assert float(with_coefficients["u"][0, 0]) == 2.0
+
+
 def test_config_errors_are_clear(tmp_path):
     path = tmp_path / "bad.json"
     path.write_text(json.dumps({"name": "x", "trainig": {}}))
@@ -88,6 +100,9 @@ def test_config_errors_are_clear(tmp_path):
         PipelineConfig.load(path)
     path.write_text(json.dumps({"name": "x", "training": {"method": "dpsh"}}))
     with pytest.raises(ValueError, match="unknown method"):
+        PipelineConfig.load(path)
+    path.write_text(json.dumps({"name": "x", "training": {"label_coefficients": True}}))
+    with pytest.raises(ValueError, match="jcch_anchors"):
         PipelineConfig.load(path)
     path.write_text("{")
     with pytest.raises(ValueError, match="cannot read"):

@@ -1,0 +1,96 @@
+"""JCCH label coefficients q_is, u_is inside Transform (JCCH Algorithm 1; DESIGN.md s.4), with
+stock tf.Transform analyzers so the computation scales on any Beam runner.
+
+Everything per example follows from dataset-level constants:
+
+* the anchor label matrix Y_A (l x C): the ``num_anchors`` labelled training examples with the
+  smallest stable hash of their id (``tft.experimental.ptransform_analyzer`` + Beam ``Top``;
+  all labelled examples when ``num_anchors`` >= their number), padded with zero rows;
+* n, the number of labelled training examples, and |P(a)| for every anchor over the whole
+  training split (``tft.sum``);
+* for the Eq. 14 rescaling, sum_{i,s} q_is and sum_i |Y_i| over the training split (``tft.sum``,
+  a later analysis phase).
+
+Given those, q and u of an example are a few matrix products with Y_A (see
+:func:`tfhash.losses.jcch_coefficients`, the NumPy reference the tests compare against).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import apache_beam as beam
+import numpy as np
+import tensorflow as tf
+import tensorflow_transform as tft
+
+
+def anchor_key(example_id: int) -> int:
+    """Stable hash of an example id: anchors are the labelled examples with the smallest keys."""
+    return int.from_bytes(hashlib.blake2b(str(int(example_id)).encode(), digest_size=8).digest(), "big")
+
+
+class SelectAnchors(beam.PTransform):
+    """Batches of (multi-hot labels, ids) -> one ``(num_anchors, C)`` float32 matrix of the labels
+    of the labelled examples with the smallest :func:`anchor_key`, zero-padded."""
+
+    def __init__(self, num_anchors: int, num_classes: int):
+        super().__init__()
+        self.num_anchors, self.num_classes = int(num_anchors), int(num_classes)
+
+    def expand(self, batches):
+        num_anchors, num_classes = self.num_anchors, self.num_classes
+
+        def rows(batch):
+            labels, ids = batch
+            for label_row, example_id in zip(np.asarray(labels), np.asarray(ids).reshape(-1), strict=True):
+                if label_row.sum() > 0:
+                    yield anchor_key(example_id), np.asarray(label_row, dtype=np.float32)
+
+        def to_matrix(chosen):
+            matrix = np.zeros((num_anchors, num_classes), dtype=np.float32)
+            for position, (_, label_row) in enumerate(sorted(chosen, key=lambda kv: kv[0])):
+                matrix[position] = label_row
+            return [matrix]
+
+        return (
+            batches
+            | "Rows" >> beam.FlatMap(rows)
+            | "Smallest" >> beam.combiners.Top.Of(num_anchors, key=lambda kv: kv[0], reverse=True)
+            | "Matrix" >> beam.FlatMap(to_matrix)
+        )
+
+
+def jcch_coefficient_features(labels: tf.Tensor, ids: tf.Tensor, num_anchors: int, rescale: bool = True):
+    """q and u ``(batch, C)`` of each example (see module docstring)."""
+    labels = tf.cast(labels, tf.float32)
+    num_classes = labels.shape[-1]
+    (anchors,) = tft.experimental.ptransform_analyzer(
+        inputs=[labels, tf.reshape(tf.cast(ids, tf.int64), [-1])],
+        ptransform=SelectAnchors(num_anchors, num_classes),
+        output_dtypes=[tf.float32],
+        output_shapes=[[num_anchors, num_classes]],
+        name="jcch_anchors",
+    )
+    label_count = tf.reduce_sum(labels, axis=1)
+    labelled = tf.cast(label_count > 0, tf.float32)
+    n = tft.sum(labelled, name="jcch_labelled_examples")
+    anchor_valid = tf.cast(tf.reduce_sum(anchors, axis=1) > 0, tf.float32)
+    l = tf.reduce_sum(anchor_valid)
+    intersection = tf.matmul(labels, anchors, transpose_b=True)  # |Y_i & Y_a|
+    positive = tf.cast(intersection > 0, tf.float32)
+    anchor_positives = tft.sum(positive, reduce_instance_dims=False, name="jcch_anchor_positives")  # |P(a)|
+    anchor_negatives = (n - anchor_positives) * anchor_valid  # |N(a)|
+    inverse = tf.math.divide_no_nan(positive, intersection)
+    negatives_in_anchors = l - tf.reduce_sum(positive, axis=1, keepdims=True)  # |N_A(i)|
+    q = tf.square(n / l) * negatives_in_anchors * labels * tf.matmul(inverse, anchors)
+    share = tf.math.divide_no_nan(labels, label_count[:, None])
+    negative_anchors = (1.0 - positive) * anchor_valid[None, :]
+    u = (n / l) * (
+        labels * tf.matmul(inverse * anchor_negatives[None, :], anchors)
+        + share * tf.reduce_sum(negative_anchors * anchor_positives[None, :], axis=1, keepdims=True)
+    )
+    if rescale:
+        scale = tft.sum(tf.reduce_sum(q, axis=1), name="jcch_q_mass") / tft.sum(label_count, name="jcch_label_mass")
+        q, u = tf.math.divide_no_nan(q, scale), tf.math.divide_no_nan(u, scale)
+    return q, u
