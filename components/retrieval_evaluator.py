@@ -22,7 +22,7 @@ def retrieval_metrics(saved_model_dir: str, examples_uri: str, num_classes: int,
 
     q_codes, q_labels, _ = encode_split(saved_model_dir, split_files(examples_uri, query_split), num_classes)
     db_codes, db_labels, _ = encode_split(saved_model_dir, split_files(examples_uri, database_split), num_classes)
-    report = evaluate_retrieval(q_codes, db_codes, q_labels, db_labels, top_r=top_r,
+    report = evaluate_retrieval(q_codes, db_codes, q_labels, db_labels, top_r=top_r, tie_aware=top_r is None,
                                 precision_at=[min(1000, len(db_codes))])  # fmt: skip
     return report.summary(radius=2), report
 
