@@ -30,8 +30,18 @@ def code_outputs(codes: tf.Tensor, bits: int) -> dict:
     return {"codes": codes, "binary_codes": binary, "packed_codes": packed}
 
 
+def signature_fingerprint(saved_model_dir: str) -> str:
+    """The SavedModel's fingerprint: checksum of ``saved_model.pb`` and hash of the variables, so it
+    changes with the graph or the weights. Indexes record it; the search service compares it
+    before it pairs a model version with an index."""
+    fingerprint = tf.saved_model.experimental.read_fingerprint(saved_model_dir)
+    return f"{fingerprint.saved_model_checksum}-{fingerprint.checkpoint_hash}"
+
+
 class ServingModule(tf.Module):
-    """Holds the Keras model and the Transform layer so that both are saved."""
+    """Holds the Keras model and the Transform layer so that both are saved. ``tft_layer`` maps the
+    parsed raw features to the model inputs (the Transform graph in the pipeline; any callable of
+    stock TF ops for data that needs no Transform)."""
 
     def __init__(self, model, tft_layer, raw_feature_spec: dict, input_name: str, input_shape, bits: int):
         super().__init__()
@@ -57,6 +67,22 @@ def export_serving_model(model, tf_transform_output, input_name: str, input_shap
     """Save ``model`` with the Transform graph as a SavedModel at ``path`` (see module docstring)."""
     module = ServingModule(model, tf_transform_output.transform_features_layer(),
                            tf_transform_output.raw_feature_spec(), input_name, input_shape, bits)  # fmt: skip
+    save_serving_module(module, path, warmup_examples, model_name)
+
+
+def export_feature_model(model, path: str, input_name: str, input_shape, bits: int,
+                         warmup_examples: list[bytes] | None = None, model_name: str = "tfhash") -> None:  # fmt: skip
+    """Export a tfhash Keras model whose input needs no Transform (outside the pipeline): the
+    serialized tf.Examples of ``serving_default`` carry the float features as ``input_name``
+    (fixed length ``input_shape``), ``encode_features`` takes them as a tensor."""
+    spec = {input_name: tf.io.FixedLenFeature(list(input_shape), tf.float32)}
+    module = ServingModule(model, lambda parsed: parsed, spec, input_name, list(input_shape), bits)
+    save_serving_module(module, path, warmup_examples, model_name)
+
+
+def save_serving_module(module: ServingModule, path: str, warmup_examples: list[bytes] | None = None,
+                        model_name: str = "tfhash") -> None:  # fmt: skip
+    """Write ``module`` as a SavedModel with both signatures, plus the warmup records."""
     tf.saved_model.save(
         module,
         path,

@@ -7,8 +7,8 @@ import json
 import logging
 import os
 
-import tensorflow as tf
 from tfhash.components.encoding import encode_split, split_files
+from tfhash.components.export import signature_fingerprint
 from tfx.dsl.component.experimental.annotations import InputArtifact, OutputArtifact, Parameter
 from tfx.dsl.component.experimental.decorators import component
 from tfx.types import artifact, standard_artifacts
@@ -20,11 +20,6 @@ class HashIndex(artifact.Artifact):
     """The tfhash indexes built for one pushed model version."""
 
     TYPE_NAME = "tfhash.HashIndex"
-
-
-def signature_fingerprint(saved_model_dir: str) -> str:
-    """The SavedModel's fingerprint checksum (changes with the graph or the weights)."""
-    return str(tf.saved_model.experimental.read_fingerprint(saved_model_dir).saved_model_checksum)
 
 
 @component

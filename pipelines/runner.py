@@ -27,7 +27,8 @@ def export_data(config: PipelineConfig, log=print) -> dict:
 
 
 def run_local(config: PipelineConfig, log=print) -> dict:
-    """Export the data if needed, run the pipeline with LocalDagRunner, write and return the summary."""
+    """Export the data if needed, run the pipeline with LocalDagRunner, write the TF Serving
+    artifacts for the pushed model (:mod:`tfhash.serving.deployment`), write and return the summary."""
     from tfx import v1 as tfx
 
     start = time.perf_counter()
@@ -37,6 +38,11 @@ def run_local(config: PipelineConfig, log=print) -> dict:
     log(f"running pipeline {config.name!r} (pipeline root {where['pipeline_root']})")
     tfx.orchestration.LocalDagRunner().run(create_pipeline(config, metadata, connection))
     summary = summarise(config)
+    if summary.get("model_version"):
+        from tfhash.serving.deployment import write_deployment
+
+        summary["tf_serving_config"] = os.path.join(config.run_dir, "tf_serving")
+        write_deployment(where["serving"], config.name, summary["tf_serving_config"])
     summary["wall_seconds"] = round(time.perf_counter() - start, 1)
     with open(os.path.join(config.run_dir, "summary.json"), "w") as handle:
         json.dump(summary, handle, indent=2)

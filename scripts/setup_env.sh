@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create or update the project's .venv (Python 3.10, the tested set in constraints/py310.txt).
-# Idempotent: when pyproject.toml, the constraints and the interpreter are unchanged it only
-# checks and returns in about a second.
+# Idempotent: when pyproject.toml, setup.py, the search proto, the constraints and the interpreter
+# are unchanged it only checks and returns in about a second.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -35,7 +35,7 @@ if ! PY=$(find_python310); then
 fi
 
 stamp_of() {
-  { "$PY" -c 'import sys; print(sys.version)'; cat pyproject.toml constraints/py310.txt; } | sha256sum | cut -d' ' -f1
+  { "$PY" -c 'import sys; print(sys.version)'; cat pyproject.toml setup.py serving/search.proto constraints/py310.txt; } | sha256sum | cut -d' ' -f1
 }
 want=$(stamp_of)
 if [[ -x .venv/bin/python && -f .venv/.tfhash-stamp && "$(cat .venv/.tfhash-stamp)" == "$want" ]]; then
@@ -53,7 +53,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 .venv/bin/python -m pip install -q -c constraints/py310.txt -e ".[all]" 2>&1 \
   | grep -v -e "is ignored: it is neither a file nor a directory" -e "legacy 'setup.py install'" || true
 # pip's own exit status is lost in the pipe above: check the result directly.
-TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python -W ignore -c 'import tfhash, tensorflow, keras, faiss, scann, tfx' >/dev/null 2>&1 \
+TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python -W ignore -c 'import tfhash, tensorflow, keras, faiss, scann, tfx, tfhash.serving.search_pb2_grpc' >/dev/null 2>&1 \
   || { echo "setup_env: installation failed (see pip output above)" >&2; exit 1; }
 echo "$want" > .venv/.tfhash-stamp
 echo "setup_env: done"

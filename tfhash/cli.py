@@ -117,9 +117,11 @@ def data_export(name: str, output: str, data_root: str | None, seed: int, shards
 def _register_subgroups() -> None:
     from tfhash.index.cli import index_group
     from tfhash.pipelines.cli import pipeline_group
+    from tfhash.serving.cli import serve_group
 
     main.add_command(index_group)
     main.add_command(pipeline_group)
+    main.add_command(serve_group)
 
 
 _register_subgroups()

@@ -1,0 +1,171 @@
+"""Search service load benchmark (issue 8): QPS and p50 / p99 latency at 1, 8 and 32 concurrent
+clients over a 1M-code index, bounded in time, over gRPC on loopback.
+
+    python -m benchmarks.serving [--seed 0] [--size 1000000] [--bits 64] [--kinds BFlat BIVF1024]
+                                 [--clients 1 8 32] [--seconds 10] [--modes codes features]
+
+Set-up: a seeded, untrained SCDH model over 32-d feature vectors is exported as version 1 (the
+pipeline's export code); ``size`` random-but-clustered codes (as in ``benchmarks.index``) form the
+database of each index kind, saved as that version's index. The search service runs as its own
+process (``tfhash serve search``, in-process encoder); the clients are threads of this process,
+each with its own channel, sending one query per request (k = 10) back to back for ``seconds``
+after a warm-up. ``codes`` requests carry packed codes (search only); ``features`` requests carry
+a feature vector that the service encodes with the model first. Client and server share the
+machine's cores, so the numbers include the clients' own CPU use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+from benchmarks.common import markdown_table, write_results
+from benchmarks.index import clustered_packed
+
+DIM, K = 32, 10
+
+
+def export_model(path: str, bits: int, seed: int) -> None:
+    import keras
+
+    from tfhash.components.export import export_feature_model
+    from tfhash.models import build_scdh, mlp
+
+    keras.utils.set_random_seed(seed)
+    model = build_scdh(mlp(DIM, (64,)), 10, bits)
+    model(np.zeros((1, DIM), np.float32))
+    export_feature_model(model, path, "features", [DIM], bits)
+
+
+def start_service(model_base: str, index_base: str, kind: str, threads: int) -> tuple[subprocess.Popen, str]:
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tfhash.cli", "serve", "search", "--model-base-dir", model_base, "--index-base-dir",
+         index_base, "--kind", kind, "--port", "0", "--threads", str(threads)],
+        stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    for line in process.stderr:
+        if "search service on " in line:
+            address = line.split("search service on ", 1)[1].split()[0].rstrip(",;")
+            threading.Thread(target=lambda: [None for _ in process.stderr], daemon=True).start()  # keep draining
+            return process, address
+    raise RuntimeError(f"the search service did not start (exit code {process.wait(10)})")
+
+
+def run_level(address: str, clients: int, seconds: float, make_request) -> dict:
+    """``clients`` threads sending requests back to back for ``seconds``; latencies in ms."""
+    import grpc
+
+    from tfhash.serving import search_pb2_grpc
+
+    latencies: list[list[float]] = [[] for _ in range(clients)]
+    errors = [0] * clients
+    start_barrier = threading.Barrier(clients + 1)
+    stop_at = [0.0]
+
+    def client(slot: int) -> None:
+        rng = np.random.default_rng(slot)
+        with grpc.insecure_channel(address) as channel:
+            stub = search_pb2_grpc.HashSearchStub(channel)
+            for _ in range(5):  # warm-up: connection, first calls
+                stub.Search(make_request(rng), timeout=30)
+            start_barrier.wait()
+            while time.perf_counter() < stop_at[0]:
+                request = make_request(rng)
+                begin = time.perf_counter()
+                try:
+                    stub.Search(request, timeout=30)
+                    latencies[slot].append((time.perf_counter() - begin) * 1000.0)
+                except grpc.RpcError:
+                    errors[slot] += 1
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    for thread in threads:
+        thread.start()
+    stop_at[0] = time.perf_counter() + 3600
+    start_barrier.wait()
+    begin = time.perf_counter()
+    stop_at[0] = begin + seconds
+    for thread in threads:
+        thread.join()
+    elapsed = time.perf_counter() - begin
+    flat = np.concatenate([np.asarray(x) for x in latencies])
+    return {"clients": clients, "requests": int(flat.size), "errors": int(sum(errors)), "seconds": round(elapsed, 2),
+            "qps": round(flat.size / elapsed, 1), "p50_ms": round(float(np.percentile(flat, 50)), 2),
+            "p99_ms": round(float(np.percentile(flat, 99)), 2)}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--size", type=int, default=1_000_000)
+    parser.add_argument("--bits", type=int, default=64)
+    parser.add_argument("--kinds", nargs="+", default=["BFlat", "BIVF1024"])
+    parser.add_argument("--clients", nargs="+", type=int, default=[1, 8, 32])
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--modes", nargs="+", default=["codes", "features"], choices=["codes", "features"])
+    parser.add_argument("--threads", type=int, default=8, help="server worker threads")
+    parser.add_argument("--name", default="serving")
+    args = parser.parse_args()
+
+    from tfhash.components.export import signature_fingerprint
+    from tfhash.index import index_factory
+    from tfhash.serving.search_client import search_request
+
+    rng = np.random.default_rng(args.seed)
+    centres = rng.integers(0, 256, (1000, args.bits // 8), dtype=np.uint8)
+    database = clustered_packed(args.size, centres, rng)
+    query_pool = clustered_packed(10_000, centres, rng)
+    feature_pool = rng.normal(size=(10_000, DIM)).astype(np.float32)
+    requests = {
+        "codes": lambda r: search_request(codes=query_pool[r.integers(len(query_pool))][None], k=K),
+        "features": lambda r: search_request(features=feature_pool[r.integers(len(feature_pool))][None], k=K),
+    }
+    rows = []
+    with tempfile.TemporaryDirectory() as work:
+        model_base, index_base = os.path.join(work, "models"), os.path.join(work, "indexes")
+        export_model(os.path.join(model_base, "1"), args.bits, args.seed)
+        fingerprint = signature_fingerprint(os.path.join(model_base, "1"))
+        for kind in args.kinds:
+            build_start = time.perf_counter()
+            index = index_factory(args.bits, kind)
+            index.add(database)
+            index.save(os.path.join(index_base, "1", kind), model_version="1", signature_fingerprint=fingerprint)
+            build_s = time.perf_counter() - build_start
+            del index
+            process, address = start_service(model_base, index_base, kind, args.threads)
+            try:
+                for mode in args.modes:
+                    for clients in args.clients:
+                        row = {"index": kind, "n": args.size, "bits": args.bits, "mode": mode, "k": K,
+                               **run_level(address, clients, args.seconds, requests[mode]),
+                               "index_build_s": round(build_s, 1), "seed": args.seed}  # fmt: skip
+                        print(row, flush=True)
+                        rows.append(row)
+            finally:
+                process.terminate()
+                process.wait(60)
+    columns = ["index", "n", "bits", "mode", "clients", "requests", "errors", "qps", "p50_ms", "p99_ms", "seed"]
+    command = "python -m benchmarks.serving " + " ".join(sys.argv[1:])
+    markdown = (
+        "# Search service load benchmark\n\n"
+        f"Command: `{command.strip()}`. One query per request, k = {K}, over gRPC on loopback; the search "
+        f"service (`tfhash serve search`, {args.threads} worker threads, in-process encoder) runs as its own "
+        "process; the clients are threads of the benchmark process, one channel each, sending back to back "
+        f"for {args.seconds:g} s per row after a warm-up, on the same {os.cpu_count()} cores as the server. "
+        "`codes`: the request carries a packed code (search only); `features`: a 32-d vector that the "
+        "service encodes with the model (an MLP) before it searches. Database: random-but-clustered codes "
+        "as in the index benchmark.\n\n" + markdown_table(rows, columns) + "\n"
+    )
+    write_results(args.name, {"command": command, "rows": rows, "seed": args.seed}, markdown)
+
+
+if __name__ == "__main__":
+    main()

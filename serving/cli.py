@@ -1,0 +1,127 @@
+"""``tfhash serve model|search|config``."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+
+@click.group("serve")
+def serve_group() -> None:
+    """TF Serving artifacts, the development model server and the search service."""
+
+
+def _pipeline_serving(config_path: str) -> tuple[str, str, str, str]:
+    """(model name, serving base dir, index base dir, run dir) of a pipeline config."""
+    from tfhash.pipelines.config import PipelineConfig
+    from tfhash.pipelines.pipeline import paths
+
+    try:
+        config = PipelineConfig.load(config_path)
+    except ValueError as err:
+        raise click.ClickException(str(err)) from err
+    where = paths(config)
+    return config.name, where["serving"], where["indexes"], config.run_dir
+
+
+@serve_group.command("config")
+@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False), help="A pipeline config: serve what its Pusher wrote.")
+@click.option("--base-path", help="A TF Serving model base directory (instead of --config).")
+@click.option("--model-name", help="The model name (with --base-path).")
+@click.option("--output", help="Folder for the artifacts (default: <run dir>/tf_serving with --config).")
+@click.option("--num-versions", default=2, show_default=True, type=click.IntRange(1))
+def config_(config_path, base_path, model_name, output, num_versions) -> None:
+    """Write models.config, batching and monitoring configs and a docker run / compose example."""
+    import os
+
+    from tfhash.serving.deployment import write_deployment
+
+    if config_path:
+        model_name, base_path, _, run_dir = _pipeline_serving(config_path)
+        output = output or os.path.join(run_dir, "tf_serving")
+    elif not (base_path and model_name and output):
+        raise click.UsageError("pass --config, or --base-path with --model-name and --output")
+    try:
+        summary = write_deployment(base_path, model_name, output, num_versions=num_versions)
+    except ValueError as err:
+        raise click.ClickException(str(err)) from err
+    click.echo(json.dumps({**summary, "output": os.path.abspath(output)}, indent=2))
+
+
+@serve_group.command("model")
+@click.option("--model-config-file", type=click.Path(exists=True, dir_okay=False), help="A models.config text proto.")
+@click.option("--model-name", help="Serve one model (instead of --model-config-file) ...")
+@click.option("--model-base-path", help="... from this base directory (latest version).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Bind address (loopback by default).")
+@click.option("--port", default=8500, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--poll-seconds", default=1.0, show_default=True, type=click.FloatRange(0.1))
+def model(model_config_file, model_name, model_base_path, host, port, poll_seconds) -> None:
+    """Run the development model server (TF Serving's gRPC API, in process) until Ctrl-C / SIGTERM.
+
+    A stand-in for tensorflow_model_server where it cannot run; use the official server in production.
+    """
+    from tfhash.serving.deployment import model_config, models_config, read_models_config
+    from tfhash.serving.grpc_server import wait_for_termination
+    from tfhash.serving.model_server import DevModelServer
+
+    if model_config_file:
+        try:
+            server_config = read_models_config(model_config_file)
+        except ValueError as err:
+            raise click.ClickException(str(err)) from err
+    elif model_name and model_base_path:
+        server_config = models_config([model_config(model_name, model_base_path, num_versions=1)])
+    else:
+        raise click.UsageError("pass --model-config-file, or --model-name with --model-base-path")
+    try:
+        server = DevModelServer(server_config, host=host, port=port, poll_seconds=poll_seconds).start()
+    except OSError as err:
+        raise click.ClickException(str(err)) from err
+    click.echo(f"development model server on {server.address} (stand-in for tensorflow_model_server)", err=True)
+    wait_for_termination(server.stop)
+
+
+@serve_group.command("search")
+@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False), help="A pipeline config: its serving and index folders.")
+@click.option("--index-base-dir", help="Folder of <version>/<kind>/ indexes (instead of --config).")
+@click.option("--model-base-dir", help="SavedModel versions: encode in process (or, with --model-server, check fingerprints).")
+@click.option("--model-server", help="host:port of TF Serving (or `tfhash serve model`): encode there.")
+@click.option("--model-name", help="The model's name on --model-server (default: the pipeline name).")
+@click.option("--kind", default="BFlat", show_default=True, help="Which index of each version to serve.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Bind address (loopback by default).")
+@click.option("--port", default=8600, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--rest-port", default=None, type=click.IntRange(0, 65535), help="Also serve REST/JSON here.")
+@click.option("--max-k", default=1000, show_default=True, type=click.IntRange(1))
+@click.option("--max-batch", default=256, show_default=True, type=click.IntRange(1))
+@click.option("--max-request-mb", default=8, show_default=True, type=click.IntRange(1))
+@click.option("--threads", default=8, show_default=True, type=click.IntRange(1))
+@click.option("--poll-seconds", default=2.0, show_default=True, type=click.FloatRange(0.1))
+def search(config_path, index_base_dir, model_base_dir, model_server, model_name, kind, host, port, rest_port, max_k,
+           max_batch, max_request_mb, threads, poll_seconds) -> None:  # fmt: skip
+    """Run the search service until Ctrl-C / SIGTERM (then drain in-flight requests)."""
+    from tfhash.serving.grpc_server import wait_for_termination
+    from tfhash.serving.search_service import SearchServer, in_process_searcher, remote_searcher
+    from tfhash.serving.searcher import Limits
+
+    if config_path:
+        name, serving_dir, indexes_dir, _ = _pipeline_serving(config_path)
+        model_name, model_base_dir, index_base_dir = model_name or name, model_base_dir or serving_dir, index_base_dir or indexes_dir
+    if not index_base_dir or not (model_base_dir or model_server):
+        raise click.UsageError("pass --config, or --index-base-dir with --model-base-dir and/or --model-server")
+    if model_server and not model_name:
+        raise click.UsageError("--model-server needs --model-name")
+    limits = Limits(max_batch=max_batch, max_k=max_k)
+    if model_server:
+        searcher = remote_searcher(model_server, model_name, index_base_dir, kind, limits, model_base_dir)
+    else:
+        searcher = in_process_searcher(model_base_dir, index_base_dir, kind, limits)
+    try:
+        server = SearchServer(searcher, host, port, rest_port, poll_seconds, threads, max_request_mb << 20).start()
+    except OSError as err:
+        raise click.ClickException(str(err)) from err
+    status = searcher.status()
+    click.echo(f"search service on {server.address}" + (f", REST on {host}:{server.rest.port}" if server.rest else "")
+               + (f"; serving model version {status['model_version']}" if status["ready"] else "; waiting for a model version with its index"),
+               err=True)  # fmt: skip
+    wait_for_termination(server.stop)

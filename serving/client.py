@@ -1,0 +1,173 @@
+"""gRPC client of TF Serving (``tensorflow_model_server`` or :mod:`tfhash.serving.model_server`)
+for tfhash models: encode serialized tf.Examples or raw features with a pinned model version.
+
+    client = ModelClient("localhost:8500", "tfhash-mnist", version=3)
+    batch = client.encode_examples(records)          # EncodedBatch: codes, binary_codes, packed_codes
+    batch = client.encode_features(images)           # the encode_features signature
+    client.status()                                  # [(3, "AVAILABLE", "")]
+
+Errors of the server come back as :class:`~tfhash.serving.errors.ServingError` with the gRPC code
+(INVALID_ARGUMENT, NOT_FOUND, UNAVAILABLE, DEADLINE_EXCEEDED, ...).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import grpc
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.framework import tensor_pb2
+from tensorflow_serving.apis import (
+    get_model_metadata_pb2,
+    get_model_status_pb2,
+    model_service_pb2_grpc,
+    predict_pb2,
+    prediction_service_pb2_grpc,
+)
+
+from tfhash.serving.errors import ServingError, invalid
+
+EXAMPLES_SIGNATURE = "serving_default"
+FEATURES_SIGNATURE = "encode_features"
+
+
+@dataclass
+class EncodedBatch:
+    """Codes of one request and the model version that computed them."""
+
+    codes: np.ndarray  # float32 (n, K)
+    binary_codes: np.ndarray  # int8 +-1 (n, K)
+    packed_codes: np.ndarray  # uint8 (n, K / 8)
+    model_version: int
+
+
+def _error(err: grpc.RpcError) -> ServingError:
+    return ServingError(err.code(), err.details() or str(err.code()))
+
+
+def check_features(features) -> np.ndarray:
+    """Raw features as float32 with a batch axis; NaN or infinity is refused (it would encode to
+    a meaningless code, not an error)."""
+    array = np.asarray(features)
+    if array.ndim < 2:
+        raise invalid(f"features need a batch axis first, got shape {list(array.shape)}")
+    if not (np.issubdtype(array.dtype, np.number) or array.dtype == np.bool_):
+        raise invalid(f"features must be numeric, got {array.dtype}")
+    array = array.astype(np.float32)
+    if not np.all(np.isfinite(array)):
+        raise invalid("features contain NaN or infinity")
+    return array
+
+
+class ModelClient:
+    """One model on one server. ``version`` / ``version_label`` pin the version of every call
+    (neither: the server's newest). ``timeout`` is the default deadline in seconds."""
+
+    def __init__(self, target: str, model_name: str, version: int | None = None, version_label: str | None = None,
+                 timeout: float = 10.0, channel: grpc.Channel | None = None):  # fmt: skip
+        if version is not None and version_label is not None:
+            raise ValueError("pin either version or version_label, not both")
+        self.target, self.model_name = target, model_name
+        self.version, self.version_label, self.timeout = version, version_label, float(timeout)
+        self._own_channel = channel is None
+        self._channel = channel or grpc.insecure_channel(target, options=[("grpc.max_receive_message_length", 64 << 20)])
+        self._predict = prediction_service_pb2_grpc.PredictionServiceStub(self._channel)
+        self._models = model_service_pb2_grpc.ModelServiceStub(self._channel)
+
+    def _spec(self, message, signature_name: str | None = None) -> None:
+        message.model_spec.name = self.model_name
+        if self.version is not None:
+            message.model_spec.version.value = int(self.version)
+        elif self.version_label is not None:
+            message.model_spec.version_label = self.version_label
+        if signature_name:
+            message.model_spec.signature_name = signature_name
+
+    def predict(self, inputs: dict, signature_name: str = EXAMPLES_SIGNATURE, output_filter=(),
+                timeout: float | None = None) -> tuple[dict, int]:  # fmt: skip
+        """Raw ``Predict``: inputs name -> array (or ``TensorProto``).
+
+        Returns:
+            ``(outputs name -> array, model version that answered)``.
+        """
+        request = predict_pb2.PredictRequest()
+        self._spec(request, signature_name)
+        for name, value in inputs.items():
+            proto = value if isinstance(value, tensor_pb2.TensorProto) else tf.make_tensor_proto(value)
+            request.inputs[name].CopyFrom(proto)
+        request.output_filter.extend(output_filter)
+        try:
+            response = self._predict.Predict(request, timeout=self.timeout if timeout is None else timeout)
+        except grpc.RpcError as err:
+            raise _error(err) from err
+        outputs = {name: tf.make_ndarray(proto) for name, proto in response.outputs.items()}
+        return outputs, int(response.model_spec.version.value)
+
+    def _encoded(self, outputs: dict, version: int) -> EncodedBatch:
+        return EncodedBatch(outputs["codes"], outputs["binary_codes"], outputs["packed_codes"], version)
+
+    def encode_examples(self, serialized, timeout: float | None = None) -> EncodedBatch:
+        """Encode serialized raw tf.Examples with the ``serving_default`` signature."""
+        records = list(serialized)
+        if not records:
+            raise invalid("no examples to encode")
+        if not all(isinstance(r, bytes) for r in records):
+            raise invalid("examples must be serialized tf.Example bytes")
+        return self._encoded(*self.predict({"examples": np.array(records, dtype=object)}, EXAMPLES_SIGNATURE,
+                                           timeout=timeout))  # fmt: skip
+
+    def encode_features(self, features, input_name: str | None = None, timeout: float | None = None) -> EncodedBatch:
+        """Encode raw model inputs (batch first) with the ``encode_features`` signature.
+        ``input_name`` defaults to the signature's only input."""
+        array = check_features(features)
+        if input_name is None:
+            input_name = next(iter(self.signatures()[FEATURES_SIGNATURE]["inputs"]))
+        return self._encoded(*self.predict({input_name: array}, FEATURES_SIGNATURE, timeout=timeout))
+
+    def signature_defs(self, timeout: float | None = None) -> tuple[dict, int]:
+        """``GetModelMetadata``: (signature name -> ``SignatureDef``, version)."""
+        request = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
+        self._spec(request)
+        try:
+            response = self._predict.GetModelMetadata(request, timeout=self.timeout if timeout is None else timeout)
+        except grpc.RpcError as err:
+            raise _error(err) from err
+        signature_map = get_model_metadata_pb2.SignatureDefMap()
+        response.metadata["signature_def"].Unpack(signature_map)
+        return dict(signature_map.signature_def), int(response.model_spec.version.value)
+
+    def signatures(self) -> dict:
+        """Signature name -> {"inputs"|"outputs": {tensor name: (dtype name, shape list, -1 unknown)}}."""
+        return {name: describe_signature(sig) for name, sig in self.signature_defs()[0].items()}
+
+    def status(self, timeout: float | None = None) -> list[tuple[int, str, str]]:
+        """``GetModelStatus``: (version, state name, error message) of each version."""
+        request = get_model_status_pb2.GetModelStatusRequest()
+        self._spec(request)
+        try:
+            response = self._models.GetModelStatus(request, timeout=self.timeout if timeout is None else timeout)
+        except grpc.RpcError as err:
+            raise _error(err) from err
+        state_name = get_model_status_pb2.ModelVersionStatus.State.Name
+        return [(int(s.version), state_name(s.state), s.status.error_message) for s in response.model_version_status]
+
+    def close(self) -> None:
+        if self._own_channel:
+            self._channel.close()
+
+    def __enter__(self) -> ModelClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def describe_signature(signature_def) -> dict:
+    """A ``SignatureDef`` as plain data: dtype names and shapes (-1 for unknown dimensions)."""
+
+    def tensors(mapping):
+        return {name: (tf.dtypes.as_dtype(info.dtype).name, [int(d.size) for d in info.tensor_shape.dim])
+                for name, info in mapping.items()}  # fmt: skip
+
+    return {"inputs": tensors(signature_def.inputs), "outputs": tensors(signature_def.outputs)}

@@ -1,0 +1,97 @@
+"""Encoders of the search service: one model version that turns queries into continuous codes,
+either in process (the SavedModel loaded here) or through TF Serving (a :class:`ModelClient`
+pinned to that version). Both check requests the same way and refuse non-finite codes."""
+
+from __future__ import annotations
+
+import abc
+
+import grpc
+import numpy as np
+import tensorflow as tf
+
+from tfhash.serving.client import EXAMPLES_SIGNATURE, FEATURES_SIGNATURE, ModelClient, check_features, describe_signature
+from tfhash.serving.errors import ServingError, invalid, unavailable
+from tfhash.serving.model_server import LoadedVersion, load_version, run_signature
+
+
+def shape_matches(shape, expected) -> bool:
+    """``shape`` fits a signature shape where -1 is any size."""
+    return len(shape) == len(expected) and all(e < 0 or e == s for s, e in zip(shape, expected, strict=True))
+
+
+class Encoder(abc.ABC):
+    """A model version that encodes serialized examples or raw features to continuous codes."""
+
+    version: int
+    signatures: dict
+
+    @abc.abstractmethod
+    def _predict(self, signature_name: str, inputs: dict, timeout: float | None) -> np.ndarray:
+        """The ``codes`` output of one call."""
+
+    @abc.abstractmethod
+    def describe(self) -> str: ...
+
+    @property
+    def bits(self) -> int:
+        return int(self.signatures[EXAMPLES_SIGNATURE]["outputs"]["codes"][1][-1])
+
+    def encode_examples(self, serialized: list[bytes], timeout: float | None = None) -> np.ndarray:
+        if not serialized:
+            raise invalid("no examples in the request")
+        return self._finite(self._predict(EXAMPLES_SIGNATURE, {"examples": np.array(serialized, dtype=object)}, timeout))
+
+    def encode_features(self, features, timeout: float | None = None) -> np.ndarray:
+        array = check_features(features)
+        ((name, (_, expected)),) = self.signatures[FEATURES_SIGNATURE]["inputs"].items()
+        if not shape_matches(array.shape, expected):
+            raise invalid(f"features have shape {list(array.shape)}; the model takes {expected} (-1: any)")
+        return self._finite(self._predict(FEATURES_SIGNATURE, {name: array}, timeout))
+
+    @staticmethod
+    def _finite(codes) -> np.ndarray:
+        codes = np.asarray(codes, dtype=np.float32)
+        if not np.all(np.isfinite(codes)):
+            raise invalid("the input encodes to NaN or infinite codes (non-finite feature values?)")
+        return codes
+
+
+class InProcessEncoder(Encoder):
+    """The SavedModel version at ``path``, loaded in this process."""
+
+    def __init__(self, path: str, version: int, loaded: LoadedVersion | None = None):
+        self.loaded = loaded or load_version(path, int(version))
+        self.version = int(version)
+        self.signatures = {name: describe_signature(s) for name, s in self.loaded.signature_defs.items()}
+
+    def _predict(self, signature_name, inputs, timeout):
+        protos = {name: tf.make_tensor_proto(value) for name, value in inputs.items()}
+        return run_signature(self.loaded.signature(signature_name), protos, ["codes"])["codes"]
+
+    def describe(self) -> str:
+        return f"in-process SavedModel {self.loaded.path}"
+
+
+class RemoteEncoder(Encoder):
+    """Version ``version`` of ``model_name`` on a TF Serving endpoint (every call pins it)."""
+
+    def __init__(self, target: str, model_name: str, version: int, timeout: float = 10.0, channel=None):
+        self.client = ModelClient(target, model_name, version=int(version), timeout=timeout, channel=channel)
+        self.version = int(version)
+        signature_defs, _ = self.client.signature_defs()
+        self.signatures = {name: describe_signature(s) for name, s in signature_defs.items()}
+
+    def _predict(self, signature_name, inputs, timeout):
+        try:
+            outputs, version = self.client.predict(inputs, signature_name, ["codes"], timeout)
+        except ServingError as err:
+            if err.code == grpc.StatusCode.NOT_FOUND:  # TF Serving unloaded the version this pair needs
+                raise unavailable(f"TF Serving no longer serves version {self.version}: {err.message}") from err
+            raise
+        if version != self.version:  # a pinned request answered by another version: never use it
+            raise unavailable(f"TF Serving answered with version {version}, expected {self.version}")
+        return outputs["codes"]
+
+    def describe(self) -> str:
+        return f"TF Serving {self.client.target} model {self.client.model_name}"

@@ -1,0 +1,97 @@
+"""Python client of the tfhash search service.
+
+    with SearchClient("localhost:8600") as client:
+        answer = client.search(examples=[record], k=10)
+        answer.model_version, answer.ids[0], answer.distances[0]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import grpc
+import numpy as np
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from tfhash.serving import search_pb2, search_pb2_grpc
+from tfhash.serving.errors import ServingError
+from tfhash.serving.search_service import SERVICE_NAME
+
+
+@dataclass
+class SearchAnswer:
+    model_version: str
+    index_kind: str
+    exact: bool
+    ids: list[np.ndarray]  # one int64 array per query, nearest first
+    distances: list[np.ndarray]
+
+
+def search_request(examples=None, features=None, codes=None, k: int = 10, radius: int | None = None,
+                   model_version: str = "") -> search_pb2.SearchRequest:  # fmt: skip
+    """A ``SearchRequest`` from exactly one of serialized ``examples``, raw ``features`` (batch
+    first) or ``codes`` (packed uint8 (n, K/8) or +-1 (n, K))."""
+    if sum(x is not None for x in (examples, features, codes)) != 1:
+        raise ValueError("pass exactly one of examples, features or codes")
+    request = search_pb2.SearchRequest(k=k, model_version=str(model_version))
+    if radius is not None:
+        request.radius = radius
+    if examples is not None:
+        request.examples.serialized.extend(list(examples))
+    elif features is not None:
+        array = np.asarray(features, dtype=np.float32)
+        request.features.shape.extend(array.shape)
+        request.features.values.extend(array.ravel().tolist())
+    else:
+        array = np.asarray(codes)
+        if array.ndim != 2:
+            raise ValueError(f"codes must be 2-D (queries x bits), got shape {array.shape}")
+        if array.dtype == np.uint8:
+            request.codes.bits = array.shape[1] * 8
+            request.codes.packed = np.ascontiguousarray(array).tobytes()
+        else:
+            request.codes.bits = array.shape[1]
+            request.codes.signs.values.extend(array.astype(np.int64).ravel().tolist())
+    return request
+
+
+class SearchClient:
+    """gRPC client of ``tfhash.serving.HashSearch``; errors raise :class:`ServingError`."""
+
+    def __init__(self, target: str, timeout: float = 10.0, channel: grpc.Channel | None = None):
+        self.target, self.timeout = target, float(timeout)
+        self._own_channel = channel is None
+        self._channel = channel or grpc.insecure_channel(target)
+        self._stub = search_pb2_grpc.HashSearchStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+
+    def _call(self, method, request, timeout):
+        try:
+            return method(request, timeout=self.timeout if timeout is None else timeout)
+        except grpc.RpcError as err:
+            raise ServingError(err.code(), err.details() or str(err.code())) from err
+
+    def search(self, examples=None, features=None, codes=None, k: int = 10, radius: int | None = None,
+               model_version: str = "", timeout: float | None = None) -> SearchAnswer:  # fmt: skip
+        response = self._call(self._stub.Search, search_request(examples, features, codes, k, radius, model_version), timeout)
+        return SearchAnswer(response.model_version, response.index_kind, response.exact,
+                            [np.asarray(r.ids, dtype=np.int64) for r in response.results],
+                            [np.asarray(r.distances, dtype=np.float32) for r in response.results])  # fmt: skip
+
+    def status(self, timeout: float | None = None) -> search_pb2.StatusResponse:
+        return self._call(self._stub.GetStatus, search_pb2.StatusRequest(), timeout)
+
+    def health(self, service: str = SERVICE_NAME, timeout: float | None = None) -> str:
+        """``SERVING`` or ``NOT_SERVING`` (gRPC health checking protocol)."""
+        response = self._call(self._health.Check, health_pb2.HealthCheckRequest(service=service), timeout)
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+
+    def close(self) -> None:
+        if self._own_channel:
+            self._channel.close()
+
+    def __enter__(self) -> SearchClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

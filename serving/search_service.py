@@ -1,0 +1,184 @@
+"""The search service over gRPC (``tfhash.serving.HashSearch``, see ``search.proto``), with the
+standard gRPC health service, an optional REST/JSON front, a watcher that hot-swaps to newer
+model/index pairs, request limits and graceful shutdown.
+
+    searcher = in_process_searcher("runs/serving/m", "runs/indexes/m", "BFlat")
+    server = SearchServer(searcher, port=8600, rest_port=8601).start()
+    ...
+    server.stop()
+
+Health: ``grpc.health.v1.Health/Check`` answers SERVING for "" and ``tfhash.serving.HashSearch``
+once a pair is ready, NOT_SERVING before and while shutting down. Deadlines: the caller's gRPC
+deadline bounds the encode call (remote TF Serving gets the time that is left).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+import grpc
+import numpy as np
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from tfhash.serving import search_pb2, search_pb2_grpc
+from tfhash.serving.client import ModelClient
+from tfhash.serving.encoders import InProcessEncoder, RemoteEncoder
+from tfhash.serving.errors import ServingError, invalid
+from tfhash.serving.grpc_server import LOOPBACK, build_server
+from tfhash.serving.searcher import Limits, Neighbours, Query, ServedPair, VersionedSearcher
+from tfhash.serving.versions import list_versions
+
+logger = logging.getLogger(__name__)
+
+SERVICE_NAME = "tfhash.serving.HashSearch"
+
+
+def query_from_proto(request) -> Query:
+    """The queries of a ``SearchRequest``, with its sizes checked (INVALID_ARGUMENT otherwise)."""
+    which = request.WhichOneof("query")
+    if which is None:
+        raise invalid("the request has no query: set examples, features or codes")
+    if which == "examples":
+        return Query(examples=list(request.examples.serialized))
+    if which == "features":
+        shape = [int(d) for d in request.features.shape]
+        values = np.asarray(request.features.values, dtype=np.float32)
+        if len(shape) < 2 or any(d <= 0 for d in shape) or int(np.prod(shape)) != values.size:
+            raise invalid(f"features: shape {shape} (batch first, every dimension >= 1) does not hold {values.size} values")
+        return Query(features=values.reshape(shape))
+    bits = int(request.codes.bits)
+    if bits <= 0 or bits % 8:
+        raise invalid(f"codes.bits must be a positive multiple of 8, got {bits}")
+    if request.codes.WhichOneof("form") == "signs":
+        values = np.asarray(request.codes.signs.values, dtype=np.int64)
+        if values.size % bits:
+            raise invalid(f"codes.signs holds {values.size} values, not a multiple of bits = {bits}")
+        if not np.all((values == 1) | (values == -1)):
+            raise invalid("codes.signs must hold only -1 and +1")
+        return Query(codes=values.astype(np.int8).reshape(-1, bits))
+    packed = np.frombuffer(request.codes.packed, dtype=np.uint8)
+    if packed.size % (bits // 8):
+        raise invalid(f"codes.packed holds {packed.size} bytes, not a multiple of bits / 8 = {bits // 8}")
+    return Query(codes=packed.reshape(-1, bits // 8))
+
+
+def response_proto(pair: ServedPair, results: list[Neighbours]):
+    response = search_pb2.SearchResponse(model_version=str(pair.version), index_kind=pair.index.kind, exact=pair.index.exact)
+    for found in results:
+        response.results.add(ids=found.ids.tolist(), distances=found.distances.tolist())
+    return response
+
+
+class HashSearchServicer(search_pb2_grpc.HashSearchServicer):
+    def __init__(self, searcher: VersionedSearcher):
+        self.searcher = searcher
+
+    def Search(self, request, context):
+        try:
+            radius = request.radius if request.HasField("radius") else None
+            pair, results = self.searcher.search(query_from_proto(request), request.k, radius, request.model_version,
+                                                 context.time_remaining())  # fmt: skip
+        except ServingError as err:
+            context.abort(err.code, err.message)
+        return response_proto(pair, results)
+
+    def GetStatus(self, request, context):
+        return search_pb2.StatusResponse(**self.searcher.status())
+
+
+def in_process_searcher(model_base_dir: str, index_base_dir: str, kind: str = "BFlat", limits: Limits = Limits()):
+    """Encode with the SavedModel versions under ``model_base_dir``, loaded in this process."""
+    from tfhash.components.export import signature_fingerprint
+
+    def path(version: int) -> str:
+        return os.path.join(model_base_dir, str(version))
+
+    return VersionedSearcher(index_base_dir, kind, lambda: list_versions(model_base_dir),
+                             lambda v: InProcessEncoder(path(v), v), lambda v: signature_fingerprint(path(v)), limits)  # fmt: skip
+
+
+def remote_searcher(target: str, model_name: str, index_base_dir: str, kind: str = "BFlat", limits: Limits = Limits(),
+                    model_base_dir: str | None = None, timeout: float = 10.0):  # fmt: skip
+    """Encode through TF Serving at ``target``; a version counts once TF Serving reports it
+    AVAILABLE. With ``model_base_dir`` (the folder TF Serving watches, if visible from here) the
+    SavedModel fingerprint is checked against the index manifest too."""
+    from tfhash.components.export import signature_fingerprint
+
+    channel = grpc.insecure_channel(target, options=[("grpc.max_receive_message_length", 64 << 20)])
+    status_client = ModelClient(target, model_name, timeout=timeout, channel=channel)
+
+    def available() -> list[int]:
+        try:
+            return [version for version, state, _ in status_client.status() if state == "AVAILABLE"]
+        except ServingError as err:
+            logger.warning("TF Serving at %s: %s", target, err.message)
+            return []
+
+    def fingerprint(version: int) -> str | None:
+        return signature_fingerprint(os.path.join(model_base_dir, str(version))) if model_base_dir else None
+
+    return VersionedSearcher(index_base_dir, kind, available, lambda v: RemoteEncoder(target, model_name, v, timeout, channel),
+                             fingerprint, limits)  # fmt: skip
+
+
+class SearchServer:
+    """gRPC (and optionally REST) front of a :class:`VersionedSearcher`, with the swap watcher."""
+
+    def __init__(self, searcher: VersionedSearcher, host: str = LOOPBACK, port: int = 0, rest_port: int | None = None,
+                 poll_seconds: float = 2.0, max_workers: int = 8, max_message_bytes: int = 8 << 20,
+                 max_concurrent_rpcs: int | None = 128):  # fmt: skip
+        self.searcher, self.host, self.poll_seconds = searcher, host, float(poll_seconds)
+        self._server, self.port = build_server(host, port, max_workers, max_message_bytes, max_concurrent_rpcs)
+        search_pb2_grpc.add_HashSearchServicer_to_server(HashSearchServicer(searcher), self._server)
+        self.health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        self._set_health(False)
+        self.rest = None
+        if rest_port is not None:
+            from tfhash.serving.rest import RestFront
+
+            self.rest = RestFront(searcher, host, rest_port, max_body_bytes=max_message_bytes)
+        self._stop = threading.Event()
+        self._watcher = threading.Thread(target=self._watch, name="tfhash-search-watch", daemon=True)
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def _set_health(self, ready: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING
+        for service in ("", SERVICE_NAME):
+            self.health.set(service, status)
+
+    def _refresh(self) -> None:
+        try:
+            self.searcher.refresh()
+        except Exception:  # the watcher must survive anything a refresh meets
+            logger.exception("looking for a newer model/index pair failed")
+        self._set_health(self.searcher.active is not None)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.poll_seconds):
+            self._refresh()
+
+    def start(self) -> SearchServer:
+        """Load the newest pair there is (the service starts NOT_SERVING if there is none yet and
+        becomes ready when one appears), then serve."""
+        self._refresh()
+        self._server.start()
+        if self.rest is not None:
+            self.rest.start()
+        self._watcher.start()
+        logger.info("search service on %s (ready: %s)", self.address, self.searcher.active is not None)
+        return self
+
+    def stop(self, grace: float = 5.0) -> None:
+        """Report NOT_SERVING, stop watching, refuse new requests and let in-flight ones finish
+        within ``grace`` seconds."""
+        self._stop.set()
+        self.health.enter_graceful_shutdown()
+        if self.rest is not None:
+            self.rest.stop()
+        self._server.stop(grace).wait()

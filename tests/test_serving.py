@@ -1,0 +1,462 @@
+"""Serving over real gRPC on loopback: deployment artifacts, the development model server and its
+client, the search service (in process and through the model server), bad input, a bounded fuzz
+run, hot swap under load, version locking, REST front, shutdown and the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import grpc
+import numpy as np
+import pytest
+import tensorflow as tf
+from google.protobuf import text_format
+from tests.serving_fixtures import BITS, DIM, build_index, database, export_version, push_version, vector_example
+from tensorflow_serving.apis import get_model_metadata_pb2, predict_pb2, prediction_service_pb2_grpc
+from tensorflow_serving.config import model_server_config_pb2
+
+from tfhash.index import load_index
+from tfhash.serving import search_pb2, search_pb2_grpc
+from tfhash.serving.client import ModelClient
+from tfhash.serving.deployment import model_config, models_config, read_models_config, write_deployment
+from tfhash.serving.errors import ServingError
+from tfhash.serving.model_server import DevModelServer
+from tfhash.serving.search_client import SearchClient, search_request
+from tfhash.serving.search_service import SearchServer, in_process_searcher, remote_searcher
+from tfhash.serving.searcher import Limits
+
+MODEL = "vectors"
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory):
+    """Version 1 of a model and its index, and the database it indexes."""
+    root = tmp_path_factory.mktemp("serving")
+    vectors, ids = database()
+    push_version(str(root / "models"), str(root / "indexes"), 1, 0, vectors, ids)
+    return {"models": str(root / "models"), "indexes": str(root / "indexes"), "vectors": vectors, "ids": ids,
+            "root": root}  # fmt: skip
+
+
+def reference(model_dir: str, index_dir: str, vectors: np.ndarray, k: int):
+    """The library's own answer: encode with the SavedModel, search the loaded index."""
+    packed = tf.saved_model.load(model_dir).signatures["encode_features"](features=tf.constant(vectors))["packed_codes"]
+    return packed.numpy(), load_index(index_dir).search(packed.numpy(), k)
+
+
+@pytest.fixture()
+def model_server(artifacts):
+    server = DevModelServer(models_config([model_config(MODEL, artifacts["models"])]), poll_seconds=0.2).start()
+    yield server
+    server.stop(0)
+
+
+@pytest.fixture(params=["in_process", "remote"])
+def search_server(request, artifacts, model_server):
+    if request.param == "in_process":
+        searcher = in_process_searcher(artifacts["models"], artifacts["indexes"], limits=Limits(max_batch=64, max_k=1000))
+    else:
+        searcher = remote_searcher(model_server.address, MODEL, artifacts["indexes"], limits=Limits(max_batch=64, max_k=1000),
+                                   model_base_dir=artifacts["models"])  # fmt: skip
+    server = SearchServer(searcher, rest_port=0, max_message_bytes=1 << 20).start()
+    yield server
+    server.stop(0)
+
+
+def test_deployment_artifacts(artifacts, tmp_path):
+    summary = write_deployment(artifacts["models"], MODEL, str(tmp_path / "tfs"))
+    assert summary["versions"] == [1] and summary["warmup_records"] == {"1": True}
+    container = read_models_config(str(tmp_path / "tfs" / "models.config")).model_config_list.config[0]
+    assert container.base_path == f"/models/{MODEL}" and container.model_platform == "tensorflow"
+    assert container.model_version_policy.latest.num_versions == 2 and dict(container.version_labels) == {"stable": 1}
+    local = read_models_config(str(tmp_path / "tfs" / "models.local.config")).model_config_list.config[0]
+    assert local.base_path == os.path.abspath(artifacts["models"])
+    batching = (tmp_path / "tfs" / "batching_parameters.txt").read_text()
+    assert "max_batch_size { value: 128 }" in batching and "batch_timeout_micros { value: 2000 }" in batching
+    assert 'path: "/monitoring/prometheus/metrics"' in (tmp_path / "tfs" / "monitoring.config").read_text()
+    run_script = (tmp_path / "tfs" / "docker-run.sh").read_text()
+    assert "tensorflow/serving:2.16.1" in run_script and "--batching_parameters_file=/config/batching_parameters.txt" in run_script
+    assert f"/models/{MODEL}:ro" in (tmp_path / "tfs" / "docker-compose.yml").read_text()
+    with pytest.raises(ValueError, match="no SavedModel version"):
+        write_deployment(str(tmp_path / "empty"), MODEL, str(tmp_path / "out"))
+    (tmp_path / "bad.config").write_text("model_config_list { config { nme: 'x' } }")
+    with pytest.raises(ValueError, match="cannot read the model server config"):
+        read_models_config(str(tmp_path / "bad.config"))
+
+
+def test_model_server_encodes_like_the_saved_model(artifacts, model_server):
+    vectors = artifacts["vectors"][:5]
+    direct = tf.saved_model.load(os.path.join(artifacts["models"], "1")).signatures["encode_features"](features=tf.constant(vectors))
+    with ModelClient(model_server.address, MODEL, version=1) as client:
+        by_features = client.encode_features(vectors)
+        by_examples = client.encode_examples([vector_example(v) for v in vectors])
+        assert by_features.model_version == 1 and client.status() == [(1, "AVAILABLE", "")]
+        assert set(client.signatures()) == {"serving_default", "encode_features"}
+    np.testing.assert_allclose(by_features.codes, direct["codes"].numpy(), rtol=1e-6)
+    np.testing.assert_array_equal(by_features.packed_codes, direct["packed_codes"].numpy())
+    np.testing.assert_array_equal(by_examples.packed_codes, by_features.packed_codes)
+    np.testing.assert_array_equal(by_features.binary_codes, np.where(by_features.codes >= 0, 1, -1))
+    with ModelClient(model_server.address, MODEL, version=7) as client, pytest.raises(ServingError) as err:
+        client.encode_features(vectors)
+    assert err.value.code == grpc.StatusCode.NOT_FOUND
+    with ModelClient(model_server.address, "nope") as client, pytest.raises(ServingError) as err:
+        client.status()
+    assert err.value.code == grpc.StatusCode.NOT_FOUND
+    with ModelClient(model_server.address, MODEL) as client, pytest.raises(ServingError, match="NaN"):
+        client.encode_features(np.full((1, DIM), np.nan))
+
+
+@pytest.mark.parametrize(
+    "inputs, signature, message",
+    [
+        ({"wrong": tf.make_tensor_proto(np.zeros((1, DIM), np.float32))}, "encode_features", "missing"),
+        ({"features": tf.make_tensor_proto(np.zeros((1, DIM), np.float64))}, "encode_features", "expects float32"),
+        ({"features": tf.make_tensor_proto(np.zeros((1, 5), np.float32))}, "encode_features", "shape"),
+        ({"examples": tf.make_tensor_proto([b"not an example"])}, "serving_default", "parse"),
+        ({"examples": tf.make_tensor_proto([b""])}, "nope", "signature"),
+    ],
+)
+def test_model_server_refuses_bad_predict_requests(model_server, inputs, signature, message):
+    stub = prediction_service_pb2_grpc.PredictionServiceStub(grpc.insecure_channel(model_server.address))
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name, request.model_spec.signature_name = MODEL, signature
+    for name, proto in inputs.items():
+        request.inputs[name].CopyFrom(proto)
+    with pytest.raises(grpc.RpcError) as err:
+        stub.Predict(request, timeout=10)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and message in err.value.details().lower()
+    metadata = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["everything"])
+    metadata.model_spec.name = MODEL
+    with pytest.raises(grpc.RpcError) as err:
+        stub.GetModelMetadata(metadata, timeout=10)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_model_server_follows_versions_labels_and_reports_broken_ones(artifacts, tmp_path):
+    base = tmp_path / "models"
+    shutil.copytree(os.path.join(artifacts["models"], "1"), base / "1")
+    config = models_config([model_config(MODEL, str(base), num_versions=2, labels={"stable": 1})])
+    server = DevModelServer(config, poll_seconds=0.1).start()
+
+    def available(client):
+        return [v for v, state, _ in client.status() if state == "AVAILABLE"]
+
+    def wait_for(client, versions):
+        deadline = time.time() + 30
+        while time.time() < deadline and available(client) != versions:
+            time.sleep(0.1)
+        return available(client)
+
+    try:
+        with ModelClient(server.address, MODEL, version_label="stable") as stable, ModelClient(server.address, MODEL) as newest:
+            assert stable.encode_features(artifacts["vectors"][:1]).model_version == 1
+            shutil.copytree(base / "1", base / "2")
+            assert wait_for(newest, [1, 2]) == [1, 2]
+            assert newest.encode_features(artifacts["vectors"][:1]).model_version == 2
+            (base / "3").mkdir()
+            (base / "3" / "saved_model.pb").write_bytes(b"corrupt")
+            shutil.copytree(base / "1", base / "4")
+            assert wait_for(newest, [4]) == [4]  # latest 2 = {3, 4}; 3 does not load
+            states = {v: (state, error) for v, state, error in newest.status()}
+            assert states[3][0] == "END" and states[3][1]  # reported with its error, not fatal
+            assert newest.encode_features(artifacts["vectors"][:1]).model_version == 4
+            with pytest.raises(ServingError) as err:
+                stable.encode_features(artifacts["vectors"][:1])  # version 1 left the policy
+            assert err.value.code == grpc.StatusCode.NOT_FOUND
+    finally:
+        server.stop(0)
+
+
+def test_search_equals_the_library_search(artifacts, search_server):
+    vectors = artifacts["vectors"][:20]
+    packed, expected = reference(os.path.join(artifacts["models"], "1"), os.path.join(artifacts["indexes"], "1", "BFlat"), vectors, 10)
+    with SearchClient(search_server.address) as client:
+        assert client.health() == "SERVING" and client.status().model_version == "1"
+        answers = [
+            client.search(features=vectors, k=10),
+            client.search(examples=[vector_example(v) for v in vectors], k=10),
+            client.search(codes=packed, k=10),
+            client.search(codes=np.unpackbits(packed, axis=1).astype(np.int8) * 2 - 1, k=10, model_version="1"),
+        ]
+        for answer in answers:
+            assert answer.model_version == "1" and answer.exact and answer.index_kind == "binary-flat"
+            np.testing.assert_array_equal(np.stack(answer.ids), expected.ids)
+            np.testing.assert_array_equal(np.stack(answer.distances), expected.distances)
+        within = client.search(features=vectors, k=50, radius=2)
+    index = load_index(os.path.join(artifacts["indexes"], "1", "BFlat"))
+    for found, ball in zip(within.ids, index.range_search(packed, 2), strict=True):
+        np.testing.assert_array_equal(found, ball.ids[:50])
+
+
+def _search_code(client: SearchClient, **request) -> grpc.StatusCode:
+    try:
+        client.search(**request)
+    except ServingError as err:
+        assert err.message
+        return err.code
+    return grpc.StatusCode.OK
+
+
+def test_search_refuses_bad_input_with_clear_codes(artifacts, search_server):
+    INVALID, NOT_FOUND = grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND
+    vectors = artifacts["vectors"][:2]
+    nan_example = vector_example([float("nan")] * DIM)
+    stub = search_pb2_grpc.HashSearchStub(grpc.insecure_channel(search_server.address))
+    with pytest.raises(grpc.RpcError) as err:
+        stub.Search(search_pb2.SearchRequest(k=3), timeout=10)  # no query at all
+    assert err.value.code() == INVALID
+    with SearchClient(search_server.address) as client:
+        cases = {
+            "empty examples": (dict(examples=[], k=3), INVALID),
+            "malformed example": (dict(examples=[b"\x00garbage"], k=3), INVALID),
+            "NaN example": (dict(examples=[nan_example], k=3), INVALID),
+            "NaN features": (dict(features=np.full((1, DIM), np.nan), k=3), INVALID),
+            "wrong feature width": (dict(features=np.zeros((2, DIM + 1)), k=3), INVALID),
+            "k = 0": (dict(features=vectors, k=0), INVALID),
+            "k < 0": (dict(features=vectors, k=-4), INVALID),
+            "k above the limit": (dict(features=vectors, k=1001), INVALID),
+            "k above the database": (dict(features=vectors, k=len(artifacts["ids"]) + 1), INVALID),
+            "k = the database": (dict(features=vectors, k=len(artifacts["ids"])), grpc.StatusCode.OK),
+            "negative radius": (dict(features=vectors, k=3, radius=-1), INVALID),
+            "codes of another width": (dict(codes=np.zeros((1, 4), np.uint8), k=3), INVALID),
+            "codes not +-1": (dict(codes=np.zeros((1, BITS), np.int8), k=3), INVALID),
+            "too many queries": (dict(features=np.zeros((65, DIM)), k=3), INVALID),
+            "unknown model version": (dict(features=vectors, k=3, model_version="99"), NOT_FOUND),
+            "request over the size limit": (dict(examples=[b"x" * (2 << 20)], k=3), grpc.StatusCode.RESOURCE_EXHAUSTED),
+        }
+        got = {name: _search_code(client, **request) for name, (request, _) in cases.items()}
+        assert got == {name: code for name, (_, code) in cases.items()}
+        bad_packed = search_request(codes=np.zeros((1, 2), np.uint8), k=3)
+        bad_packed.codes.packed = b"\x00\x01\x02"  # 3 bytes of 2-byte codes
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Search(bad_packed, timeout=10)
+        assert err.value.code() == INVALID
+
+
+def test_bounded_fuzz_leaves_the_server_healthy(artifacts, search_server):
+    rng = random.Random(0)
+    stub = search_pb2_grpc.HashSearchStub(grpc.insecure_channel(search_server.address))
+    codes_seen = {}
+    for _ in range(2000):
+        request = search_pb2.SearchRequest(k=rng.choice([-5, 0, 1, 3, 10, 1001, 2**31 - 1]))
+        kind = rng.randrange(5)
+        if kind == 0:
+            request.examples.serialized.extend(rng.randbytes(rng.randrange(0, 40)) for _ in range(rng.randrange(0, 3)))
+        elif kind == 1:
+            request.features.shape.extend(rng.randrange(-1, 4) for _ in range(rng.randrange(0, 4)))
+            request.features.values.extend(rng.choice([0.5, -2.0, float("nan"), float("inf"), 1e30]) for _ in range(rng.randrange(0, 20)))
+        elif kind == 2:
+            request.codes.bits = rng.choice([-8, 0, 7, 8, 16, 64])
+            request.codes.packed = rng.randbytes(rng.randrange(0, 9))
+        elif kind == 3:
+            request.codes.bits = rng.choice([0, 16])
+            request.codes.signs.values.extend(rng.choice([-1, 1, 0, 5]) for _ in range(rng.randrange(0, 40)))
+        if rng.random() < 0.3:
+            request.radius = rng.randrange(-2, 20)
+        if rng.random() < 0.1:
+            request.model_version = rng.choice(["1", "2", "x"])
+        try:
+            stub.Search(request, timeout=10)
+            code = grpc.StatusCode.OK
+        except grpc.RpcError as err:
+            code = err.code()
+        codes_seen[code] = codes_seen.get(code, 0) + 1
+    assert set(codes_seen) <= {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND}, codes_seen
+    assert codes_seen.get(grpc.StatusCode.OK, 0) > 0 and codes_seen[grpc.StatusCode.INVALID_ARGUMENT] > 0
+    with SearchClient(search_server.address) as client:
+        assert client.health() == "SERVING"
+        assert len(client.search(features=artifacts["vectors"][:1], k=3).ids[0]) == 3
+
+
+def test_hot_swap_under_load_answers_consistently(artifacts, tmp_path):
+    models, indexes = str(tmp_path / "models"), str(tmp_path / "indexes")
+    shutil.copytree(os.path.join(artifacts["models"], "1"), os.path.join(models, "1"))
+    shutil.copytree(os.path.join(artifacts["indexes"], "1"), os.path.join(indexes, "1"))
+    vectors, ids = artifacts["vectors"], artifacts["ids"]
+    queries = vectors[:8]
+    server = SearchServer(in_process_searcher(models, indexes), poll_seconds=0.1).start()
+    answers, failures, stop = [], [], threading.Event()
+
+    def load():
+        with SearchClient(server.address) as client:
+            for i in range(100_000):
+                if stop.is_set():
+                    return
+                q = i % len(queries)
+                try:
+                    answer = client.search(features=queries[q : q + 1], k=5)
+                    answers.append((q, answer.model_version, answer.ids[0].tolist(), answer.distances[0].tolist()))
+                except ServingError as err:
+                    failures.append(err)
+
+    threads = [threading.Thread(target=load) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    try:
+        time.sleep(1.0)
+        push_version(models, indexes, 2, 7, vectors, ids)  # a different model: different codes
+        deadline = time.time() + 60
+        while time.time() < deadline and sum(a[1] == "2" for a in answers) < 50:
+            time.sleep(0.1)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+        server.stop(0)
+    expected = {}
+    for version in ("1", "2"):
+        _, result = reference(os.path.join(models, version), os.path.join(indexes, version, "BFlat"), queries, 5)
+        expected[version] = result
+    assert not failures
+    versions = [a[1] for a in answers]
+    assert "1" in versions and versions.count("2") >= 50
+    assert versions.index("2") > 0 and "1" not in versions[versions.index("2") + 4 * 2 :]  # no flapping back
+    for q, version, found, distances in answers:
+        assert found == expected[version].ids[q].tolist() and distances == expected[version].distances[q].tolist()
+    assert expected["1"].ids.tolist() != expected["2"].ids.tolist()  # the two versions really differ
+
+
+def test_mismatched_or_corrupt_pairs_are_never_served(artifacts, tmp_path):
+    models, indexes = str(tmp_path / "models"), str(tmp_path / "indexes")
+    vectors, ids = artifacts["vectors"], artifacts["ids"]
+    searcher = in_process_searcher(models, indexes)
+    server = SearchServer(searcher, poll_seconds=60).start()
+    try:
+        with SearchClient(server.address) as client:
+            assert client.health() == "NOT_SERVING" and not client.status().ready
+            assert _search_code(client, features=vectors[:1], k=3) == grpc.StatusCode.UNAVAILABLE
+            push_version(models, indexes, 1, 0, vectors, ids)
+            assert searcher.refresh()
+            # version 2: its index folder holds codes of version 1's model (fingerprint mismatch)
+            v1_model = os.path.join(models, "1")
+            export_version(models, 2, 5)
+            build_index(v1_model, str(tmp_path / "elsewhere"), 2, vectors, ids)
+            shutil.copytree(str(tmp_path / "elsewhere" / "2"), os.path.join(indexes, "2"))
+            # version 3: a corrupt index file
+            push_version(models, indexes, 3, 6, vectors, ids)
+            with open(os.path.join(indexes, "3", "BFlat", "ids.npy"), "r+b") as handle:
+                handle.seek(-1, os.SEEK_END)
+                handle.write(b"\x7f")
+            # version 4: a model without its index
+            export_version(models, 4, 8)
+            assert not searcher.refresh()
+            assert client.status().model_version == "1"
+            assert client.search(features=vectors[:1], k=3).model_version == "1"
+    finally:
+        server.stop(0)
+
+
+def test_rest_front(artifacts, search_server):
+    base = f"http://127.0.0.1:{search_server.rest.port}"
+
+    def post(body, raw=None):
+        request = urllib.request.Request(f"{base}/v1/search", data=raw if raw is not None else json.dumps(body).encode(), method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as err:
+            return err.code, json.loads(err.read())
+
+    vectors = artifacts["vectors"][:3]
+    with SearchClient(search_server.address) as client:
+        grpc_answer = client.search(features=vectors, k=4)
+    status, answer = post({"features": vectors.tolist(), "k": 4})
+    assert status == 200 and answer["model_version"] == "1"
+    assert [r["ids"] for r in answer["results"]] == [ids.tolist() for ids in grpc_answer.ids]
+    import base64
+
+    status, by_examples = post({"examples": [base64.b64encode(vector_example(v)).decode() for v in vectors], "k": 4})
+    assert status == 200 and by_examples["results"] == answer["results"]
+    assert post(None, raw=b"{not json")[0] == 400
+    assert post({"features": vectors.tolist(), "k": 0}) == (400, {"error": {"code": "INVALID_ARGUMENT", "message": "k must be an integer in 1..1000, got 0"}})
+    assert post({"features": vectors.tolist(), "k": 3, "model_version": "9"})[0] == 404
+    assert post({"codes": [[0.5] * BITS], "k": 3})[0] == 400
+    import http.client
+
+    connection = http.client.HTTPConnection("127.0.0.1", search_server.rest.port, timeout=10)
+    connection.putrequest("POST", "/v1/search")
+    connection.putheader("Content-Length", str(2 << 20))  # refused on the header, before any body is read
+    connection.endheaders()
+    assert connection.getresponse().status == 413
+    connection.close()
+    with urllib.request.urlopen(f"{base}/readyz", timeout=10) as response:
+        assert json.loads(response.read()) == {"ready": True}
+    with urllib.request.urlopen(f"{base}/v1/status", timeout=10) as response:
+        assert json.loads(response.read())["count"] == len(artifacts["ids"])
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(f"{base}/nothing", timeout=10)
+    assert err.value.code == 404
+
+
+def test_shutdown_drains_in_flight_requests(artifacts):
+    searcher = in_process_searcher(artifacts["models"], artifacts["indexes"])
+    started, release = threading.Semaphore(0), threading.Event()
+    search = searcher.search
+
+    def slow_search(*args, **kwargs):  # hold each request inside the handler until released
+        started.release()
+        release.wait(20)
+        return search(*args, **kwargs)
+
+    searcher.search = slow_search
+    server = SearchServer(searcher).start()
+    stub = search_pb2_grpc.HashSearchStub(grpc.insecure_channel(server.address))
+    request = search_request(features=artifacts["vectors"][:32], k=10)
+    pending = [stub.Search.future(request, timeout=30) for _ in range(4)]
+    for _ in pending:
+        assert started.acquire(timeout=20)  # all four are being handled
+    stopper = threading.Thread(target=server.stop, kwargs={"grace": 20})
+    stopper.start()
+    time.sleep(0.5)
+    with pytest.raises(grpc.RpcError) as err:  # a new request during shutdown is refused
+        stub.Search(request, timeout=5)
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    release.set()
+    assert [len(future.result().results) for future in pending] == [32] * 4  # in-flight ones finish
+    stopper.join(30)
+
+
+def _start_cli(args, ready_pattern: str):
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    process = subprocess.Popen([sys.executable, "-m", "tfhash.cli", *args], stderr=subprocess.PIPE, text=True, env=env)
+    for line in process.stderr:
+        if ready_pattern in line:
+            return process, line.split(ready_pattern, 1)[1].split()[0].rstrip(",;")
+    process.wait(10)
+    raise AssertionError(f"the CLI did not start: {args}")
+
+
+def test_cli_serves_models_and_search_and_stops_on_sigterm(artifacts, tmp_path):
+    write_deployment(artifacts["models"], MODEL, str(tmp_path / "tfs"))
+    models, address = _start_cli(["serve", "model", "--model-config-file", str(tmp_path / "tfs" / "models.local.config"),
+                                  "--port", "0"], "development model server on ")  # fmt: skip
+    try:
+        search, search_address = _start_cli(["serve", "search", "--index-base-dir", artifacts["indexes"], "--model-server",
+                                             address, "--model-name", MODEL, "--port", "0"], "search service on ")  # fmt: skip
+        try:
+            with SearchClient(search_address) as client:
+                assert client.search(features=artifacts["vectors"][:2], k=3).model_version == "1"
+        finally:
+            search.send_signal(signal.SIGTERM)
+            assert search.wait(30) == 0
+    finally:
+        models.send_signal(signal.SIGTERM)
+        assert models.wait(30) == 0
+
+
+def test_models_config_round_trips_through_text_format():
+    config = models_config([model_config(MODEL, "/models/x", num_versions=3, labels={"canary": 5})])
+    parsed = text_format.Parse(text_format.MessageToString(config), model_server_config_pb2.ModelServerConfig())
+    assert parsed == config
+    with pytest.raises(ValueError):
+        model_config("a/b", "/x")
