@@ -44,11 +44,11 @@ def export_model(path: str, bits: int, seed: int) -> None:
     export_feature_model(model, path, "features", [DIM], bits)
 
 
-def start_service(model_base: str, index_base: str, kind: str, threads: int) -> tuple[subprocess.Popen, str]:
+def start_service(model_base: str, index_base: str, kind: str, threads: int, faiss_threads: int) -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     process = subprocess.Popen(
         [sys.executable, "-m", "tfhash.cli", "serve", "search", "--model-base-dir", model_base, "--index-base-dir",
-         index_base, "--kind", kind, "--port", "0", "--threads", str(threads)],
+         index_base, "--kind", kind, "--port", "0", "--threads", str(threads), "--faiss-threads", str(faiss_threads)],
         stderr=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip
     for line in process.stderr:
@@ -112,6 +112,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--modes", nargs="+", default=["codes", "features"], choices=["codes", "features"])
     parser.add_argument("--threads", type=int, default=8, help="server worker threads")
+    parser.add_argument("--faiss-threads", type=int, default=1, help="OpenMP threads per FAISS search in the server")
     parser.add_argument("--name", default="serving")
     args = parser.parse_args()
 
@@ -140,7 +141,7 @@ def main() -> None:
             index.save(os.path.join(index_base, "1", kind), model_version="1", signature_fingerprint=fingerprint)
             build_s = time.perf_counter() - build_start
             del index
-            process, address = start_service(model_base, index_base, kind, args.threads)
+            process, address = start_service(model_base, index_base, kind, args.threads, args.faiss_threads)
             try:
                 for mode in args.modes:
                     for clients in args.clients:
@@ -157,7 +158,7 @@ def main() -> None:
     markdown = (
         "# Search service load benchmark\n\n"
         f"Command: `{command.strip()}`. One query per request, k = {K}, over gRPC on loopback; the search "
-        f"service (`tfhash serve search`, {args.threads} worker threads, in-process encoder) runs as its own "
+        f"service (`tfhash serve search`, {args.threads} worker threads, {args.faiss_threads} FAISS thread(s) per search, in-process encoder) runs as its own "
         "process; the clients are threads of the benchmark process, one channel each, sending back to back "
         f"for {args.seconds:g} s per row after a warm-up, on the same {os.cpu_count()} cores as the server. "
         "`codes`: the request carries a packed code (search only); `features`: a 32-d vector that the "

@@ -94,3 +94,49 @@ def jcch_coefficient_features(labels: tf.Tensor, ids: tf.Tensor, num_anchors: in
         scale = tft.sum(tf.reduce_sum(q, axis=1), name="jcch_q_mass") / tft.sum(label_count, name="jcch_label_mass")
         q, u = tf.math.divide_no_nan(q, scale), tf.math.divide_no_nan(u, scale)
     return q, u
+
+
+# Tag statistics for the proxy methods (HCLM Eq. 21 assignment, balanced BCE tag weights), as two
+# tft.vocabulary analyzers with counts: they are files of the Transform output that the Trainer
+# reads by name, and they stay sparse (one token per tag and per co-occurring tag pair of an
+# example), so they scale with the labels present, not with C^2 per example.
+TAG_COUNTS = "tfhash_tag_counts"
+TAG_PAIRS = "tfhash_tag_pairs"
+EXAMPLES_TOKEN = "examples"
+_PAIR_SEPARATOR = "_X_"  # tf.ragged.cross's separator
+
+
+def tag_statistic_vocabularies(labels: tf.Tensor) -> None:
+    """Register the analyzers: ``TAG_COUNTS`` holds, per tag id, the number of training examples
+    that carry it, and ``EXAMPLES_TOKEN`` once per example; ``TAG_PAIRS`` holds, per ordered pair
+    "a_X_b" of tag ids, the number of examples that carry both (a = b included)."""
+    present = tf.where(labels > 0)
+    batch = tf.shape(labels, out_type=tf.int64)[0]
+    tags = tf.RaggedTensor.from_value_rowids(tf.strings.as_string(present[:, 1]), present[:, 0], nrows=batch)
+    examples = tf.RaggedTensor.from_tensor(tf.fill(tf.stack([batch, 1]), EXAMPLES_TOKEN))
+    tft.vocabulary(tf.concat([tags, examples], axis=1), vocab_filename=TAG_COUNTS, store_frequency=True,
+                   name="tag_counts")  # fmt: skip
+    tft.vocabulary(tf.ragged.cross([tags, tags]), vocab_filename=TAG_PAIRS, store_frequency=True, name="tag_pairs")
+
+
+def _frequencies(path: str) -> dict[str, int]:
+    """A ``store_frequency`` vocabulary file: lines ``<count> <token>``."""
+    out = {}
+    with tf.io.gfile.GFile(path) as handle:
+        for line in handle:
+            count, token = line.rstrip("\n").split(" ", 1)
+            out[token] = int(float(count))
+    return out
+
+
+def read_tag_statistics(counts_file: str, pairs_file: str, num_classes: int) -> tuple[int, np.ndarray]:
+    """``(examples n, co-occurrence C x C)`` from the two vocabulary files; the diagonal holds the
+    per-tag counts. Tags never seen in training keep zero rows."""
+    counts = _frequencies(counts_file)
+    cooccurrence = np.zeros((num_classes, num_classes), dtype=np.float64)
+    for token, count in _frequencies(pairs_file).items():
+        a, b = (int(part) for part in token.split(_PAIR_SEPARATOR))
+        if a >= num_classes or b >= num_classes:
+            raise ValueError(f"tag pair {token!r} is outside the {num_classes} classes")
+        cooccurrence[a, b] = count
+    return counts.get(EXAMPLES_TOKEN, 0), cooccurrence

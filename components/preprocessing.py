@@ -8,7 +8,10 @@ statistics of the analysed split (tft.scale_to_z_score, a full-pass Beam analyze
 a dense multi-hot ``labels`` vector. The ``id`` is passed through. With ``jcch_anchors`` in the
 config, the JCCH label coefficients ``jcch_q`` and ``jcch_u`` are added
 (:mod:`tfhash.components.label_statistics`); they derive from the labels, so the serving
-signature, which receives no labels, never needs them.
+signature, which receives no labels, never needs them. With ``tag_statistics`` the tag counts
+and tag co-occurrence counts of the analysed split are written as two vocabulary files of the
+Transform output (:func:`tfhash.components.label_statistics.tag_statistic_vocabularies`), for the
+proxy methods' assignment (sHCLM) and balanced BCE weights.
 """
 
 from __future__ import annotations
@@ -52,6 +55,10 @@ def preprocessing_fn(inputs, custom_config):
         outputs["jcch_q"], outputs["jcch_u"] = jcch_coefficient_features(
             outputs[LABELS], inputs["id"], int(custom_config["jcch_anchors"])
         )
+    if custom_config.get("tag_statistics"):
+        from tfhash.components.label_statistics import tag_statistic_vocabularies
+
+        tag_statistic_vocabularies(outputs[LABELS])
     for name, spec in custom_config["modalities"].items():
         if spec["kind"] == "image":
             outputs[name] = decode_images(inputs[name], list(spec["shape"]))

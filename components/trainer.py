@@ -9,6 +9,7 @@ import os
 import tempfile
 
 import keras
+import numpy as np
 import tensorflow as tf
 import tensorflow_transform as tft
 from tfhash.components.export import export_serving_model
@@ -55,10 +56,19 @@ def export_directory(serving_model_dir: str) -> str:
     return tempfile.mkdtemp(prefix="tfhash-worker-export-")
 
 
-def build_model(training: dict, input_shape, num_classes: int):
-    """A library model from the run config's ``training`` section."""
+def build_model(training: dict, input_shape, num_classes: int, tag_statistics: tuple | None = None):
+    """A library model from the run config's ``training`` section.
+
+    ``tag_statistics``: ``(n, C x C co-occurrence)`` of the training labels (from Transform); the
+    proxy methods need it: on multi-label data the balanced BCE takes its tag frequencies, and
+    sHCLM assigns proxies by tag co-occurrence (HCLM Eq. 21).
+
+    Raises:
+        ValueError: sHCLM without tag statistics, or on single-label data (co-occurrence carries no
+            class similarity there; use hclm, or sHCLM in code with class-mean backbone features).
+    """
     from tfhash.models import build_hclm, build_hyp2, build_scdh, mlp, small_cnn
-    from tfhash.proxies import hclm_proxies
+    from tfhash.proxies import cooccurrence_similarity, hclm_proxies
 
     if training["backbone"] == "small_cnn":
         backbone = small_cnn(tuple(input_shape))
@@ -68,8 +78,30 @@ def build_model(training: dict, input_shape, num_classes: int):
     if method in ("scdh", "scdh-s"):
         return build_scdh(backbone, num_classes, bits, preset=training.get("preset"), ablation=method == "scdh-s", **overrides)
     if method in ("hclm", "shclm"):
-        return build_hclm(backbone, num_classes, bits, proxies=hclm_proxies(num_classes, bits, seed=int(training["seed"])), **overrides)
+        similarity, frequencies = None, None
+        if tag_statistics is not None:
+            n, cooccurrence = tag_statistics
+            counts = np.diag(cooccurrence)
+            multi_label = counts.sum() > n
+            frequencies = counts / max(n, 1) if multi_label else None
+            if method == "shclm":
+                if not multi_label:
+                    raise ValueError("shclm in the pipeline assigns proxies by tag co-occurrence, which needs multi-label "
+                                     "data; this training split is single-label: use method hclm")  # fmt: skip
+                similarity = cooccurrence_similarity(cooccurrence)
+        elif method == "shclm":
+            raise ValueError("shclm needs the tag statistics computed by Transform")
+        proxies = hclm_proxies(num_classes, bits, similarity=similarity, seed=int(training["seed"]))
+        return build_hclm(backbone, num_classes, bits, proxies=proxies, tag_frequencies=frequencies, **overrides)
     return build_hyp2(backbone, num_classes, bits, **overrides)
+
+
+def read_transform_tag_statistics(transform_output, num_classes: int) -> tuple[int, np.ndarray]:
+    """The Transform's tag statistics vocabularies, read back (see :mod:`.label_statistics`)."""
+    from tfhash.components.label_statistics import TAG_COUNTS, TAG_PAIRS, read_tag_statistics
+
+    return read_tag_statistics(transform_output.vocabulary_file_by_name(TAG_COUNTS),
+                               transform_output.vocabulary_file_by_name(TAG_PAIRS), num_classes)  # fmt: skip
 
 
 def _glob(patterns) -> list[str]:
@@ -108,7 +140,8 @@ def run_fn(fn_args) -> None:
                      bool(training.get("label_coefficients")))  # fmt: skip
     strategy = make_strategy()
     with strategy.scope():
-        model = build_model(training, input_shape, int(config["num_classes"]))
+        statistics = read_transform_tag_statistics(transform_output, int(config["num_classes"])) if training["method"] in ("hclm", "shclm") else None
+        model = build_model(training, input_shape, int(config["num_classes"]), statistics)
         model.compile(optimizer=keras.optimizers.Adam(float(training["learning_rate"])))
     callbacks = [keras.callbacks.TensorBoard(log_dir=fn_args.model_run_dir)] if fn_args.model_run_dir else []
     model.fit(train, epochs=int(training["epochs"]), verbose=2, callbacks=callbacks)

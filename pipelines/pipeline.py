@@ -56,6 +56,7 @@ def create_pipeline(config: PipelineConfig, metadata: dict, metadata_connection=
             "num_classes": num_classes,
             "modalities": {input_name: metadata["modalities"][input_name]},
             "jcch_anchors": config.jcch_anchors,
+            "tag_statistics": config.training.method in ("hclm", "shclm"),
         },
     )
     trainer = tfx.components.Trainer(

@@ -97,9 +97,13 @@ def model(model_config_file, model_name, model_base_path, host, port, poll_secon
 @click.option("--max-request-mb", default=8, show_default=True, type=click.IntRange(1))
 @click.option("--threads", default=8, show_default=True, type=click.IntRange(1))
 @click.option("--poll-seconds", default=2.0, show_default=True, type=click.FloatRange(0.1))
+@click.option("--faiss-threads", default=1, show_default=True, type=click.IntRange(1),
+              help="OpenMP threads per FAISS search; concurrency comes from the worker threads.")
 def search(config_path, index_base_dir, model_base_dir, model_server, model_name, kind, host, port, rest_port, max_k,
-           max_batch, max_request_mb, threads, poll_seconds) -> None:  # fmt: skip
+           max_batch, max_request_mb, threads, poll_seconds, faiss_threads) -> None:  # fmt: skip
     """Run the search service until Ctrl-C / SIGTERM (then drain in-flight requests)."""
+    import faiss
+
     from tfhash.serving.grpc_server import wait_for_termination
     from tfhash.serving.search_service import SearchServer, in_process_searcher, remote_searcher
     from tfhash.serving.searcher import Limits
@@ -111,6 +115,7 @@ def search(config_path, index_base_dir, model_base_dir, model_server, model_name
         raise click.UsageError("pass --config, or --index-base-dir with --model-base-dir and/or --model-server")
     if model_server and not model_name:
         raise click.UsageError("--model-server needs --model-name")
+    faiss.omp_set_num_threads(faiss_threads)
     limits = Limits(max_batch=max_batch, max_k=max_k)
     if model_server:
         searcher = remote_searcher(model_server, model_name, index_base_dir, kind, limits, model_base_dir)

@@ -69,3 +69,44 @@ def test_transform_coefficients_with_sampled_anchors():
     error = np.abs(q - full_q).sum() / np.abs(full_q).sum()
     print(f"relative L1 error of q with 20 of 80 anchors: {error:.3f}")
     assert error < 0.5  # an approximation, not the exact values
+
+
+@pytest.mark.slow
+def test_transform_tag_statistics_equal_numpy_counts(tmp_path):
+    from tfhash.components.label_statistics import tag_statistic_vocabularies
+    from tfhash.components.trainer import read_transform_tag_statistics
+
+    rng = np.random.default_rng(1)
+    labels = (rng.random((50, C)) < 0.4).astype(np.float32)
+    labels[3] = 0  # an example without labels counts as an example, with no tags
+    metadata = tft.DatasetMetadata.from_feature_spec({"labels": tf.io.FixedLenFeature([C], tf.float32)})
+
+    def preprocessing_fn(inputs):
+        tag_statistic_vocabularies(inputs["labels"])
+        return {"labels": inputs["labels"]}
+
+    options = PipelineOptions(["--runner=DirectRunner", "--direct_running_mode=in_memory", "--direct_num_workers=1"])
+    with beam.Pipeline(options=options) as pipeline, tft_beam.Context(temp_dir=str(tmp_path / "tmp")):
+        raw = pipeline | beam.Create([{"labels": row} for row in labels])
+        transform_fn = (raw, metadata) | tft_beam.AnalyzeDataset(preprocessing_fn)
+        _ = transform_fn | tft_beam.WriteTransformFn(str(tmp_path / "transform"))
+    n, cooccurrence = read_transform_tag_statistics(tft.TFTransformOutput(str(tmp_path / "transform")), C)
+    assert n == 50
+    np.testing.assert_array_equal(cooccurrence, labels.T @ labels)
+
+
+def test_pipeline_shclm_assigns_proxies_by_tag_cooccurrence():
+    from tfhash.components.trainer import build_model
+    from tfhash.proxies import hclm_proxies, tag_cooccurrence_similarity
+
+    rng = np.random.default_rng(2)
+    tags = (rng.random((200, 6)) < 0.3).astype(np.float64)
+    training = {"method": "shclm", "bits": 16, "backbone": "mlp", "hidden": [8], "seed": 0}
+    model = build_model(training, [4], 6, (200, tags.T @ tags))
+    expected = hclm_proxies(6, 16, similarity=tag_cooccurrence_similarity(tags), seed=0)
+    np.testing.assert_array_equal(np.asarray(model.proxy_layer.proxies), expected)
+    single = np.eye(6)[rng.integers(0, 6, 200)]
+    with pytest.raises(ValueError, match="single-label"):
+        build_model(training, [4], 6, (200, single.T @ single))
+    with pytest.raises(ValueError, match="tag statistics"):
+        build_model(training, [4], 6, None)

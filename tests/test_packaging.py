@@ -1,5 +1,6 @@
 """The wheel installs everything under the tfhash namespace (issue 2: no top-level `components`,
-`pipelines` or `serving` modules in site-packages)."""
+`pipelines` or `serving` modules in site-packages), with the search service's gRPC modules generated
+at build time."""
 
 from __future__ import annotations
 
@@ -25,5 +26,6 @@ def test_wheel_has_only_the_tfhash_namespace(tmp_path):
     top_level = {name.split("/")[0] for name in names}
     assert {t for t in top_level if not t.startswith("tfhash")} == set()
     for module in ("tfhash/components/__init__.py", "tfhash/pipelines/__init__.py", "tfhash/serving/__init__.py",
-                   "tfhash/losses/__init__.py", "tfhash/index/__init__.py", "tfhash/py.typed"):  # fmt: skip
+                   "tfhash/losses/__init__.py", "tfhash/index/__init__.py", "tfhash/py.typed",
+                   "tfhash/serving/search_pb2.py", "tfhash/serving/search_pb2_grpc.py"):  # fmt: skip
         assert module in names

@@ -4,45 +4,29 @@ and the multi-worker chief logic."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from tfhash.components import trainer
 from tfhash.pipelines.config import PipelineConfig
 
-
-def _config(tmp_path, **overrides) -> PipelineConfig:
-    raw = {
-        "name": "tiny-mnist",
-        "dataset": "mnist",
-        "limit": 400,
-        "run_dir": str(tmp_path / "run"),
-        "training": {"method": "scdh", "bits": 16, "epochs": 3, "batch_size": 64},
-        "map_threshold": 0.2,
-        **overrides,
-    }
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(raw))
-    return PipelineConfig.load(path)
+from tests.pipeline_fixtures import small_config
 
 
 @pytest.mark.slow
-def test_small_pipeline_end_to_end(tmp_path):
-    from tfhash.pipelines.runner import run_local
-
+def test_small_pipeline_end_to_end(small_pipeline_run):
     from tfhash.index import load_index
 
-    # SCDH trained with the JCCH coefficients computed by Transform (50 anchors)
-    config = _config(tmp_path, jcch_anchors=50,
-                     training={"method": "scdh", "bits": 16, "epochs": 3, "batch_size": 64, "label_coefficients": True})  # fmt: skip
-    summary = run_local(config, log=lambda m: None)
+    config, summary = small_pipeline_run
     assert summary["blessed"] is True and summary["metrics"]["queries"] == 400
     assert summary["metrics"]["mAP@all"] > 0.2  # 3 epochs on 400 digits already beat chance (0.1)
     version = summary["model_version"]
     index = load_index(summary["indexes"]["BFlat"], expected_model_version=version)
     assert index.ntotal == 400
-    warmup = tmp_path / "run" / "serving" / "tiny-mnist" / version / "assets.extra" / "tf_serving_warmup_requests"
-    assert warmup.is_file()
-    assert (tmp_path / "run" / "summary.json").is_file()
+    warmup = os.path.join(config.run_dir, "serving", "tiny-mnist", version, "assets.extra", "tf_serving_warmup_requests")
+    assert os.path.isfile(warmup)
+    assert os.path.isfile(os.path.join(config.run_dir, "summary.json"))
+    assert os.path.isfile(os.path.join(summary["tf_serving_config"], "models.config"))
     # the exported signature takes serialized raw examples without labels
     import tensorflow as tf
 
@@ -53,7 +37,7 @@ def test_small_pipeline_end_to_end(tmp_path):
 def test_kubeflow_compile_names_image_and_components(tmp_path):
     from tfhash.pipelines.runner import compile_kubeflow
 
-    config = _config(tmp_path, image="registry.example/tfhash:1")
+    config = small_config(tmp_path, image="registry.example/tfhash:1")
     metadata = {"num_classes": 10, "modalities": {"image": {"kind": "image", "shape": [28, 28]}}}
     output = compile_kubeflow(config, str(tmp_path / "pipeline.json"), metadata)
     spec = json.loads(open(output).read())

@@ -460,3 +460,34 @@ def test_models_config_round_trips_through_text_format():
     assert parsed == config
     with pytest.raises(ValueError):
         model_config("a/b", "/x")
+
+
+@pytest.mark.slow
+def test_pipeline_artifacts_served_end_to_end(small_pipeline_run):
+    """The MNIST pipeline's pushed model behind the development model server (with the generated
+    models.local.config), the search service encoding through it: answers equal the library's."""
+    import glob
+
+    from tfhash.pipelines.pipeline import paths
+
+    config, summary = small_pipeline_run
+    version = summary["model_version"]
+    files = sorted(glob.glob(os.path.join(paths(config)["data"], "query", "*")))
+    queries = [r.numpy() for r in tf.data.TFRecordDataset(files, compression_type="GZIP").take(16)]
+    packed = tf.saved_model.load(summary["model_dir"]).signatures["serving_default"](examples=tf.constant(queries))["packed_codes"].numpy()
+    expected = load_index(summary["indexes"]["BFlat"], expected_model_version=version).search(packed, 10)
+
+    model_server = DevModelServer(read_models_config(os.path.join(summary["tf_serving_config"], "models.local.config"))).start()
+    search_server = SearchServer(remote_searcher(model_server.address, config.name, paths(config)["indexes"],
+                                                 model_base_dir=paths(config)["serving"])).start()  # fmt: skip
+    try:
+        with ModelClient(model_server.address, config.name, version=int(version)) as client:
+            np.testing.assert_array_equal(client.encode_examples(queries).packed_codes, packed)
+        with SearchClient(search_server.address) as client:
+            answer = client.search(examples=queries, k=10)
+        assert answer.model_version == version and answer.exact
+        np.testing.assert_array_equal(np.stack(answer.ids), expected.ids)
+        np.testing.assert_array_equal(np.stack(answer.distances), expected.distances)
+    finally:
+        search_server.stop(0)
+        model_server.stop(0)

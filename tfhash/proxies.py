@@ -267,6 +267,13 @@ def class_mean_similarity(features: np.ndarray, labels: np.ndarray) -> np.ndarra
 def tag_cooccurrence_similarity(tags: np.ndarray) -> np.ndarray:
     """HCLM Eq. 21: s_ij = 2 sum_n t_ni t_nj / (sum_n t_ni + sum_n t_nj) from ``(n, C)`` tags."""
     tags = (np.asarray(tags) > 0).astype(np.float64)
-    counts = tags.sum(axis=0)
+    return cooccurrence_similarity(tags.T @ tags)
+
+
+def cooccurrence_similarity(cooccurrence: np.ndarray) -> np.ndarray:
+    """HCLM Eq. 21 from the ``(C, C)`` co-occurrence counts sum_n t_ni t_nj (diagonal: the tag
+    counts), as the pipeline's Transform computes them."""
+    cooccurrence = np.asarray(cooccurrence, dtype=np.float64)
+    counts = np.diag(cooccurrence)
     denominator = counts[:, None] + counts[None, :]
-    return np.divide(2.0 * tags.T @ tags, denominator, out=np.zeros_like(denominator), where=denominator > 0)
+    return np.divide(2.0 * cooccurrence, denominator, out=np.zeros_like(denominator), where=denominator > 0)
