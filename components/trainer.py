@@ -126,10 +126,28 @@ def _dataset(file_pattern, feature_spec, input_name: str, batch_size: int, shuff
     return data.map(lambda f: (f[input_name], targets(f, label_coefficients))).prefetch(tf.data.AUTOTUNE)
 
 
+def warmup_records(config: dict, count: int = 4) -> list[bytes]:
+    """The first ``count`` usable raw training records (the RecordFilter's check), to replay as TF
+    Serving warmup requests: a bad record there would make TF Serving refuse to load the model."""
+    from tfhash.components.record_validation import record_problem
+
+    if not config.get("raw_examples_dir"):
+        return []
+    found = []
+    for path in _glob(os.path.join(config["raw_examples_dir"], "train", "*")):
+        for record in tf.data.TFRecordDataset(path, compression_type="GZIP"):
+            if record_problem(record.numpy(), int(config["num_classes"]), config["modalities"]) is None:
+                found.append(record.numpy())
+                if len(found) == count:
+                    return found
+    return found
+
+
 def run_fn(fn_args) -> None:
     """TFX Trainer entry point. ``fn_args.custom_config``: ``training`` (the run config's
-    section), ``input_name``, ``input_shape``, ``num_classes`` and ``raw_examples_dir`` (the
-    exported data, whose first training records become the TF Serving warmup requests)."""
+    section), ``input_name``, ``input_shape``, ``num_classes``, ``modalities`` and
+    ``raw_examples_dir`` (the exported data, whose first usable training records become the TF
+    Serving warmup requests)."""
     config = fn_args.custom_config
     training = config["training"]
     keras.utils.set_random_seed(int(training["seed"]))
@@ -145,7 +163,6 @@ def run_fn(fn_args) -> None:
         model.compile(optimizer=keras.optimizers.Adam(float(training["learning_rate"])))
     callbacks = [keras.callbacks.TensorBoard(log_dir=fn_args.model_run_dir)] if fn_args.model_run_dir else []
     model.fit(train, epochs=int(training["epochs"]), verbose=2, callbacks=callbacks)
-    raw_files = _glob(os.path.join(config["raw_examples_dir"], "train", "*"))[:1] if config.get("raw_examples_dir") else []
-    warmup = [r.numpy() for r in tf.data.TFRecordDataset(raw_files, compression_type="GZIP").take(4)] if raw_files else None
+    warmup = warmup_records(config) or None
     export_serving_model(model, transform_output, input_name, input_shape, int(training["bits"]),
                          export_directory(fn_args.serving_model_dir), warmup_examples=warmup)  # fmt: skip

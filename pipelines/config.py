@@ -56,6 +56,7 @@ class PipelineConfig:
     max_regression: float = 0.01
     index_kinds: list[str] = field(default_factory=lambda: ["BFlat"])
     jcch_anchors: int | None = None  # anchors of the JCCH coefficients computed in Transform (None: off)
+    bad_records: str = "fail"  # RecordFilter policy: "fail" stops the run on any bad record, "drop" leaves them out
     beam_args: list[str] = field(default_factory=lambda: ["--direct_running_mode=in_memory", "--direct_num_workers=1"])
     image: str = "tfhash-pipeline:latest"  # container image named in the Kubeflow JSON
 
@@ -66,6 +67,8 @@ class PipelineConfig:
             if unknown:
                 raise ValueError(f"unknown training settings {sorted(unknown)}")
             self.training = TrainingConfig(**self.training)
+        if self.bad_records not in ("fail", "drop"):
+            raise ValueError(f"bad_records must be 'fail' or 'drop', got {self.bad_records!r}")
         if self.training.label_coefficients and not self.jcch_anchors:
             raise ValueError("training.label_coefficients needs jcch_anchors (the Transform computes q and u)")
         if self.training.label_coefficients and self.training.method not in ("scdh", "scdh-s"):

@@ -1,11 +1,14 @@
-"""The tfhash pipeline: ImportExampleGen -> StatisticsGen -> SchemaGen -> Transform -> Trainer ->
-RetrievalEvaluator (against the latest blessed model) -> Pusher -> IndexBuilder."""
+"""The tfhash pipeline: ImportExampleGen -> RecordFilter (bad-record policy) -> StatisticsGen ->
+SchemaGen -> Transform -> Trainer -> RetrievalEvaluator (against the latest blessed model) -> Pusher
+-> IndexBuilder."""
 
 from __future__ import annotations
 
+import json
 import os
 
 from tfhash.components.index_builder import IndexBuilder
+from tfhash.components.record_filter import RecordFilter
 from tfhash.components.retrieval_evaluator import RetrievalEvaluator
 from tfhash.pipelines.config import PipelineConfig
 from tfx import v1 as tfx
@@ -44,11 +47,19 @@ def create_pipeline(config: PipelineConfig, metadata: dict, metadata_connection=
         input_config=example_gen_pb2.Input(
             splits=[example_gen_pb2.Input.Split(name=s, pattern=f"{s}/*") for s in SPLITS]
         ),
+        payload_format=example_gen_pb2.FORMAT_PROTO,  # raw bytes: RecordFilter parses and checks them
     )
-    statistics_gen = tfx.components.StatisticsGen(examples=example_gen.outputs["examples"])
+    record_filter = RecordFilter(
+        examples=example_gen.outputs["examples"],
+        num_classes=num_classes,
+        modalities=json.dumps(metadata["modalities"]),
+        policy=config.bad_records,
+    )
+    examples = record_filter.outputs["filtered_examples"]
+    statistics_gen = tfx.components.StatisticsGen(examples=examples)
     schema_gen = tfx.components.SchemaGen(statistics=statistics_gen.outputs["statistics"], infer_feature_shape=True)
     transform = tfx.components.Transform(
-        examples=example_gen.outputs["examples"],
+        examples=examples,
         schema=schema_gen.outputs["schema"],
         preprocessing_fn="tfhash.components.preprocessing.preprocessing_fn",
         splits_config=transform_pb2.SplitsConfig(analyze=["train"], transform=list(SPLITS)),
@@ -72,6 +83,7 @@ def create_pipeline(config: PipelineConfig, metadata: dict, metadata_connection=
             "input_shape": input_shape,
             "num_classes": num_classes,
             "raw_examples_dir": data_dir or where["data"],
+            "modalities": metadata["modalities"],
         },
     )
     baseline = tfx.dsl.Resolver(
@@ -80,7 +92,7 @@ def create_pipeline(config: PipelineConfig, metadata: dict, metadata_connection=
         model_blessing=tfx.dsl.Channel(type=tfx.types.standard_artifacts.ModelBlessing),
     ).with_id("latest_blessed_model_resolver")
     evaluator = RetrievalEvaluator(
-        examples=example_gen.outputs["examples"],
+        examples=examples,
         model=trainer.outputs["model"],
         baseline_model=baseline.outputs["model"],
         num_classes=num_classes,
@@ -95,7 +107,7 @@ def create_pipeline(config: PipelineConfig, metadata: dict, metadata_connection=
         ),
     )
     index_builder = IndexBuilder(
-        examples=example_gen.outputs["examples"],
+        examples=examples,
         pushed_model=pusher.outputs["pushed_model"],
         index_base_dir=where["indexes"],
         num_classes=num_classes,
@@ -104,7 +116,7 @@ def create_pipeline(config: PipelineConfig, metadata: dict, metadata_connection=
     return tfx.dsl.Pipeline(
         pipeline_name=config.name,
         pipeline_root=pipeline_root or where["pipeline_root"],
-        components=[example_gen, statistics_gen, schema_gen, transform, trainer, baseline, evaluator, pusher, index_builder],
+        components=[example_gen, record_filter, statistics_gen, schema_gen, transform, trainer, baseline, evaluator, pusher, index_builder],
         enable_cache=True,
         metadata_connection_config=metadata_connection,
         beam_pipeline_args=list(config.beam_args),

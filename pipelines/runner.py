@@ -59,6 +59,7 @@ def summarise(config: PipelineConfig) -> dict:
     where = paths(config)
     evaluation = _newest(os.path.join(where["pipeline_root"], "RetrievalEvaluator", "evaluation", "*", "metrics.json"))
     result = json.loads(open(evaluation).read()) if evaluation else {}
+    records = _newest(os.path.join(where["pipeline_root"], "RecordFilter", "report", "*", "report.json"))
     built = _newest(os.path.join(where["pipeline_root"], "IndexBuilder", "index", "*", "indexes.json"))
     indexes = json.loads(open(built).read()) if built else {}
     summary = {
@@ -69,6 +70,7 @@ def summarise(config: PipelineConfig) -> dict:
         "model_version": indexes.get("model_version"),
         "model_dir": indexes.get("model_dir"),
         "indexes": indexes.get("indexes"),
+        "bad_records": json.loads(open(records).read()) if records else None,
     }
     if indexes.get("indexes"):
         summary["example_query"] = example_query(config, indexes)

@@ -10,10 +10,22 @@ from tests.pipeline_fixtures import small_config
 @pytest.fixture(scope="session")
 def small_pipeline_run(tmp_path_factory):
     """One real local run of the MNIST pipeline (LocalDagRunner, Beam in memory): SCDH trained with
-    the JCCH coefficients computed by Transform (50 anchors). Returns ``(config, summary)``."""
-    from tfhash.pipelines.runner import run_local
+    the JCCH coefficients computed by Transform (50 anchors), on exported data with three bad
+    records added (policy "drop"). Returns ``(config, summary)``."""
+    import tensorflow as tf
+
+    from tfhash.pipelines.pipeline import paths
+    from tfhash.pipelines.runner import export_data, run_local
 
     root = tmp_path_factory.mktemp("pipeline")
-    config = small_config(root, jcch_anchors=50,
+    config = small_config(root, jcch_anchors=50, bad_records="drop",
                           training={"method": "scdh", "bits": 16, "epochs": 3, "batch_size": 64, "label_coefficients": True})  # fmt: skip
+    export_data(config, log=lambda message: None)
+    image = tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"not a png"]))
+    no_label = tf.train.Example(features=tf.train.Features(feature={
+        "id": tf.train.Feature(int64_list=tf.train.Int64List(value=[10**6])), "image": image}))  # fmt: skip
+    for split, records in {"train": [no_label.SerializeToString(), b"garbage"], "query": [b"\xff\xfe not a proto"]}.items():
+        with tf.io.TFRecordWriter(f"{paths(config)['data']}/{split}/zz-bad.tfrecord.gz", options="GZIP") as writer:
+            for record in records:
+                writer.write(record)
     return config, run_local(config, log=lambda message: None)

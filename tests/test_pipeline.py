@@ -20,6 +20,10 @@ def test_small_pipeline_end_to_end(small_pipeline_run):
     config, summary = small_pipeline_run
     assert summary["blessed"] is True and summary["metrics"]["queries"] == 400
     assert summary["metrics"]["mAP@all"] > 0.2  # 3 epochs on 400 digits already beat chance (0.1)
+    bad = summary["bad_records"]  # the fixture added 3 bad records; policy "drop"
+    assert bad["bad_records"] == 3 and bad["policy"] == "drop"
+    assert bad["by_split"] == {"train": {"missing label": 1, "unparsable record": 1}, "query": {"unparsable record": 1},
+                               "database": {}}  # fmt: skip
     version = summary["model_version"]
     index = load_index(summary["indexes"]["BFlat"], expected_model_version=version)
     assert index.ntotal == 400
@@ -44,7 +48,7 @@ def test_kubeflow_compile_names_image_and_components(tmp_path):
     text = json.dumps(spec)
     assert "registry.example/tfhash:1" in text
     tasks = spec["pipelineSpec"]["root"]["dag"]["tasks"]
-    for component in ("ImportExampleGen", "StatisticsGen", "SchemaGen", "Transform", "Trainer",
+    for component in ("ImportExampleGen", "RecordFilter", "StatisticsGen", "SchemaGen", "Transform", "Trainer",
                       "RetrievalEvaluator", "Pusher", "IndexBuilder", "latest_blessed_model_resolver"):  # fmt: skip
         assert any(name.startswith(component) for name in tasks), component
 
