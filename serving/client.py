@@ -26,7 +26,8 @@ from tensorflow_serving.apis import (
     prediction_service_pb2_grpc,
 )
 
-from tfhash.serving.errors import ServingError, invalid
+from tfhash.serving.channel import ChannelClient
+from tfhash.serving.errors import invalid
 
 EXAMPLES_SIGNATURE = "serving_default"
 FEATURES_SIGNATURE = "encode_features"
@@ -40,10 +41,6 @@ class EncodedBatch:
     binary_codes: np.ndarray  # int8 +-1 (n, K)
     packed_codes: np.ndarray  # uint8 (n, K / 8)
     model_version: int
-
-
-def _error(err: grpc.RpcError) -> ServingError:
-    return ServingError(err.code(), err.details() or str(err.code()))
 
 
 def check_features(features) -> np.ndarray:
@@ -60,7 +57,7 @@ def check_features(features) -> np.ndarray:
     return array
 
 
-class ModelClient:
+class ModelClient(ChannelClient):
     """One model on one server. ``version`` / ``version_label`` pin the version of every call
     (neither: the server's newest). ``timeout`` is the default deadline in seconds."""
 
@@ -68,10 +65,8 @@ class ModelClient:
                  timeout: float = 10.0, channel: grpc.Channel | None = None):  # fmt: skip
         if version is not None and version_label is not None:
             raise ValueError("pin either version or version_label, not both")
-        self.target, self.model_name = target, model_name
-        self.version, self.version_label, self.timeout = version, version_label, float(timeout)
-        self._own_channel = channel is None
-        self._channel = channel or grpc.insecure_channel(target, options=[("grpc.max_receive_message_length", 64 << 20)])
+        super().__init__(target, timeout, channel, options=[("grpc.max_receive_message_length", 64 << 20)])
+        self.model_name, self.version, self.version_label = model_name, version, version_label
         self._predict = prediction_service_pb2_grpc.PredictionServiceStub(self._channel)
         self._models = model_service_pb2_grpc.ModelServiceStub(self._channel)
 
@@ -97,10 +92,7 @@ class ModelClient:
             proto = value if isinstance(value, tensor_pb2.TensorProto) else tf.make_tensor_proto(value)
             request.inputs[name].CopyFrom(proto)
         request.output_filter.extend(output_filter)
-        try:
-            response = self._predict.Predict(request, timeout=self.timeout if timeout is None else timeout)
-        except grpc.RpcError as err:
-            raise _error(err) from err
+        response = self._call(self._predict.Predict, request, timeout)
         outputs = {name: tf.make_ndarray(proto) for name, proto in response.outputs.items()}
         return outputs, int(response.model_spec.version.value)
 
@@ -129,10 +121,7 @@ class ModelClient:
         """``GetModelMetadata``: (signature name -> ``SignatureDef``, version)."""
         request = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
         self._spec(request)
-        try:
-            response = self._predict.GetModelMetadata(request, timeout=self.timeout if timeout is None else timeout)
-        except grpc.RpcError as err:
-            raise _error(err) from err
+        response = self._call(self._predict.GetModelMetadata, request, timeout)
         signature_map = get_model_metadata_pb2.SignatureDefMap()
         response.metadata["signature_def"].Unpack(signature_map)
         return dict(signature_map.signature_def), int(response.model_spec.version.value)
@@ -145,22 +134,9 @@ class ModelClient:
         """``GetModelStatus``: (version, state name, error message) of each version."""
         request = get_model_status_pb2.GetModelStatusRequest()
         self._spec(request)
-        try:
-            response = self._models.GetModelStatus(request, timeout=self.timeout if timeout is None else timeout)
-        except grpc.RpcError as err:
-            raise _error(err) from err
+        response = self._call(self._models.GetModelStatus, request, timeout)
         state_name = get_model_status_pb2.ModelVersionStatus.State.Name
         return [(int(s.version), state_name(s.state), s.status.error_message) for s in response.model_version_status]
-
-    def close(self) -> None:
-        if self._own_channel:
-            self._channel.close()
-
-    def __enter__(self) -> ModelClient:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 def describe_signature(signature_def) -> dict:

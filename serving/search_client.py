@@ -14,7 +14,7 @@ import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tfhash.serving import search_pb2, search_pb2_grpc
-from tfhash.serving.errors import ServingError
+from tfhash.serving.channel import ChannelClient
 from tfhash.serving.search_service import SERVICE_NAME
 
 
@@ -55,21 +55,14 @@ def search_request(examples=None, features=None, codes=None, k: int = 10, radius
     return request
 
 
-class SearchClient:
-    """gRPC client of ``tfhash.serving.HashSearch``; errors raise :class:`ServingError`."""
+class SearchClient(ChannelClient):
+    """gRPC client of ``tfhash.serving.HashSearch``; errors raise
+    :class:`~tfhash.serving.errors.ServingError`."""
 
     def __init__(self, target: str, timeout: float = 10.0, channel: grpc.Channel | None = None):
-        self.target, self.timeout = target, float(timeout)
-        self._own_channel = channel is None
-        self._channel = channel or grpc.insecure_channel(target)
+        super().__init__(target, timeout, channel)
         self._stub = search_pb2_grpc.HashSearchStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
-
-    def _call(self, method, request, timeout):
-        try:
-            return method(request, timeout=self.timeout if timeout is None else timeout)
-        except grpc.RpcError as err:
-            raise ServingError(err.code(), err.details() or str(err.code())) from err
 
     def search(self, examples=None, features=None, codes=None, k: int = 10, radius: int | None = None,
                model_version: str = "", timeout: float | None = None) -> SearchAnswer:  # fmt: skip
@@ -85,13 +78,3 @@ class SearchClient:
         """``SERVING`` or ``NOT_SERVING`` (gRPC health checking protocol)."""
         response = self._call(self._health.Check, health_pb2.HealthCheckRequest(service=service), timeout)
         return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
-
-    def close(self) -> None:
-        if self._own_channel:
-            self._channel.close()
-
-    def __enter__(self) -> SearchClient:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
