@@ -28,7 +28,10 @@ def run(config_path: str) -> None:
     from tfhash.pipelines.runner import run_local
 
     config = _load(config_path)
-    summary = run_local(config, log=lambda message: click.echo(f"[tfhash] {message}", err=True))
+    try:
+        summary = run_local(config, log=lambda message: click.echo(f"[tfhash] {message}", err=True))
+    except ValueError as err:  # bad records under policy "fail", unusable data or settings
+        raise click.ClickException(str(err)) from err
     click.echo(json.dumps(summary, indent=2))
     metrics = summary.get("metrics") or {}
     click.echo(

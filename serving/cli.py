@@ -99,8 +99,10 @@ def model(model_config_file, model_name, model_base_path, host, port, poll_secon
 @click.option("--poll-seconds", default=2.0, show_default=True, type=click.FloatRange(0.1))
 @click.option("--faiss-threads", default=1, show_default=True, type=click.IntRange(1),
               help="OpenMP threads per FAISS search; concurrency comes from the worker threads.")
+@click.option("--encode-batch-size", default=128, show_default=True, type=click.IntRange(1),
+              help="In-process encoding: batch concurrent requests up to this many rows (1: off).")
 def search(config_path, index_base_dir, model_base_dir, model_server, model_name, kind, host, port, rest_port, max_k,
-           max_batch, max_request_mb, threads, poll_seconds, faiss_threads) -> None:  # fmt: skip
+           max_batch, max_request_mb, threads, poll_seconds, faiss_threads, encode_batch_size) -> None:  # fmt: skip
     """Run the search service until Ctrl-C / SIGTERM (then drain in-flight requests)."""
     import faiss
 
@@ -120,7 +122,7 @@ def search(config_path, index_base_dir, model_base_dir, model_server, model_name
     if model_server:
         searcher = remote_searcher(model_server, model_name, index_base_dir, kind, limits, model_base_dir)
     else:
-        searcher = in_process_searcher(model_base_dir, index_base_dir, kind, limits)
+        searcher = in_process_searcher(model_base_dir, index_base_dir, kind, limits, encode_batch_size)
     try:
         server = SearchServer(searcher, host, port, rest_port, poll_seconds, threads, max_request_mb << 20).start()
     except OSError as err:

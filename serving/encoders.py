@@ -10,6 +10,7 @@ import grpc
 import numpy as np
 import tensorflow as tf
 
+from tfhash.serving.batching import Batcher
 from tfhash.serving.client import EXAMPLES_SIGNATURE, FEATURES_SIGNATURE, ModelClient, check_features, describe_signature
 from tfhash.serving.errors import ServingError, invalid, unavailable
 from tfhash.serving.model_server import LoadedVersion, load_version, run_signature
@@ -58,16 +59,27 @@ class Encoder(abc.ABC):
 
 
 class InProcessEncoder(Encoder):
-    """The SavedModel version at ``path``, loaded in this process."""
+    """The SavedModel version at ``path``, loaded in this process. With ``max_batch_size`` > 1,
+    concurrent calls are batched greedily (:mod:`tfhash.serving.batching`)."""
 
-    def __init__(self, path: str, version: int, loaded: LoadedVersion | None = None):
+    def __init__(self, path: str, version: int, loaded: LoadedVersion | None = None, max_batch_size: int = 128):
         self.loaded = loaded or load_version(path, int(version))
         self.version = int(version)
         self.signatures = {name: describe_signature(s) for name, s in self.loaded.signature_defs.items()}
+        self._batcher = Batcher(self._call, max_batch_size) if max_batch_size > 1 else None
 
-    def _predict(self, signature_name, inputs, timeout):
+    def _call(self, signature_name: str, inputs: dict) -> np.ndarray:
         protos = {name: tf.make_tensor_proto(value) for name, value in inputs.items()}
         return run_signature(self.loaded.signature(signature_name), protos, ["codes"])["codes"]
+
+    def _predict(self, signature_name, inputs, timeout):
+        if self._batcher is None or len(inputs) != 1:
+            return self._call(signature_name, inputs)
+        ((name, values),) = inputs.items()
+        try:
+            return self._batcher.submit(signature_name, name, values, timeout)
+        except TimeoutError as err:
+            raise ServingError(grpc.StatusCode.DEADLINE_EXCEEDED, str(err)) from err
 
     def describe(self) -> str:
         return f"in-process SavedModel {self.loaded.path}"

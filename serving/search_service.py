@@ -88,15 +88,18 @@ class HashSearchServicer(search_pb2_grpc.HashSearchServicer):
         return search_pb2.StatusResponse(**self.searcher.status())
 
 
-def in_process_searcher(model_base_dir: str, index_base_dir: str, kind: str = "BFlat", limits: Limits = Limits()):
-    """Encode with the SavedModel versions under ``model_base_dir``, loaded in this process."""
+def in_process_searcher(model_base_dir: str, index_base_dir: str, kind: str = "BFlat", limits: Limits = Limits(),
+                        encode_batch_size: int = 128):  # fmt: skip
+    """Encode with the SavedModel versions under ``model_base_dir``, loaded in this process;
+    concurrent encode calls are batched up to ``encode_batch_size`` rows (1: no batching)."""
     from tfhash.components.export import signature_fingerprint
 
     def path(version: int) -> str:
         return os.path.join(model_base_dir, str(version))
 
     return VersionedSearcher(index_base_dir, kind, lambda: list_versions(model_base_dir),
-                             lambda v: InProcessEncoder(path(v), v), lambda v: signature_fingerprint(path(v)), limits)  # fmt: skip
+                             lambda v: InProcessEncoder(path(v), v, max_batch_size=encode_batch_size),
+                             lambda v: signature_fingerprint(path(v)), limits)  # fmt: skip
 
 
 def remote_searcher(target: str, model_name: str, index_base_dir: str, kind: str = "BFlat", limits: Limits = Limits(),
