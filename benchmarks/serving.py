@@ -2,7 +2,7 @@
 clients over a 1M-code index, bounded in time, over gRPC on loopback.
 
     python -m benchmarks.serving [--seed 0] [--size 1000000] [--bits 64] [--kinds BFlat BIVF1024]
-                                 [--clients 1 8 32] [--seconds 10] [--modes codes features]
+                                 [--clients 1 8 32] [--seconds 10] [--repeats 3] [--modes codes features]
 
 Set-up: a seeded, untrained SCDH model over 32-d feature vectors is exported as version 1 (the
 pipeline's export code); ``size`` random-but-clustered codes (as in ``benchmarks.index``) form the
@@ -102,6 +102,17 @@ def run_level(address: str, clients: int, seconds: float, make_request) -> dict:
             "p99_ms": round(float(np.percentile(flat, 99)), 2)}  # fmt: skip
 
 
+def summarise_runs(runs: list[dict]) -> dict:
+    """Median QPS and latencies over repeated runs of one row, with the QPS and p99 range."""
+    def median(key):
+        return round(float(np.median([r[key] for r in runs])), 2)
+
+    return {"clients": runs[0]["clients"], "repeats": len(runs), "requests": sum(r["requests"] for r in runs),
+            "errors": sum(r["errors"] for r in runs), "qps": median("qps"), "qps_min": min(r["qps"] for r in runs),
+            "qps_max": max(r["qps"] for r in runs), "p50_ms": median("p50_ms"), "p99_ms": median("p99_ms"),
+            "p99_ms_max": max(r["p99_ms"] for r in runs)}  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=0)
@@ -110,6 +121,7 @@ def main() -> None:
     parser.add_argument("--kinds", nargs="+", default=["BFlat", "BIVF1024"])
     parser.add_argument("--clients", nargs="+", type=int, default=[1, 8, 32])
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--repeats", type=int, default=3, help="runs per row (median and range reported)")
     parser.add_argument("--modes", nargs="+", default=["codes", "features"], choices=["codes", "features"])
     parser.add_argument("--threads", type=int, default=8, help="server worker threads")
     parser.add_argument("--faiss-threads", type=int, default=1, help="OpenMP threads per FAISS search in the server")
@@ -145,22 +157,25 @@ def main() -> None:
             try:
                 for mode in args.modes:
                     for clients in args.clients:
+                        runs = [run_level(address, clients, args.seconds, requests[mode]) for _ in range(args.repeats)]
                         row = {"index": kind, "n": args.size, "bits": args.bits, "mode": mode, "k": K,
-                               **run_level(address, clients, args.seconds, requests[mode]),
-                               "index_build_s": round(build_s, 1), "seed": args.seed}  # fmt: skip
+                               **summarise_runs(runs), "index_build_s": round(build_s, 1), "seed": args.seed}  # fmt: skip
                         print(row, flush=True)
                         rows.append(row)
             finally:
                 process.terminate()
                 process.wait(60)
-    columns = ["index", "n", "bits", "mode", "clients", "requests", "errors", "qps", "p50_ms", "p99_ms", "seed"]
+    columns = ["index", "n", "bits", "mode", "clients", "repeats", "requests", "errors", "qps", "qps_min", "qps_max",
+               "p50_ms", "p99_ms", "p99_ms_max", "seed"]  # fmt: skip
     command = "python -m benchmarks.serving " + " ".join(sys.argv[1:])
     markdown = (
         "# Search service load benchmark\n\n"
         f"Command: `{command.strip()}`. One query per request, k = {K}, over gRPC on loopback; the search "
         f"service (`tfhash serve search`, {args.threads} worker threads, {args.faiss_threads} FAISS thread(s) per search, in-process encoder) runs as its own "
         "process; the clients are threads of the benchmark process, one channel each, sending back to back "
-        f"for {args.seconds:g} s per row after a warm-up, on the same {os.cpu_count()} cores as the server. "
+        f"for {args.seconds:g} s per run after a warm-up, on the same {os.cpu_count()} cores as the server; each row "
+        f"is run {args.repeats} times (qps, p50 and p99 are medians; min / max give the spread, which is wide on "
+        "this shared virtual machine). "
         "`codes`: the request carries a packed code (search only); `features`: a 32-d vector that the "
         "service encodes with the model (an MLP) before it searches. Database: random-but-clustered codes "
         "as in the index benchmark.\n\n" + markdown_table(rows, columns) + "\n"

@@ -82,7 +82,7 @@ def build_model(training: dict, input_shape, num_classes: int, tag_statistics: t
         if tag_statistics is not None:
             n, cooccurrence = tag_statistics
             counts = np.diag(cooccurrence)
-            multi_label = counts.sum() > n
+            multi_label = bool(np.any(cooccurrence - np.diag(counts) > 0))  # some example has two tags
             frequencies = counts / max(n, 1) if multi_label else None
             if method == "shclm":
                 if not multi_label:
