@@ -1,4 +1,4 @@
-"""Encode a split of raw tf.Examples with an exported tfhash SavedModel (serving_default)."""
+"""Encode a split of raw tf.Examples with an exported tfhash SavedModel."""
 
 from __future__ import annotations
 
@@ -19,13 +19,15 @@ def split_files(examples_uri: str, split: str) -> list[str]:
     return files
 
 
-def encode_split(saved_model_dir: str, files: list[str], num_classes: int, batch_size: int = 1024):
-    """Packed codes, multi-hot labels and ids of every example in ``files``.
+def encode_split(saved_model_dir: str, files: list[str], num_classes: int, batch_size: int = 1024,
+                 signature: str = "serving_default"):  # fmt: skip
+    """Packed codes, multi-hot labels and ids of every example in ``files``, encoded by
+    ``signature`` (``serving_<modality>`` picks one tower of a cross-modal model).
 
     Returns:
         ``(packed uint8 (n, K/8), labels uint8 (n, C), ids int64 (n,))``.
     """
-    serve = tf.saved_model.load(saved_model_dir).signatures["serving_default"]
+    serve = tf.saved_model.load(saved_model_dir).signatures[signature]
     codes, labels, ids = [], [], []
     for batch in tf.data.TFRecordDataset(files, compression_type="GZIP").batch(batch_size):
         codes.append(serve(examples=batch)["packed_codes"].numpy())

@@ -5,7 +5,9 @@ Signatures:
 * ``serving_default``: ``examples`` (serialized raw tf.Example, string ``[None]``) -> parsed with
   the raw feature spec, transformed by the Transform graph (labels and id are not required), then
   encoded;
-* ``encode_features``: the transformed model input as a raw tensor -> encoded.
+* ``encode_features``: the transformed model input as a raw tensor -> encoded;
+* cross-modal models (two inputs) add ``serving_<modality>`` and ``encode_<modality>`` for each
+  modality; the two default signatures encode the first one.
 
 Both return ``codes`` (continuous float32), ``binary_codes`` (int8 +-1, sign(0) = +1) and
 ``packed_codes`` (uint8, big bit order; DESIGN.md s.2). TF Serving warmup records go to
@@ -41,32 +43,49 @@ def signature_fingerprint(saved_model_dir: str) -> str:
 class ServingModule(tf.Module):
     """Holds the Keras model and the Transform layer so that both are saved. ``tft_layer`` maps the
     parsed raw features to the model inputs (the Transform graph in the pipeline; any callable of
-    stock TF ops for data that needs no Transform)."""
+    stock TF ops for data that needs no Transform). ``inputs``: ``{input name: shape}``, one entry,
+    or two for a cross-modal model (one tower per modality, :class:`tfhash.models.JCCHModel`)."""
 
-    def __init__(self, model, tft_layer, raw_feature_spec: dict, input_name: str, input_shape, bits: int):
+    def __init__(self, model, tft_layer, raw_feature_spec: dict, inputs: dict, bits: int):
         super().__init__()
         self.model = model
         self.tft_layer = tft_layer
         self.bits = int(bits)
-        self.input_name = input_name
-        spec = {k: v for k, v in raw_feature_spec.items() if k not in NOT_SERVED}
-        self.serve_examples = tf.function(
-            lambda examples: self._encode(self.tft_layer(tf.io.parse_example(examples, spec))[input_name]),
-            input_signature=[tf.TensorSpec([None], tf.string, name="examples")],
-        )
-        self.encode_features = tf.function(
-            self._encode, input_signature=[tf.TensorSpec([None, *input_shape], tf.float32, name=input_name)]
-        )
+        self.inputs = {name: list(shape) for name, shape in inputs.items()}
+        self.spec = {k: v for k, v in raw_feature_spec.items() if k not in NOT_SERVED}
+        self.serve, self.encode = {}, {}
+        for name, shape in self.inputs.items():
+            self.serve[name] = tf.function(lambda examples, name=name: self._encode(name, self._parse(examples)[name]),
+                                           input_signature=[tf.TensorSpec([None], tf.string, name="examples")])  # fmt: skip
+            self.encode[name] = tf.function(lambda features, name=name: self._encode(name, features),
+                                            input_signature=[tf.TensorSpec([None, *shape], tf.float32, name=name)])  # fmt: skip
 
-    def _encode(self, features):
-        return code_outputs(self.model(features, training=False)["codes"], self.bits)
+    def _parse(self, examples):
+        return self.tft_layer(tf.io.parse_example(examples, self.spec))
+
+    def _encode(self, name: str, features):
+        if len(self.inputs) == 1:
+            codes = self.model(features, training=False)["codes"]
+        else:
+            codes = self.model.tower(name, features)["codes"]
+        return code_outputs(codes, self.bits)
+
+    def signatures(self) -> dict:
+        """``serving_default`` / ``encode_features`` for the first input; with two inputs also
+        ``serving_<name>`` / ``encode_<name>`` for each."""
+        first = next(iter(self.inputs))
+        out = {"serving_default": self.serve[first], "encode_features": self.encode[first]}
+        if len(self.inputs) > 1:
+            for name in self.inputs:
+                out[f"serving_{name}"], out[f"encode_{name}"] = self.serve[name], self.encode[name]
+        return out
 
 
-def export_serving_model(model, tf_transform_output, input_name: str, input_shape, bits: int, path: str,
+def export_serving_model(model, tf_transform_output, inputs: dict, bits: int, path: str,
                          warmup_examples: list[bytes] | None = None, model_name: str = "tfhash") -> None:  # fmt: skip
     """Save ``model`` with the Transform graph as a SavedModel at ``path`` (see module docstring)."""
     module = ServingModule(model, tf_transform_output.transform_features_layer(),
-                           tf_transform_output.raw_feature_spec(), input_name, input_shape, bits)  # fmt: skip
+                           tf_transform_output.raw_feature_spec(), inputs, bits)  # fmt: skip
     save_serving_module(module, path, warmup_examples, model_name)
 
 
@@ -76,18 +95,14 @@ def export_feature_model(model, path: str, input_name: str, input_shape, bits: i
     serialized tf.Examples of ``serving_default`` carry the float features as ``input_name``
     (fixed length ``input_shape``), ``encode_features`` takes them as a tensor."""
     spec = {input_name: tf.io.FixedLenFeature(list(input_shape), tf.float32)}
-    module = ServingModule(model, lambda parsed: parsed, spec, input_name, list(input_shape), bits)
+    module = ServingModule(model, lambda parsed: parsed, spec, {input_name: list(input_shape)}, bits)
     save_serving_module(module, path, warmup_examples, model_name)
 
 
 def save_serving_module(module: ServingModule, path: str, warmup_examples: list[bytes] | None = None,
                         model_name: str = "tfhash") -> None:  # fmt: skip
     """Write ``module`` as a SavedModel with both signatures, plus the warmup records."""
-    tf.saved_model.save(
-        module,
-        path,
-        signatures={"serving_default": module.serve_examples, "encode_features": module.encode_features},
-    )
+    tf.saved_model.save(module, path, signatures=module.signatures())
     if warmup_examples:
         write_warmup_requests(path, warmup_examples, model_name)
 

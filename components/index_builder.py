@@ -1,6 +1,7 @@
 """IndexBuilder: encodes the database split with exactly the pushed SavedModel version and writes
 tfhash indexes (manifest naming that version and the signature fingerprint) next to it:
-``<index_base_dir>/<version>/<kind>/``."""
+``<index_base_dir>/<version>/<kind>/``, or for a cross-modal model one per database modality,
+``<index_base_dir>/<version>/<kind>-<modality>/`` (encoded with ``serving_<modality>``)."""
 
 
 import json
@@ -31,6 +32,7 @@ def IndexBuilder(
     num_classes: Parameter[int] = 10,
     kinds: Parameter[str] = "BFlat",
     database_split: Parameter[str] = "database",
+    modalities: Parameter[str] = "",
 ) -> None:
     from tfhash.index import index_factory
 
@@ -41,15 +43,19 @@ def IndexBuilder(
         return
     version = pushed_model.get_string_custom_property("pushed_version")
     model_dir = pushed_model.get_string_custom_property("pushed_destination")
-    codes, _, ids = encode_split(model_dir, split_files(examples.uri, database_split), num_classes)
     fingerprint = signature_fingerprint(model_dir)
+    files = split_files(examples.uri, database_split)
+    # one database per modality of a cross-modal model ("<kind>-<modality>"), else one ("<kind>")
+    databases = {f"-{m}": f"serving_{m}" for m in modalities.split(",") if m} or {"": "serving_default"}
     written = {}
-    for kind in [k.strip() for k in kinds.split(",") if k.strip()]:
-        built = index_factory(codes.shape[1] * 8, kind)
-        built.add(codes, ids)
-        path = os.path.join(index_base_dir, version, kind)
-        built.save(path, model_version=version, signature_fingerprint=fingerprint)
-        written[kind] = path
+    for suffix, signature in databases.items():
+        codes, _, ids = encode_split(model_dir, files, num_classes, signature=signature)
+        for kind in [k.strip() for k in kinds.split(",") if k.strip()]:
+            built = index_factory(codes.shape[1] * 8, kind)
+            built.add(codes, ids)
+            path = os.path.join(index_base_dir, version, kind + suffix)
+            built.save(path, model_version=version, signature_fingerprint=fingerprint)
+            written[kind + suffix] = path
     with open(os.path.join(index.uri, "indexes.json"), "w") as handle:
         json.dump({"model_version": version, "model_dir": model_dir, "indexes": written}, handle, indent=2)
     index.set_int_custom_property("built", 1)

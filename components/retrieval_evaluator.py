@@ -1,6 +1,6 @@
 """RetrievalEvaluator: encodes the query and database splits with the candidate model, computes
 the metrics module's mAP@R, P@H<=2 and P@N, writes them (JSON + plots) as a ModelEvaluation, and
-blesses the model only when mAP reaches ``map_threshold`` and is not below the last blessed
+blesses the model only when mAP (cross-modal models: the mean of both directions) reaches ``map_threshold`` and is not below the last blessed
 model's mAP (computed on the same data) by more than ``max_regression``. The stock Pusher consumes
 the blessing."""
 
@@ -16,15 +16,33 @@ from tfx.utils import path_utils
 
 
 def retrieval_metrics(saved_model_dir: str, examples_uri: str, num_classes: int, query_split: str,
-                      database_split: str, top_r: int | None) -> tuple[dict, object]:  # fmt: skip
-    """Metrics summary of one model on one Examples artifact, and the full report."""
+                      database_split: str, top_r: int | None, modalities: list[str] | None = None) -> tuple[dict, object]:  # fmt: skip
+    """Metrics summary of one model on one Examples artifact, and the full report.
+
+    With two ``modalities`` (a cross-modal model) the queries of one modality search the database
+    of the other, both ways: the summary holds each direction (``"image->text"``, ...) and their
+    mean mAP under the usual keys, which the blessing uses; the report is the first direction's.
+    """
     from tfhash.metrics import evaluate_retrieval
 
-    q_codes, q_labels, _ = encode_split(saved_model_dir, split_files(examples_uri, query_split), num_classes)
-    db_codes, db_labels, _ = encode_split(saved_model_dir, split_files(examples_uri, database_split), num_classes)
-    report = evaluate_retrieval(q_codes, db_codes, q_labels, db_labels, top_r=top_r, tie_aware=top_r is None,
-                                precision_at=[min(1000, len(db_codes))])  # fmt: skip
-    return report.summary(radius=2), report
+    def direction(query_signature: str, database_signature: str):
+        q_codes, q_labels, _ = encode_split(saved_model_dir, split_files(examples_uri, query_split), num_classes,
+                                            signature=query_signature)  # fmt: skip
+        db_codes, db_labels, _ = encode_split(saved_model_dir, split_files(examples_uri, database_split), num_classes,
+                                              signature=database_signature)  # fmt: skip
+        report = evaluate_retrieval(q_codes, db_codes, q_labels, db_labels, top_r=top_r, tie_aware=top_r is None,
+                                    precision_at=[min(1000, len(db_codes))])  # fmt: skip
+        return report.summary(radius=2), report
+
+    if not modalities:
+        return direction("serving_default", "serving_default")
+    first, second = modalities
+    forward, report = direction(f"serving_{first}", f"serving_{second}")
+    backward, _ = direction(f"serving_{second}", f"serving_{first}")
+    summary = {key: (value + backward[key]) / 2 if key.startswith("mAP") or key.startswith("P@") else value
+               for key, value in forward.items()}  # fmt: skip
+    summary.update({f"{first}->{second}": forward, f"{second}->{first}": backward})
+    return summary, report
 
 
 def blessing_decision(candidate_map: float, baseline_map: float | None, threshold: float, max_regression: float) -> tuple[bool, str]:
@@ -49,17 +67,19 @@ def RetrievalEvaluator(
     top_r: Parameter[int] = 0,
     query_split: Parameter[str] = "query",
     database_split: Parameter[str] = "database",
+    modalities: Parameter[str] = "",
 ) -> None:
     from tfhash.metrics.plots import plot_pr_curve
 
     depth = top_r or None
+    cross_modal = [m for m in modalities.split(",") if m] or None
     summary, report = retrieval_metrics(path_utils.serving_model_path(model.uri), examples.uri, num_classes,
-                                        query_split, database_split, depth)  # fmt: skip
+                                        query_split, database_split, depth, cross_modal)  # fmt: skip
     label = "mAP@all" if depth is None else f"mAP@{depth}"
     baseline = None
     if baseline_model is not None:
         baseline, _ = retrieval_metrics(path_utils.serving_model_path(baseline_model.uri), examples.uri, num_classes,
-                                        query_split, database_split, depth)  # fmt: skip
+                                        query_split, database_split, depth, cross_modal)  # fmt: skip
     blessed, reason = blessing_decision(summary[label], baseline[label] if baseline else None, map_threshold, max_regression)
     os.makedirs(evaluation.uri, exist_ok=True)
     result = {"metrics": summary, "baseline": baseline, "blessed": blessed, "reason": reason, "model_uri": model.uri}

@@ -56,8 +56,18 @@ def export_directory(serving_model_dir: str) -> str:
     return tempfile.mkdtemp(prefix="tfhash-worker-export-")
 
 
-def build_model(training: dict, input_shape, num_classes: int, tag_statistics: tuple | None = None):
-    """A library model from the run config's ``training`` section.
+def backbone_for(training: dict, shape, name: str = "backbone"):
+    """The configured backbone for inputs of ``shape``: small CNN (images) or MLP (vectors)."""
+    from tfhash.models import mlp, small_cnn
+
+    if training["backbone"] == "small_cnn":
+        return small_cnn(tuple(shape), name=name)
+    return mlp(int(shape[0]), tuple(training["hidden"]), name=name)
+
+
+def build_model(training: dict, inputs: dict, num_classes: int, tag_statistics: tuple | None = None):
+    """A library model from the run config's ``training`` section; ``inputs``: ``{name: shape}``
+    (two entries for the cross-modal jcch: one tower each, shared centres).
 
     ``tag_statistics``: ``(n, C x C co-occurrence)`` of the training labels (from Transform); the
     proxy methods need it: on multi-label data the balanced BCE takes its tag frequencies, and
@@ -67,13 +77,15 @@ def build_model(training: dict, input_shape, num_classes: int, tag_statistics: t
         ValueError: sHCLM without tag statistics, or on single-label data (co-occurrence carries no
             class similarity there; use hclm, or sHCLM in code with class-mean backbone features).
     """
-    from tfhash.models import build_hclm, build_hyp2, build_scdh, mlp, small_cnn
+    from tfhash.models import build_hclm, build_hyp2, build_jcch, build_scdh
     from tfhash.proxies import cooccurrence_similarity, hclm_proxies
 
-    if training["backbone"] == "small_cnn":
-        backbone = small_cnn(tuple(input_shape))
-    else:
-        backbone = mlp(int(input_shape[0]), tuple(training["hidden"]))
+    if training["method"] == "jcch":
+        backbones = {name: backbone_for(training, shape, f"backbone_{name}") for name, shape in inputs.items()}
+        return build_jcch(backbones, num_classes, int(training["bits"]), preset=training.get("preset"),
+                          **dict(training.get("overrides", {})))  # fmt: skip
+    (shape,) = inputs.values()
+    backbone = backbone_for(training, shape)
     method, bits, overrides = training["method"], int(training["bits"]), dict(training.get("overrides", {}))
     if method in ("scdh", "scdh-s"):
         return build_scdh(backbone, num_classes, bits, preset=training.get("preset"), ablation=method == "scdh-s", **overrides)
@@ -116,14 +128,18 @@ def targets(features: dict, label_coefficients: bool):
     return features[LABELS]
 
 
-def _dataset(file_pattern, feature_spec, input_name: str, batch_size: int, shuffle: bool, seed: int,
+def _dataset(file_pattern, feature_spec, input_names: list[str], batch_size: int, shuffle: bool, seed: int,
              label_coefficients: bool = False):  # fmt: skip
     files = _glob(file_pattern)
     data = tf.data.TFRecordDataset(files, compression_type="GZIP")
     if shuffle:
         data = data.shuffle(10_000, seed=seed, reshuffle_each_iteration=True)
     data = data.batch(batch_size).map(lambda records: tf.io.parse_example(records, feature_spec))
-    return data.map(lambda f: (f[input_name], targets(f, label_coefficients))).prefetch(tf.data.AUTOTUNE)
+
+    def model_inputs(features):
+        return features[input_names[0]] if len(input_names) == 1 else {name: features[name] for name in input_names}
+
+    return data.map(lambda f: (model_inputs(f), targets(f, label_coefficients))).prefetch(tf.data.AUTOTUNE)
 
 
 def warmup_records(config: dict, count: int = 4) -> list[bytes]:
@@ -145,7 +161,7 @@ def warmup_records(config: dict, count: int = 4) -> list[bytes]:
 
 def run_fn(fn_args) -> None:
     """TFX Trainer entry point. ``fn_args.custom_config``: ``training`` (the run config's
-    section), ``input_name``, ``input_shape``, ``num_classes``, ``modalities`` and
+    section), ``inputs`` (model input name -> shape), ``num_classes``, ``modalities`` and
     ``raw_examples_dir`` (the exported data, whose first usable training records become the TF
     Serving warmup requests)."""
     config = fn_args.custom_config
@@ -153,16 +169,16 @@ def run_fn(fn_args) -> None:
     keras.utils.set_random_seed(int(training["seed"]))
     transform_output = tft.TFTransformOutput(fn_args.transform_output)
     spec = transform_output.transformed_feature_spec()
-    input_name, input_shape = config["input_name"], list(config["input_shape"])
-    train = _dataset(fn_args.train_files, spec, input_name, int(training["batch_size"]), True, int(training["seed"]),
+    inputs = {name: list(shape) for name, shape in config["inputs"].items()}
+    train = _dataset(fn_args.train_files, spec, list(inputs), int(training["batch_size"]), True, int(training["seed"]),
                      bool(training.get("label_coefficients")))  # fmt: skip
     strategy = make_strategy()
     with strategy.scope():
         statistics = read_transform_tag_statistics(transform_output, int(config["num_classes"])) if training["method"] in ("hclm", "shclm") else None
-        model = build_model(training, input_shape, int(config["num_classes"]), statistics)
+        model = build_model(training, inputs, int(config["num_classes"]), statistics)
         model.compile(optimizer=keras.optimizers.Adam(float(training["learning_rate"])))
     callbacks = [keras.callbacks.TensorBoard(log_dir=fn_args.model_run_dir)] if fn_args.model_run_dir else []
     model.fit(train, epochs=int(training["epochs"]), verbose=2, callbacks=callbacks)
     warmup = warmup_records(config) or None
-    export_serving_model(model, transform_output, input_name, input_shape, int(training["bits"]),
+    export_serving_model(model, transform_output, inputs, int(training["bits"]),
                          export_directory(fn_args.serving_model_dir), warmup_examples=warmup)  # fmt: skip

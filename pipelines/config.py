@@ -7,7 +7,8 @@ import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-METHODS = ("scdh", "scdh-s", "hclm", "shclm", "hyp2")
+METHODS = ("scdh", "scdh-s", "hclm", "shclm", "hyp2", "jcch")
+CROSS_MODAL_METHODS = ("jcch",)
 
 
 @dataclass
@@ -50,6 +51,7 @@ class PipelineConfig:
     split_seed: int = 0
     limit: int | None = None  # examples per split, for small runs
     modality: str = "image"
+    modalities: list[str] = field(default_factory=list)  # two names for a cross-modal method (jcch)
     run_dir: str = "runs/pipeline"
     training: TrainingConfig = field(default_factory=TrainingConfig)
     map_threshold: float = 0.5
@@ -69,10 +71,20 @@ class PipelineConfig:
             self.training = TrainingConfig(**self.training)
         if self.bad_records not in ("fail", "drop"):
             raise ValueError(f"bad_records must be 'fail' or 'drop', got {self.bad_records!r}")
+        cross_modal = self.training.method in CROSS_MODAL_METHODS
+        if cross_modal != bool(self.modalities) or (cross_modal and len(set(self.modalities)) != 2):
+            raise ValueError(f"method {self.training.method!r}: " + ("set modalities to two modality names (e.g. "
+                             '["image", "text"]); the first is the default query modality' if cross_modal else
+                             "modalities is only for the cross-modal methods; use modality"))  # fmt: skip
         if self.training.label_coefficients and not self.jcch_anchors:
             raise ValueError("training.label_coefficients needs jcch_anchors (the Transform computes q and u)")
-        if self.training.label_coefficients and self.training.method not in ("scdh", "scdh-s"):
-            raise ValueError("JCCH label coefficients apply to the semantic-cluster methods (scdh, scdh-s)")
+        if self.training.label_coefficients and self.training.method not in ("scdh", "scdh-s", "jcch"):
+            raise ValueError("JCCH label coefficients apply to the semantic-cluster methods (scdh, scdh-s, jcch)")
+
+    @property
+    def inputs(self) -> list[str]:
+        """The modalities the model reads: ``modalities`` (cross-modal) or ``[modality]``."""
+        return list(self.modalities) or [self.modality]
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> PipelineConfig:

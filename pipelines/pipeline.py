@@ -29,10 +29,12 @@ def paths(config: PipelineConfig) -> dict[str, str]:
     }
 
 
-def model_input(metadata: dict, modality: str) -> tuple[str, list[int]]:
-    if modality not in metadata["modalities"]:
-        raise ValueError(f"the exported data has no modality {modality!r}; it has {sorted(metadata['modalities'])}")
-    return modality, list(metadata["modalities"][modality]["shape"])
+def model_inputs(metadata: dict, names: list[str]) -> dict[str, list[int]]:
+    """``{modality: shape}`` of the model inputs, checked against the exported data."""
+    missing = [name for name in names if name not in metadata["modalities"]]
+    if missing:
+        raise ValueError(f"the exported data has no modality {missing}; it has {sorted(metadata['modalities'])}")
+    return {name: list(metadata["modalities"][name]["shape"]) for name in names}
 
 
 def create_pipeline(config: PipelineConfig, metadata: dict, metadata_connection=None, pipeline_root: str | None = None,
@@ -40,7 +42,8 @@ def create_pipeline(config: PipelineConfig, metadata: dict, metadata_connection=
     """Build the pipeline for ``config`` over data exported with ``metadata`` (see
     :func:`tfhash.data.export.export_tfrecords`)."""
     where = paths(config)
-    input_name, input_shape = model_input(metadata, config.modality)
+    inputs = model_inputs(metadata, config.inputs)
+    cross_modal = ",".join(config.modalities)  # "" for single-modality models
     num_classes = int(metadata["num_classes"])
     example_gen = tfx.components.ImportExampleGen(
         input_base=data_dir or where["data"],
@@ -65,7 +68,7 @@ def create_pipeline(config: PipelineConfig, metadata: dict, metadata_connection=
         splits_config=transform_pb2.SplitsConfig(analyze=["train"], transform=list(SPLITS)),
         custom_config={
             "num_classes": num_classes,
-            "modalities": {input_name: metadata["modalities"][input_name]},
+            "modalities": {name: metadata["modalities"][name] for name in inputs},
             "jcch_anchors": config.jcch_anchors,
             "tag_statistics": config.training.method in ("hclm", "shclm"),
         },
@@ -79,8 +82,7 @@ def create_pipeline(config: PipelineConfig, metadata: dict, metadata_connection=
         eval_args=tfx.proto.EvalArgs(splits=["query"]),
         custom_config={
             "training": config.to_dict()["training"],
-            "input_name": input_name,
-            "input_shape": input_shape,
+            "inputs": inputs,
             "num_classes": num_classes,
             "raw_examples_dir": data_dir or where["data"],
             "modalities": metadata["modalities"],
@@ -98,6 +100,7 @@ def create_pipeline(config: PipelineConfig, metadata: dict, metadata_connection=
         num_classes=num_classes,
         map_threshold=config.map_threshold,
         max_regression=config.max_regression,
+        modalities=cross_modal,
     )
     pusher = tfx.components.Pusher(
         model=trainer.outputs["model"],
@@ -112,6 +115,7 @@ def create_pipeline(config: PipelineConfig, metadata: dict, metadata_connection=
         index_base_dir=where["indexes"],
         num_classes=num_classes,
         kinds=",".join(config.index_kinds),
+        modalities=cross_modal,
     )
     return tfx.dsl.Pipeline(
         pipeline_name=config.name,

@@ -88,7 +88,9 @@ def model(model_config_file, model_name, model_base_path, host, port, poll_secon
 @click.option("--model-base-dir", help="SavedModel versions: encode in process (or, with --model-server, check fingerprints).")
 @click.option("--model-server", help="host:port of TF Serving (or `tfhash serve model`): encode there.")
 @click.option("--model-name", help="The model's name on --model-server (default: the pipeline name).")
-@click.option("--kind", default="BFlat", show_default=True, help="Which index of each version to serve.")
+@click.option("--kind", default="BFlat", show_default=True,
+              help="Which index of each version to serve (cross-modal models: <kind>-<database modality>).")
+@click.option("--query-modality", default=None, help="Cross-modal models: the queries' modality (its tower encodes).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Bind address (loopback by default).")
 @click.option("--port", default=8600, show_default=True, type=click.IntRange(0, 65535))
 @click.option("--rest-port", default=None, type=click.IntRange(0, 65535), help="Also serve REST/JSON here.")
@@ -101,8 +103,8 @@ def model(model_config_file, model_name, model_base_path, host, port, poll_secon
               help="OpenMP threads per FAISS search; concurrency comes from the worker threads.")
 @click.option("--encode-batch-size", default=128, show_default=True, type=click.IntRange(1),
               help="In-process encoding: batch concurrent requests up to this many rows (1: off).")
-def search(config_path, index_base_dir, model_base_dir, model_server, model_name, kind, host, port, rest_port, max_k,
-           max_batch, max_request_mb, threads, poll_seconds, faiss_threads, encode_batch_size) -> None:  # fmt: skip
+def search(config_path, index_base_dir, model_base_dir, model_server, model_name, kind, query_modality, host, port,
+           rest_port, max_k, max_batch, max_request_mb, threads, poll_seconds, faiss_threads, encode_batch_size) -> None:  # fmt: skip
     """Run the search service until Ctrl-C / SIGTERM (then drain in-flight requests)."""
     import faiss
 
@@ -120,9 +122,10 @@ def search(config_path, index_base_dir, model_base_dir, model_server, model_name
     faiss.omp_set_num_threads(faiss_threads)
     limits = Limits(max_batch=max_batch, max_k=max_k)
     if model_server:
-        searcher = remote_searcher(model_server, model_name, index_base_dir, kind, limits, model_base_dir)
+        searcher = remote_searcher(model_server, model_name, index_base_dir, kind, limits, model_base_dir,
+                                   query_modality=query_modality)  # fmt: skip
     else:
-        searcher = in_process_searcher(model_base_dir, index_base_dir, kind, limits, encode_batch_size)
+        searcher = in_process_searcher(model_base_dir, index_base_dir, kind, limits, encode_batch_size, query_modality)
     try:
         server = SearchServer(searcher, host, port, rest_port, poll_seconds, threads, max_request_mb << 20).start()
     except OSError as err:

@@ -22,10 +22,22 @@ def shape_matches(shape, expected) -> bool:
 
 
 class Encoder(abc.ABC):
-    """A model version that encodes serialized examples or raw features to continuous codes."""
+    """A model version that encodes serialized examples or raw features to continuous codes, with
+    the default signatures, or those of one modality of a cross-modal model
+    (``serving_<modality>`` / ``encode_<modality>``)."""
 
     version: int
     signatures: dict
+    examples_signature: str = EXAMPLES_SIGNATURE
+    features_signature: str = FEATURES_SIGNATURE
+
+    def _use_modality(self, query_modality: str | None) -> None:
+        """Pick the signatures of ``query_modality`` (None: the defaults); refuse unknown ones."""
+        if query_modality:
+            self.examples_signature, self.features_signature = f"serving_{query_modality}", f"encode_{query_modality}"
+        for name in (self.examples_signature, self.features_signature):
+            if name not in self.signatures:
+                raise ValueError(f"model version {self.version} has no signature {name!r} (it has {sorted(self.signatures)})")
 
     @abc.abstractmethod
     def _predict(self, signature_name: str, inputs: dict, timeout: float | None) -> np.ndarray:
@@ -36,19 +48,19 @@ class Encoder(abc.ABC):
 
     @property
     def bits(self) -> int:
-        return int(self.signatures[EXAMPLES_SIGNATURE]["outputs"]["codes"][1][-1])
+        return int(self.signatures[self.examples_signature]["outputs"]["codes"][1][-1])
 
     def encode_examples(self, serialized: list[bytes], timeout: float | None = None) -> np.ndarray:
         if not serialized:
             raise invalid("no examples in the request")
-        return self._finite(self._predict(EXAMPLES_SIGNATURE, {"examples": np.array(serialized, dtype=object)}, timeout))
+        return self._finite(self._predict(self.examples_signature, {"examples": np.array(serialized, dtype=object)}, timeout))
 
     def encode_features(self, features, timeout: float | None = None) -> np.ndarray:
         array = check_features(features)
-        ((name, (_, expected)),) = self.signatures[FEATURES_SIGNATURE]["inputs"].items()
+        ((name, (_, expected)),) = self.signatures[self.features_signature]["inputs"].items()
         if not shape_matches(array.shape, expected):
             raise invalid(f"features have shape {list(array.shape)}; the model takes {expected} (-1: any)")
-        return self._finite(self._predict(FEATURES_SIGNATURE, {name: array}, timeout))
+        return self._finite(self._predict(self.features_signature, {name: array}, timeout))
 
     @staticmethod
     def _finite(codes) -> np.ndarray:
@@ -62,10 +74,12 @@ class InProcessEncoder(Encoder):
     """The SavedModel version at ``path``, loaded in this process. With ``max_batch_size`` > 1,
     concurrent calls are batched greedily (:mod:`tfhash.serving.batching`)."""
 
-    def __init__(self, path: str, version: int, loaded: LoadedVersion | None = None, max_batch_size: int = 128):
+    def __init__(self, path: str, version: int, loaded: LoadedVersion | None = None, max_batch_size: int = 128,
+                 query_modality: str | None = None):  # fmt: skip
         self.loaded = loaded or load_version(path, int(version))
         self.version = int(version)
         self.signatures = {name: describe_signature(s) for name, s in self.loaded.signature_defs.items()}
+        self._use_modality(query_modality)
         self._batcher = Batcher(self._call, max_batch_size) if max_batch_size > 1 else None
 
     def _call(self, signature_name: str, inputs: dict) -> np.ndarray:
@@ -88,11 +102,13 @@ class InProcessEncoder(Encoder):
 class RemoteEncoder(Encoder):
     """Version ``version`` of ``model_name`` on a TF Serving endpoint (every call pins it)."""
 
-    def __init__(self, target: str, model_name: str, version: int, timeout: float = 10.0, channel=None):
+    def __init__(self, target: str, model_name: str, version: int, timeout: float = 10.0, channel=None,
+                 query_modality: str | None = None):  # fmt: skip
         self.client = ModelClient(target, model_name, version=int(version), timeout=timeout, channel=channel)
         self.version = int(version)
         signature_defs, _ = self.client.signature_defs()
         self.signatures = {name: describe_signature(s) for name, s in signature_defs.items()}
+        self._use_modality(query_modality)
 
     def _predict(self, signature_name, inputs, timeout):
         try:

@@ -89,21 +89,23 @@ class HashSearchServicer(search_pb2_grpc.HashSearchServicer):
 
 
 def in_process_searcher(model_base_dir: str, index_base_dir: str, kind: str = "BFlat", limits: Limits = Limits(),
-                        encode_batch_size: int = 128):  # fmt: skip
+                        encode_batch_size: int = 128, query_modality: str | None = None):  # fmt: skip
     """Encode with the SavedModel versions under ``model_base_dir``, loaded in this process;
-    concurrent encode calls are batched up to ``encode_batch_size`` rows (1: no batching)."""
+    concurrent encode calls are batched up to ``encode_batch_size`` rows (1: no batching). For a
+    cross-modal model, ``query_modality`` picks the queries' tower and ``kind`` names the index
+    of the database modality (e.g. ``"BFlat-text"`` for image -> text)."""
     from tfhash.components.export import signature_fingerprint
 
     def path(version: int) -> str:
         return os.path.join(model_base_dir, str(version))
 
     return VersionedSearcher(index_base_dir, kind, lambda: list_versions(model_base_dir),
-                             lambda v: InProcessEncoder(path(v), v, max_batch_size=encode_batch_size),
+                             lambda v: InProcessEncoder(path(v), v, max_batch_size=encode_batch_size, query_modality=query_modality),
                              lambda v: signature_fingerprint(path(v)), limits)  # fmt: skip
 
 
 def remote_searcher(target: str, model_name: str, index_base_dir: str, kind: str = "BFlat", limits: Limits = Limits(),
-                    model_base_dir: str | None = None, timeout: float = 10.0):  # fmt: skip
+                    model_base_dir: str | None = None, timeout: float = 10.0, query_modality: str | None = None):  # fmt: skip
     """Encode through TF Serving at ``target``; a version counts once TF Serving reports it
     AVAILABLE. With ``model_base_dir`` (the folder TF Serving watches, if visible from here) the
     SavedModel fingerprint is checked against the index manifest too."""
@@ -122,7 +124,7 @@ def remote_searcher(target: str, model_name: str, index_base_dir: str, kind: str
     def fingerprint(version: int) -> str | None:
         return signature_fingerprint(os.path.join(model_base_dir, str(version))) if model_base_dir else None
 
-    return VersionedSearcher(index_base_dir, kind, available, lambda v: RemoteEncoder(target, model_name, v, timeout, channel),
+    return VersionedSearcher(index_base_dir, kind, available, lambda v: RemoteEncoder(target, model_name, v, timeout, channel, query_modality),
                              fingerprint, limits)  # fmt: skip
 
 

@@ -102,11 +102,11 @@ def test_pipeline_shclm_assigns_proxies_by_tag_cooccurrence():
     rng = np.random.default_rng(2)
     tags = (rng.random((200, 6)) < 0.3).astype(np.float64)
     training = {"method": "shclm", "bits": 16, "backbone": "mlp", "hidden": [8], "seed": 0}
-    model = build_model(training, [4], 6, (200, tags.T @ tags))
+    model = build_model(training, {"x": [4]}, 6, (200, tags.T @ tags))
     expected = hclm_proxies(6, 16, similarity=tag_cooccurrence_similarity(tags), seed=0)
     np.testing.assert_array_equal(np.asarray(model.proxy_layer.proxies), expected)
     single = np.eye(6)[rng.integers(0, 6, 200)]
     with pytest.raises(ValueError, match="single-label"):
-        build_model(training, [4], 6, (200, single.T @ single))
+        build_model(training, {"x": [4]}, 6, (200, single.T @ single))
     with pytest.raises(ValueError, match="tag statistics"):
-        build_model(training, [4], 6, None)
+        build_model(training, {"x": [4]}, 6, None)

@@ -95,3 +95,55 @@ def test_config_errors_are_clear(tmp_path):
     path.write_text("{")
     with pytest.raises(ValueError, match="cannot read"):
         PipelineConfig.load(path)
+    path.write_text(json.dumps({"name": "x", "training": {"method": "jcch"}}))
+    with pytest.raises(ValueError, match="two modality names"):
+        PipelineConfig.load(path)
+    path.write_text(json.dumps({"name": "x", "modalities": ["image", "text"]}))
+    with pytest.raises(ValueError, match="only for the cross-modal methods"):
+        PipelineConfig.load(path)
+    path.write_text(json.dumps({"name": "x", "bad_records": "ignore"}))
+    with pytest.raises(ValueError, match="bad_records"):
+        PipelineConfig.load(path)
+
+
+@pytest.mark.parametrize("name", ["mnist", "cifar10", "mirflickr25k", "wiki"])
+def test_shipped_configs_load(name):
+    from importlib import resources
+
+    config = PipelineConfig.load(str(resources.files("tfhash.pipelines") / "configs" / f"{name}.json"))
+    assert config.dataset == name and config.inputs
+
+
+@pytest.mark.slow
+def test_cross_modal_wiki_pipeline_and_search(tmp_path):
+    """JCCH on Wiki through the whole pipeline: both directions evaluated, one index per database
+    modality, per-modality signatures; the search service answers image -> text like the library."""
+    import numpy as np
+    import tensorflow as tf
+    from tfhash.pipelines.runner import run_local
+    from tfhash.serving.search_client import SearchClient
+    from tfhash.serving.search_service import SearchServer, in_process_searcher
+
+    from tfhash.index import load_index
+    from tfhash.pipelines.pipeline import paths
+
+    config = small_config(tmp_path, name="tiny-wiki", dataset="wiki", limit=200, modalities=["image", "text"],
+                          map_threshold=0.0, training={"method": "jcch", "bits": 16, "backbone": "mlp", "hidden": [64],
+                                                       "epochs": 2, "batch_size": 64})  # fmt: skip
+    summary = run_local(config, log=lambda message: None)
+    assert {"image->text", "text->image"} <= set(summary["metrics"]) and summary["blessed"] is True
+    assert set(summary["indexes"]) == {"BFlat-image", "BFlat-text"}
+    loaded = tf.saved_model.load(summary["model_dir"])
+    assert {"serving_image", "serving_text", "encode_image", "encode_text"} <= set(loaded.signatures)
+    files = sorted(tf.io.gfile.glob(os.path.join(paths(config)["data"], "query", "*")))
+    queries = [r.numpy() for r in tf.data.TFRecordDataset(files, compression_type="GZIP").take(8)]
+    packed = loaded.signatures["serving_image"](examples=tf.constant(queries))["packed_codes"].numpy()
+    expected = load_index(summary["indexes"]["BFlat-text"]).search(packed, 5)
+    server = SearchServer(in_process_searcher(paths(config)["serving"], paths(config)["indexes"], "BFlat-text",
+                                              query_modality="image")).start()  # fmt: skip
+    try:
+        with SearchClient(server.address) as client:
+            answer = client.search(examples=queries, k=5)
+    finally:
+        server.stop(0)
+    np.testing.assert_array_equal(np.stack(answer.ids), expected.ids)
