@@ -48,6 +48,7 @@ class PipelineConfig:
     name: str
     dataset: str = "mnist"
     data_root: str | None = None
+    data_dir: str | None = None  # already exported TFRecords (tfhash data export / export-user) instead of `dataset`
     split_seed: int = 0
     limit: int | None = None  # examples per split, for small runs
     modality: str = "image"
@@ -105,8 +106,10 @@ class PipelineConfig:
         config = cls(**raw)
         base = path.resolve().parent
         config.run_dir = str((base / config.run_dir).resolve()) if not os.path.isabs(config.run_dir) else config.run_dir
-        if config.data_root and not os.path.isabs(config.data_root):
-            config.data_root = str((base / config.data_root).resolve())
+        for key in ("data_root", "data_dir"):
+            value = getattr(config, key)
+            if value and not os.path.isabs(value):
+                setattr(config, key, str((base / value).resolve()))
         return config
 
     def to_dict(self) -> dict:

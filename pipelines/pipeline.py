@@ -21,7 +21,7 @@ def paths(config: PipelineConfig) -> dict[str, str]:
     """Every location a run uses, under ``config.run_dir``."""
     root = config.run_dir
     return {
-        "data": os.path.join(root, "data"),
+        "data": config.data_dir or os.path.join(root, "data"),
         "pipeline_root": os.path.join(root, "pipeline_root"),
         "metadata": os.path.join(root, "metadata.sqlite"),
         "serving": os.path.join(root, "serving", config.name),

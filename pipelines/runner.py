@@ -14,7 +14,8 @@ from tfhash.pipelines.pipeline import create_pipeline, paths
 
 
 def export_data(config: PipelineConfig, log=print) -> dict:
-    """Write the dataset's split as TFRecords once per run directory (reused when present)."""
+    """Write the dataset's split as TFRecords once per run directory (reused when present); with
+    ``data_dir`` set, use the TFRecords exported there."""
     from tfhash.data import load_dataset
     from tfhash.data.export import export_tfrecords
 
@@ -22,6 +23,9 @@ def export_data(config: PipelineConfig, log=print) -> dict:
     meta_path = os.path.join(target, "metadata.json")
     if os.path.isfile(meta_path):
         return json.loads(open(meta_path).read())
+    if config.data_dir:
+        raise ValueError(f"data_dir {config.data_dir} has no metadata.json: write it with `tfhash data export` "
+                         "or `tfhash data export-user`")  # fmt: skip
     log(f"exporting {config.dataset} (split seed {config.split_seed}) to {target}")
     return export_tfrecords(load_dataset(config.dataset, config.data_root, config.split_seed), target, limit=config.limit)
 

@@ -114,6 +114,39 @@ def data_export(name: str, output: str, data_root: str | None, seed: int, shards
     click.echo(json.dumps(metadata, indent=2))
 
 
+@data.command("export-user")
+@click.option("--output", required=True, type=click.Path(file_okay=False), help="Folder for train/, query/, database/.")
+@click.option("--images", type=click.Path(exists=True, file_okay=False), help="A folder of class sub-folders of images.")
+@click.option("--image-size", nargs=2, type=click.IntRange(1), default=None, help="Resize images to HEIGHT WIDTH.")
+@click.option("--features", "features", multiple=True, metavar="NAME=PATH",
+              help="A modality's feature matrix (.npy or .csv, one row per example); twice for paired cross-modal data.")
+@click.option("--labels", type=click.Path(exists=True, dir_okay=False), help="Class ids (one column) or multi-hot rows.")
+@click.option("--queries", default=100, show_default=True, type=click.IntRange(1))
+@click.option("--train", default=1000, show_default=True, type=click.IntRange(1))
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the random split.")
+@click.option("--name", default="custom", show_default=True)
+@click.option("--shards", default=1, show_default=True, type=click.IntRange(1))
+def data_export_user(output, images, image_size, features, labels, queries, train, seed, name, shards) -> None:
+    """Write your own data (image folders, or .npy/.csv features with labels) as pipeline input."""
+    from tfhash.data import DataFormatError
+    from tfhash.data.export import export_tfrecords
+    from tfhash.data.user import load_user_dataset
+
+    modalities = {}
+    for item in features:
+        modality, sep, path = item.partition("=")
+        if not sep or not modality or not path:
+            _fail(ValueError(f"--features takes NAME=PATH, got {item!r}"))
+        modalities[modality] = path
+    try:
+        dataset = load_user_dataset(modalities or None, labels, images, tuple(image_size) if image_size else None,
+                                    queries, train, seed, name)  # fmt: skip
+        metadata = export_tfrecords(dataset, output, shards)
+    except (DataFormatError, ValueError) as err:
+        _fail(err)
+    click.echo(json.dumps(metadata, indent=2))
+
+
 def _register_subgroups() -> None:
     from tfhash.index.cli import index_group
     from tfhash.pipelines.cli import pipeline_group
