@@ -39,3 +39,27 @@ def encode_split(saved_model_dir: str, files: list[str], num_classes: int, batch
         labels.append(multi_hot)
         ids.append(parsed["id"].numpy()[:, 0])
     return np.concatenate(codes), np.concatenate(labels), np.concatenate(ids)
+
+
+def encode_split_cached(saved_model_dir: str, files: list[str], num_classes: int, cache_dir: str | None,
+                        signature: str = "serving_default"):  # fmt: skip
+    """:func:`encode_split`, kept in ``cache_dir`` under a key of the signature, the record files
+    and the SavedModel's fingerprint (graph checksum + variables hash): a model with the same
+    fingerprint (e.g. the Pusher's copy of the evaluated model) reads the codes back instead of
+    encoding the split again; any other model misses. ``cache_dir=None`` encodes."""
+    import hashlib
+    import json
+
+    from tfhash.components.export import signature_fingerprint
+
+    if cache_dir is None:
+        return encode_split(saved_model_dir, files, num_classes, signature=signature)
+    key = json.dumps([signature, sorted(files), signature_fingerprint(saved_model_dir), num_classes])
+    path = os.path.join(cache_dir, f"codes-{hashlib.sha256(key.encode()).hexdigest()[:32]}.npz")
+    if os.path.isfile(path):
+        with np.load(path, allow_pickle=False) as cached:
+            return cached["codes"], cached["labels"], cached["ids"]
+    codes, labels, ids = encode_split(saved_model_dir, files, num_classes, signature=signature)
+    os.makedirs(cache_dir, exist_ok=True)
+    np.savez(path, codes=codes, labels=labels, ids=ids)
+    return codes, labels, ids

@@ -1,14 +1,16 @@
 """IndexBuilder: encodes the database split with exactly the pushed SavedModel version and writes
 tfhash indexes (manifest naming that version and the signature fingerprint) next to it:
 ``<index_base_dir>/<version>/<kind>/``, or for a cross-modal model one per database modality,
-``<index_base_dir>/<version>/<kind>-<modality>/`` (encoded with ``serving_<modality>``)."""
+``<index_base_dir>/<version>/<kind>-<modality>/`` (encoded with ``serving_<modality>``). Codes
+the RetrievalEvaluator computed with a model of the same SavedModel fingerprint are read from its
+artifact instead of being encoded again (:func:`tfhash.components.encoding.encode_split_cached`)."""
 
 
 import json
 import logging
 import os
 
-from tfhash.components.encoding import encode_split, split_files
+from tfhash.components.encoding import encode_split_cached, split_files
 from tfhash.components.export import signature_fingerprint
 from tfx.dsl.component.experimental.annotations import InputArtifact, OutputArtifact, Parameter
 from tfx.dsl.component.experimental.decorators import component
@@ -28,6 +30,7 @@ def IndexBuilder(
     examples: InputArtifact[standard_artifacts.Examples],
     pushed_model: InputArtifact[standard_artifacts.PushedModel],
     index: OutputArtifact[HashIndex],
+    evaluation: InputArtifact[standard_artifacts.ModelEvaluation] = None,  # optional: its cached database codes
     index_base_dir: Parameter[str],
     num_classes: Parameter[int] = 10,
     kinds: Parameter[str] = "BFlat",
@@ -49,7 +52,7 @@ def IndexBuilder(
     databases = {f"-{m}": f"serving_{m}" for m in modalities.split(",") if m} or {"": "serving_default"}
     written = {}
     for suffix, signature in databases.items():
-        codes, _, ids = encode_split(model_dir, files, num_classes, signature=signature)
+        codes, _, ids = encode_split_cached(model_dir, files, num_classes, evaluation.uri if evaluation else None, signature)
         for kind in [k.strip() for k in kinds.split(",") if k.strip()]:
             built = index_factory(codes.shape[1] * 8, kind)
             built.add(codes, ids)

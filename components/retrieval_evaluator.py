@@ -8,7 +8,7 @@ the blessing."""
 import json
 import os
 
-from tfhash.components.encoding import encode_split, split_files
+from tfhash.components.encoding import encode_split, encode_split_cached, split_files
 from tfx.dsl.component.experimental.annotations import InputArtifact, OutputArtifact, Parameter
 from tfx.dsl.component.experimental.decorators import component
 from tfx.types import standard_artifacts
@@ -16,7 +16,8 @@ from tfx.utils import path_utils
 
 
 def retrieval_metrics(saved_model_dir: str, examples_uri: str, num_classes: int, query_split: str,
-                      database_split: str, top_r: int | None, modalities: list[str] | None = None) -> tuple[dict, object]:  # fmt: skip
+                      database_split: str, top_r: int | None, modalities: list[str] | None = None,
+                      cache_dir: str | None = None) -> tuple[dict, object]:  # fmt: skip
     """Metrics summary of one model on one Examples artifact, and the full report.
 
     With two ``modalities`` (a cross-modal model) the queries of one modality search the database
@@ -28,8 +29,8 @@ def retrieval_metrics(saved_model_dir: str, examples_uri: str, num_classes: int,
     def direction(query_signature: str, database_signature: str):
         q_codes, q_labels, _ = encode_split(saved_model_dir, split_files(examples_uri, query_split), num_classes,
                                             signature=query_signature)  # fmt: skip
-        db_codes, db_labels, _ = encode_split(saved_model_dir, split_files(examples_uri, database_split), num_classes,
-                                              signature=database_signature)  # fmt: skip
+        db_codes, db_labels, _ = encode_split_cached(saved_model_dir, split_files(examples_uri, database_split),
+                                                     num_classes, cache_dir, database_signature)  # fmt: skip
         report = evaluate_retrieval(q_codes, db_codes, q_labels, db_labels, top_r=top_r, tie_aware=top_r is None,
                                     precision_at=[min(1000, len(db_codes))])  # fmt: skip
         return report.summary(radius=2), report
@@ -73,8 +74,9 @@ def RetrievalEvaluator(
 
     depth = top_r or None
     cross_modal = [m for m in modalities.split(",") if m] or None
+    # the candidate's database codes stay in the evaluation artifact for the IndexBuilder
     summary, report = retrieval_metrics(path_utils.serving_model_path(model.uri), examples.uri, num_classes,
-                                        query_split, database_split, depth, cross_modal)  # fmt: skip
+                                        query_split, database_split, depth, cross_modal, evaluation.uri)  # fmt: skip
     label = "mAP@all" if depth is None else f"mAP@{depth}"
     baseline = None
     if baseline_model is not None:

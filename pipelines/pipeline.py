@@ -112,6 +112,7 @@ def create_pipeline(config: PipelineConfig, metadata: dict, metadata_connection=
     index_builder = IndexBuilder(
         examples=examples,
         pushed_model=pusher.outputs["pushed_model"],
+        evaluation=evaluator.outputs["evaluation"],
         index_base_dir=where["indexes"],
         num_classes=num_classes,
         kinds=",".join(config.index_kinds),
