@@ -30,12 +30,12 @@ def IndexBuilder(
     examples: InputArtifact[standard_artifacts.Examples],
     pushed_model: InputArtifact[standard_artifacts.PushedModel],
     index: OutputArtifact[HashIndex],
-    evaluation: InputArtifact[standard_artifacts.ModelEvaluation] = None,  # optional: its cached database codes
     index_base_dir: Parameter[str],
     num_classes: Parameter[int] = 10,
     kinds: Parameter[str] = "BFlat",
     database_split: Parameter[str] = "database",
     modalities: Parameter[str] = "",
+    evaluation: InputArtifact[standard_artifacts.ModelEvaluation] = None,  # optional: its cached database codes
 ) -> None:
     from tfhash.index import index_factory
 
