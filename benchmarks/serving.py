@@ -34,8 +34,8 @@ DIM, K = 32, 10
 
 def export_model(path: str, bits: int, seed: int) -> None:
     import keras
-
     from tfhash.components.export import export_feature_model
+
     from tfhash.models import build_scdh, mlp
 
     keras.utils.set_random_seed(seed)
@@ -62,7 +62,6 @@ def start_service(model_base: str, index_base: str, kind: str, threads: int, fai
 def run_level(address: str, clients: int, seconds: float, make_request) -> dict:
     """``clients`` threads sending requests back to back for ``seconds``; latencies in ms."""
     import grpc
-
     from tfhash.serving import search_pb2_grpc
 
     latencies: list[list[float]] = [[] for _ in range(clients)]
@@ -129,8 +128,9 @@ def main() -> None:
     args = parser.parse_args()
 
     from tfhash.components.export import signature_fingerprint
-    from tfhash.index import index_factory
     from tfhash.serving.search_client import search_request
+
+    from tfhash.index import index_factory
 
     rng = np.random.default_rng(args.seed)
     centres = rng.integers(0, 256, (1000, args.bits // 8), dtype=np.uint8)

@@ -22,7 +22,12 @@ import os
 import apache_beam as beam
 from tfhash.components.record_validation import record_problem
 from tfx.components.util import examples_utils
-from tfx.dsl.component.experimental.annotations import BeamComponentParameter, InputArtifact, OutputArtifact, Parameter
+from tfx.dsl.component.experimental.annotations import (
+    BeamComponentParameter,
+    InputArtifact,
+    OutputArtifact,
+    Parameter,
+)
 from tfx.dsl.component.experimental.decorators import component
 from tfx.proto import example_gen_pb2
 from tfx.types import artifact, artifact_utils, standard_artifacts

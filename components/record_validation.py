@@ -36,8 +36,8 @@ def record_problem(serialized: bytes, num_classes: int, modalities: dict) -> str
         num_classes: C.
         modalities: ``{name: {"kind": "image"|"vector", "shape": [...]}}`` as in the export metadata.
     """
-    from tensorflow.core.example import example_pb2
     from google.protobuf.message import DecodeError
+    from tensorflow.core.example import example_pb2
 
     example = example_pb2.Example()
     try:

@@ -15,8 +15,8 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 

@@ -4,7 +4,6 @@ errors turned into :class:`~tfhash.serving.errors.ServingError` with the same st
 from __future__ import annotations
 
 import grpc
-
 from tfhash.serving.errors import ServingError
 
 

@@ -107,7 +107,6 @@ def search(config_path, index_base_dir, model_base_dir, model_server, model_name
            rest_port, max_k, max_batch, max_request_mb, threads, poll_seconds, faiss_threads, encode_batch_size) -> None:  # fmt: skip
     """Run the search service until Ctrl-C / SIGTERM (then drain in-flight requests)."""
     import faiss
-
     from tfhash.serving.grpc_server import wait_for_termination
     from tfhash.serving.search_service import SearchServer, in_process_searcher, remote_searcher
     from tfhash.serving.searcher import Limits

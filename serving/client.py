@@ -25,7 +25,6 @@ from tensorflow_serving.apis import (
     predict_pb2,
     prediction_service_pb2_grpc,
 )
-
 from tfhash.serving.channel import ChannelClient
 from tfhash.serving.errors import invalid
 

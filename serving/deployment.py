@@ -26,7 +26,6 @@ import os
 
 from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
-
 from tfhash.serving.versions import list_versions
 
 TF_SERVING_IMAGE = "tensorflow/serving:2.16.1"

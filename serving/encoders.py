@@ -9,9 +9,14 @@ import abc
 import grpc
 import numpy as np
 import tensorflow as tf
-
 from tfhash.serving.batching import Batcher
-from tfhash.serving.client import EXAMPLES_SIGNATURE, FEATURES_SIGNATURE, ModelClient, check_features, describe_signature
+from tfhash.serving.client import (
+    EXAMPLES_SIGNATURE,
+    FEATURES_SIGNATURE,
+    ModelClient,
+    check_features,
+    describe_signature,
+)
 from tfhash.serving.errors import ServingError, invalid, unavailable
 from tfhash.serving.model_server import LoadedVersion, load_version, run_signature
 

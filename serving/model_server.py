@@ -35,7 +35,6 @@ from tensorflow_serving.apis import (
     prediction_service_pb2_grpc,
     status_pb2,
 )
-
 from tfhash.serving.errors import ServingError, invalid, not_found
 from tfhash.serving.grpc_server import LOOPBACK, build_server
 from tfhash.serving.versions import list_versions, select_versions

@@ -22,7 +22,6 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
-
 from tfhash.serving.errors import ServingError, invalid
 from tfhash.serving.searcher import Query, VersionedSearcher
 
@@ -60,10 +59,7 @@ def query_from_json(body: dict) -> Query:
     if field == "features":
         return Query(features=_array(body[field], field, np.float32))
     if field == "codes":
-        codes = _array(body[field], field, np.float64)
-        if not np.all((codes == 1) | (codes == -1)):
-            raise invalid("codes must hold only -1 and +1")
-        return Query(codes=codes.astype(np.int8))
+        return Query(codes=_array(body[field], field, np.float64))  # the searcher refuses values other than +-1
     rows = _b64(body[field], field)
     if len({len(r) for r in rows}) > 1:
         raise invalid("packed_codes must all have the same length")

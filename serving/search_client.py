@@ -12,7 +12,6 @@ from dataclasses import dataclass
 import grpc
 import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-
 from tfhash.serving import search_pb2, search_pb2_grpc
 from tfhash.serving.channel import ChannelClient
 from tfhash.serving.search_service import SERVICE_NAME

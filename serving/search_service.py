@@ -21,13 +21,19 @@ import threading
 import grpc
 import numpy as np
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-
 from tfhash.serving import search_pb2, search_pb2_grpc
 from tfhash.serving.client import ModelClient
 from tfhash.serving.encoders import InProcessEncoder, RemoteEncoder
 from tfhash.serving.errors import ServingError, invalid
 from tfhash.serving.grpc_server import LOOPBACK, build_server
-from tfhash.serving.searcher import Limits, Neighbours, Query, ServedPair, VersionedSearcher
+from tfhash.serving.searcher import (
+    DEFAULT_LIMITS,
+    Limits,
+    Neighbours,
+    Query,
+    ServedPair,
+    VersionedSearcher,
+)
 from tfhash.serving.versions import list_versions
 
 logger = logging.getLogger(__name__)
@@ -55,9 +61,7 @@ def query_from_proto(request) -> Query:
         values = np.asarray(request.codes.signs.values, dtype=np.int64)
         if values.size % bits:
             raise invalid(f"codes.signs holds {values.size} values, not a multiple of bits = {bits}")
-        if not np.all((values == 1) | (values == -1)):
-            raise invalid("codes.signs must hold only -1 and +1")
-        return Query(codes=values.astype(np.int8).reshape(-1, bits))
+        return Query(codes=values.reshape(-1, bits))  # the searcher refuses values other than +-1
     packed = np.frombuffer(request.codes.packed, dtype=np.uint8)
     if packed.size % (bits // 8):
         raise invalid(f"codes.packed holds {packed.size} bytes, not a multiple of bits / 8 = {bits // 8}")
@@ -88,7 +92,7 @@ class HashSearchServicer(search_pb2_grpc.HashSearchServicer):
         return search_pb2.StatusResponse(**self.searcher.status())
 
 
-def in_process_searcher(model_base_dir: str, index_base_dir: str, kind: str = "BFlat", limits: Limits = Limits(),
+def in_process_searcher(model_base_dir: str, index_base_dir: str, kind: str = "BFlat", limits: Limits = DEFAULT_LIMITS,
                         encode_batch_size: int = 128, query_modality: str | None = None):  # fmt: skip
     """Encode with the SavedModel versions under ``model_base_dir``, loaded in this process;
     concurrent encode calls are batched up to ``encode_batch_size`` rows (1: no batching). For a
@@ -104,7 +108,7 @@ def in_process_searcher(model_base_dir: str, index_base_dir: str, kind: str = "B
                              lambda v: signature_fingerprint(path(v)), limits)  # fmt: skip
 
 
-def remote_searcher(target: str, model_name: str, index_base_dir: str, kind: str = "BFlat", limits: Limits = Limits(),
+def remote_searcher(target: str, model_name: str, index_base_dir: str, kind: str = "BFlat", limits: Limits = DEFAULT_LIMITS,
                     model_base_dir: str | None = None, timeout: float = 10.0, query_modality: str | None = None):  # fmt: skip
     """Encode through TF Serving at ``target``; a version counts once TF Serving reports it
     AVAILABLE. With ``model_base_dir`` (the folder TF Serving watches, if visible from here) the

@@ -20,15 +20,15 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
-
-from tfhash.codes import pack_codes, sign_codes
-from tfhash.index import HashIndex, IndexError_, IndexFormatError, load_index, read_manifest
 from tfhash.serving.encoders import Encoder
 from tfhash.serving.errors import invalid, not_found, unavailable
+
+from tfhash.codes import as_packed, pack_codes, sign_codes
+from tfhash.index import HashIndex, IndexError_, IndexFormatError, load_index, read_manifest
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +69,9 @@ class Limits:
     max_k: int = 1000
 
 
+DEFAULT_LIMITS = Limits()
+
+
 @dataclass
 class Neighbours:
     ids: np.ndarray
@@ -89,7 +92,7 @@ class VersionedSearcher:
 
     def __init__(self, index_base_dir: str, kind: str, available_versions: Callable[[], list[int]],
                  make_encoder: Callable[[int], Encoder], fingerprint_of: Callable[[int], str | None] = lambda v: None,
-                 limits: Limits = Limits()):  # fmt: skip
+                 limits: Limits = DEFAULT_LIMITS):  # fmt: skip
         self.index_base_dir, self.kind, self.limits = index_base_dir, kind, limits
         self._available_versions, self._make_encoder, self._fingerprint_of = available_versions, make_encoder, fingerprint_of
         self._active: ServedPair | None = None
@@ -188,16 +191,14 @@ class VersionedSearcher:
             return pack_codes(sign_codes(pair.encoder.encode_examples(query.examples, timeout)))
         if query.features is not None:
             return pack_codes(sign_codes(pair.encoder.encode_features(query.features, timeout)))
-        codes = np.asarray(query.codes)
-        width = codes.shape[1] * (8 if codes.dtype == np.uint8 else 1) if codes.ndim == 2 else None
-        if width != pair.index.bits:
-            raise invalid(f"codes of shape {list(codes.shape)} ({codes.dtype}) are not {pair.index.bits}-bit codes "
+        try:
+            packed = as_packed(query.codes, "codes")  # +-1 (any numeric dtype) or packed uint8
+        except (ValueError, TypeError) as err:
+            raise invalid(str(err)) from err
+        if packed.shape[1] * 8 != pair.index.bits:
+            raise invalid(f"codes have {packed.shape[1] * 8} bits; the index holds {pair.index.bits}-bit codes "
                           f"(packed uint8 (n, {pair.index.bits // 8}) or +-1 (n, {pair.index.bits}))")  # fmt: skip
-        if codes.dtype == np.uint8:
-            return codes
-        if not np.all((codes == 1) | (codes == -1)):
-            raise invalid("unpacked codes must hold only -1 and +1")
-        return pack_codes(codes)
+        return packed
 
     @staticmethod
     def _neighbours(index: HashIndex, packed: np.ndarray, k: int, radius: int | None) -> list[Neighbours]:

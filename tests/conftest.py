@@ -13,7 +13,6 @@ def small_pipeline_run(tmp_path_factory):
     the JCCH coefficients computed by Transform (50 anchors), on exported data with three bad
     records added (policy "drop"). Returns ``(config, summary)``."""
     import tensorflow as tf
-
     from tfhash.pipelines.pipeline import paths
     from tfhash.pipelines.runner import export_data, run_local
 

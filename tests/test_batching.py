@@ -9,7 +9,6 @@ import time
 
 import numpy as np
 import pytest
-
 from tfhash.serving.batching import Batcher
 
 

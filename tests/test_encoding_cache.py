@@ -7,9 +7,9 @@ import shutil
 import numpy as np
 import pytest
 import tensorflow as tf
+from tfhash.components import encoding
 
 from tests.serving_fixtures import database, export_version, vector_example
-from tfhash.components import encoding
 
 
 def test_cache_hits_only_for_the_same_model(tmp_path, monkeypatch):

@@ -97,6 +97,7 @@ def test_transform_tag_statistics_equal_numpy_counts(tmp_path):
 
 def test_pipeline_shclm_assigns_proxies_by_tag_cooccurrence():
     from tfhash.components.trainer import build_model
+
     from tfhash.proxies import hclm_proxies, tag_cooccurrence_similarity
 
     rng = np.random.default_rng(2)

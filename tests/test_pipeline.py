@@ -120,12 +120,12 @@ def test_cross_modal_wiki_pipeline_and_search(tmp_path):
     modality, per-modality signatures; the search service answers image -> text like the library."""
     import numpy as np
     import tensorflow as tf
+    from tfhash.pipelines.pipeline import paths
     from tfhash.pipelines.runner import run_local
     from tfhash.serving.search_client import SearchClient
     from tfhash.serving.search_service import SearchServer, in_process_searcher
 
     from tfhash.index import load_index
-    from tfhash.pipelines.pipeline import paths
 
     config = small_config(tmp_path, name="tiny-wiki", dataset="wiki", limit=200, modalities=["image", "text"],
                           map_threshold=0.0, training={"method": "jcch", "bits": 16, "backbone": "mlp", "hidden": [64],

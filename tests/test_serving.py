@@ -21,19 +21,32 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from google.protobuf import text_format
-from tests.serving_fixtures import BITS, DIM, build_index, database, export_version, push_version, vector_example
 from tensorflow_serving.apis import get_model_metadata_pb2, predict_pb2, prediction_service_pb2_grpc
 from tensorflow_serving.config import model_server_config_pb2
-
-from tfhash.index import load_index
 from tfhash.serving import search_pb2, search_pb2_grpc
 from tfhash.serving.client import ModelClient
-from tfhash.serving.deployment import model_config, models_config, read_models_config, write_deployment
+from tfhash.serving.deployment import (
+    model_config,
+    models_config,
+    read_models_config,
+    write_deployment,
+)
 from tfhash.serving.errors import ServingError
 from tfhash.serving.model_server import DevModelServer
 from tfhash.serving.search_client import SearchClient, search_request
 from tfhash.serving.search_service import SearchServer, in_process_searcher, remote_searcher
 from tfhash.serving.searcher import Limits
+
+from tests.serving_fixtures import (
+    BITS,
+    DIM,
+    build_index,
+    database,
+    export_version,
+    push_version,
+    vector_example,
+)
+from tfhash.index import load_index
 
 MODEL = "vectors"
 

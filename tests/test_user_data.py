@@ -12,9 +12,9 @@ import pytest
 import tensorflow as tf
 from click.testing import CliRunner
 from PIL import Image
+from tfhash.components.record_validation import record_problem
 
 from tfhash.cli import main
-from tfhash.components.record_validation import record_problem
 from tfhash.data import DataFormatError
 from tfhash.data.user import labels_from_matrix, load_user_dataset
 
