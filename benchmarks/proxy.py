@@ -21,10 +21,10 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks.common import markdown_table, write_results  # noqa: E402
+from benchmarks.methods import fit_and_score  # noqa: E402
 from tfhash import proxies  # noqa: E402
 from tfhash.data import load_cifar10, load_mirflickr25k  # noqa: E402
 from tfhash.losses import best_known_min_distance  # noqa: E402
-from tfhash.metrics import evaluate_retrieval  # noqa: E402
 from tfhash.models import HCLMModel, build_hyp2, mlp  # noqa: E402
 from tfhash.models.backbones import squeezenet  # noqa: E402
 
@@ -72,17 +72,6 @@ def cifar_features(seed: int, size: int = 128):
     return ds, features
 
 
-def train_and_score(model, train_x, train_y, query_x, query_y, db_x, db_y, epochs, seed) -> dict:
-    model.compile(optimizer=keras.optimizers.Adam(1e-3))
-    start = time.perf_counter()
-    model.fit(train_x, train_y, epochs=epochs, batch_size=128, verbose=0)
-    seconds = time.perf_counter() - start
-    report = evaluate_retrieval(model.encode(query_x), model.encode(db_x), query_y, db_y, precision_at=[1000])
-    summary = report.summary()
-    return {"mAP@all": summary["mAP@all"], "P@H<=2": summary["P@H<=2"], "P@1000": summary["P@1000"],
-            "train_s": round(seconds, 1), "seed": seed}  # fmt: skip
-
-
 def cifar_rows(seed: int, bits_list, epochs: int) -> list[dict]:
     ds, features = cifar_features(seed)
     train, query, db = ds.split.train, ds.split.query, ds.split.database
@@ -106,7 +95,7 @@ def cifar_rows(seed: int, bits_list, epochs: int) -> list[dict]:
             keras.utils.set_random_seed(seed)
             model = HCLMModel(mlp(512, (512,)), proxy_matrix, **options)
             row = {"dataset": "CIFAR-10 (SqueezeNet features)", "method": name, "bits": bits}
-            row.update(train_and_score(model, x[train], labels[train], x[query], labels[query], x[db], labels[db], epochs, seed))
+            row.update(fit_and_score(model, x[train], labels[train], x[query], labels[query], x[db], labels[db], epochs, seed))
             rows.append(row)
             print(row, flush=True)
     return rows
@@ -130,7 +119,7 @@ def mirflickr_rows(seed: int, bits_list, epochs: int) -> list[dict]:
         }
         for name, model in methods.items():
             row = {"dataset": "MIRFlickr-25K tags", "method": name, "bits": bits}
-            row.update(train_and_score(model, train["text"], train_y.astype("float32"), query["text"], query_y,
+            row.update(fit_and_score(model, train["text"], train_y.astype("float32"), query["text"], query_y,
                                        db["text"], db_y, epochs, seed))  # fmt: skip
             rows.append(row)
             print(row, flush=True)

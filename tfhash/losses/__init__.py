@@ -12,6 +12,7 @@ from tfhash.losses.mean_teacher import (
     sigmoid_rampup,
     softmax_squared_distance,
 )
+from tfhash.losses.pairwise import pairwise_likelihood_loss, pairwise_similarity
 from tfhash.losses.proxy import (
     balanced_binary_cross_entropy,
     best_known_min_distance,
@@ -44,6 +45,8 @@ __all__ = [
     "jcch_coefficients",
     "label_weights",
     "mean_teacher_consistency",
+    "pairwise_likelihood_loss",
+    "pairwise_similarity",
     "quantization_loss",
     "scdh_loss",
     "semantic_cluster_unary_loss",

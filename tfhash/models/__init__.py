@@ -1,5 +1,5 @@
-"""Model builders: SCDH, SCDH-S, MT-SCDH, JCCH, HCLM / sHCLM (+ triplet) and HyP2, each with
-``encode(x) -> +-1 codes``.
+"""Model builders: SCDH, SCDH-S, MT-SCDH, JCCH, HCLM / sHCLM (+ triplet), HyP2 and two baselines
+(DPSH-style pairwise, CNNBH-style softmax classifier), each with ``encode(x) -> +-1 codes``.
 
 Paper hyper-parameters are named presets (:data:`SCDH_PRESETS`); every value is overridable.
 """
@@ -13,6 +13,7 @@ import numpy as np
 
 from tfhash.models.backbones import mlp, small_cnn
 from tfhash.models.jcch import JCCHModel
+from tfhash.models.pairwise import PairwiseHashModel
 from tfhash.models.presets import SCDH_PRESETS, resolve_preset
 from tfhash.models.proxy import HCLMModel, HyP2Model
 from tfhash.models.scdh import MeanTeacherSCDH, SCDHModel
@@ -82,9 +83,30 @@ def build_hyp2(backbone: keras.Model, num_classes: int, bits: int, zeta: float |
     return HyP2Model(backbone, num_classes, bits, zeta=zeta, beta=beta)
 
 
+def build_pairwise(backbone: keras.Model, num_classes: int, bits: int, num_train: int, eta: float = 0.01) -> PairwiseHashModel:
+    """Baseline: DPSH's pairwise likelihood over all training pairs (:class:`PairwiseHashModel`)."""
+    return PairwiseHashModel(backbone, num_classes, bits, num_train, eta=eta)
+
+
+def build_softmax_codes(backbone: keras.Model, num_classes: int, bits: int, seed: int = 0) -> HCLMModel:
+    """Baseline in the style of CNNBH (Guo and Li, 2017): a K-unit hash layer between the backbone
+    and a learned softmax classifier, trained with cross-entropy only; codes = sign of the hash layer.
+
+    Our choices: the hash layer is tanh (CNNBH thresholds a sigmoid at 0.5, the same code up to an
+    affine map) and the classifier has no bias; its weights start N(0, 1/K). This is
+    :class:`HCLMModel` with learnable, randomly initialised proxies.
+    """
+    rng = np.random.default_rng(seed)
+    weights = rng.normal(scale=1.0 / np.sqrt(bits), size=(num_classes, bits)).astype("float32")
+    return HCLMModel(backbone, weights, learn_proxies=True)
+
+
 __all__ = [
     "HCLMModel",
     "HyP2Model",
+    "PairwiseHashModel",
+    "build_pairwise",
+    "build_softmax_codes",
     "build_hclm",
     "build_hyp2",
     "SCDH_PRESETS",

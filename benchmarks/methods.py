@@ -1,0 +1,147 @@
+"""What the retrieval benchmarks share: fixed-feature datasets, one builder per method (the tfhash
+methods and the two baselines) and train-then-score.
+
+Every method trains the same head on the same inputs: ``mlp(d, (512,))`` (one hidden layer of 512
+with dropout 0.2), Adam 1e-3, batch 128, the same seed. Inputs are standardised with the training
+rows' mean and standard deviation.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+from tfhash import proxies  # noqa: E402
+from tfhash.data import load_mnist  # noqa: E402
+from tfhash.data.splits import Split  # noqa: E402
+from tfhash.metrics import evaluate_retrieval  # noqa: E402
+from tfhash.models import (  # noqa: E402
+    HCLMModel,
+    build_hyp2,
+    build_mt_scdh,
+    build_pairwise,
+    build_scdh,
+    build_softmax_codes,
+    mlp,
+)
+
+SINGLE_LABEL_METHODS = ("SCDH", "SCDH-S", "MT-SCDH", "HCLM", "sHCLM", "sHCLM+triplet", "HyP2",
+                        "DPSH-style pairwise", "CNNBH-style softmax")  # fmt: skip
+# MT-SCDH with another consistency weight w than DESIGN.md's 50: "MT-SCDH w=5", "MT-SCDH w=0".
+MT_VARIANTS = ("MT-SCDH w=5", "MT-SCDH w=0")
+HIDDEN = (512,)
+BATCH = 128
+
+
+@dataclass
+class FeatureData:
+    """A single-label dataset as fixed input vectors with its standard split."""
+
+    name: str
+    x: np.ndarray  # (N, d) float32, standardised with the training rows' statistics
+    labels: np.ndarray  # (N, C) uint8 one-hot
+    split: Split
+    inputs: str  # what x is, for the report
+
+    @property
+    def class_ids(self) -> np.ndarray:
+        return self.labels.argmax(axis=1)
+
+    @property
+    def num_classes(self) -> int:
+        return self.labels.shape[1]
+
+
+def standardised(x: np.ndarray, train: np.ndarray) -> np.ndarray:
+    mean, std = x[train].mean(axis=0), x[train].std(axis=0) + 1e-6
+    return ((x - mean) / std).astype("float32")
+
+
+def mnist_pixels(seed: int) -> FeatureData:
+    ds = load_mnist(seed=seed)
+    x = ds.inputs["image"].reshape(len(ds.labels), -1).astype("float32") / 255.0
+    return FeatureData("MNIST", standardised(x, ds.split.train), ds.labels, ds.split, "raw pixels (784)")
+
+
+def cifar_squeezenet(seed: int) -> FeatureData:
+    from benchmarks.proxy import cifar_features
+
+    ds, features = cifar_features(seed)
+    return FeatureData("CIFAR-10", standardised(features, ds.split.train), ds.labels, ds.split,
+                       "frozen ImageNet SqueezeNet v1.1, 128x128, global average pool (512)")  # fmt: skip
+
+
+def build_method(name: str, x_train: np.ndarray, y_train: np.ndarray, bits: int, seed: int,
+                 unlabelled: np.ndarray | None = None):  # fmt: skip
+    """The model and its ``fit`` inputs for one single-label method.
+
+    Args:
+        x_train, y_train: labelled training rows and their one-hot labels.
+        unlabelled: extra unlabelled rows (MT-SCDH only; ``"MT-SCDH w=<w>"`` sets its consistency
+            weight, 50 otherwise).
+
+    Returns:
+        ``(model, x, y)`` ready for ``model.fit(x, y)``.
+    """
+    keras.utils.set_random_seed(seed)
+    dim, num_classes = x_train.shape[1], y_train.shape[1]
+    labels = y_train.astype("float32")
+
+    def head():
+        return mlp(dim, HIDDEN)
+
+    if name in ("SCDH", "SCDH-S"):
+        return build_scdh(head(), num_classes, bits, preset="cifar10", ablation=name == "SCDH-S"), x_train, labels
+    if name == "MT-SCDH" or name.startswith("MT-SCDH w="):
+        if unlabelled is None:
+            raise ValueError("MT-SCDH needs unlabelled rows")
+        consistency = 50.0 if name == "MT-SCDH" else float(name.split("=", 1)[1])
+        x, y = mean_teacher_rows(x_train, labels, unlabelled, seed)
+        model = build_mt_scdh(head, num_classes, bits, x[:2], preset="cifar10", consistency=consistency,
+                              noise_stddev=0.3, rampup_steps=max(1, len(x) // BATCH * 2))  # fmt: skip
+        return model, x, y
+    if name in ("HCLM", "sHCLM", "sHCLM+triplet"):
+        similarity = None if name == "HCLM" else proxies.class_mean_similarity(x_train, y_train.argmax(axis=1))
+        codes = proxies.hclm_proxies(num_classes, bits, similarity=similarity, seed=seed)
+        return HCLMModel(head(), codes, triplet_weight=1.0 if name == "sHCLM+triplet" else 0.0), x_train, labels
+    if name == "HyP2":
+        return build_hyp2(head(), num_classes, bits), x_train, labels
+    if name == "DPSH-style pairwise":
+        model = build_pairwise(head(), num_classes, bits, num_train=len(x_train))
+        return model, x_train, {"labels": labels, "index": np.arange(len(x_train))}
+    if name == "CNNBH-style softmax":
+        return build_softmax_codes(head(), num_classes, bits, seed=seed), x_train, labels
+    raise ValueError(f"unknown method {name!r}; choose one of {SINGLE_LABEL_METHODS + MT_VARIANTS}")
+
+
+def mean_teacher_rows(x_labelled, y_labelled, unlabelled, seed: int, labelled_share: float = 0.5):
+    """Labelled rows repeated until they are about ``labelled_share`` of the rows, plus the
+    unlabelled rows with all-zero labels (MT-SCDH's marker for "no label"). Mean Teacher keeps a
+    fixed labelled share per batch; repeating the labelled rows is our way of doing that with
+    ``fit``'s shuffling."""
+    repeats = max(1, int(round(labelled_share * len(unlabelled) / ((1 - labelled_share) * len(x_labelled)))))
+    x = np.concatenate([np.tile(x_labelled, (repeats, 1)), unlabelled])
+    y = np.concatenate([np.tile(y_labelled, (repeats, 1)), np.zeros((len(unlabelled), y_labelled.shape[1]), "float32")])
+    order = np.random.default_rng(seed).permutation(len(x))
+    return x[order], y[order]
+
+
+def fit_and_score(model, x, y, query_x, query_y, db_x, db_y, epochs: int, seed: int) -> dict:
+    """Train, encode, evaluate (mAP@all, P@H<=2, P@1000) and time the training."""
+    model.compile(optimizer=keras.optimizers.Adam(1e-3))
+    start = time.perf_counter()
+    history = model.fit(x, y, epochs=epochs, batch_size=BATCH, verbose=0)
+    seconds = time.perf_counter() - start
+    report = evaluate_retrieval(model.encode(query_x), model.encode(db_x), query_y, db_y, precision_at=[1000])
+    summary = report.summary()
+    row = {"mAP@all": summary["mAP@all"], "P@H<=2": summary["P@H<=2"], "P@1000": summary["P@1000"],
+           "train_s": round(seconds, 1), "epochs": epochs, "seed": seed}  # fmt: skip
+    if "quantization" in history.history:
+        row["final l_q"] = float(history.history["quantization"][-1])
+    return row

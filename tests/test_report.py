@@ -1,0 +1,98 @@
+"""The evidence report's own logic: class folds, slopes, claim verdicts, the text and the plots.
+(The report's numbers come from `python -m benchmarks.report`, not from tests.)"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from benchmarks import methods, plots, report
+
+
+def test_class_folds_are_disjoint_seeded_and_hold_out_about_a_quarter():
+    folds = report.class_folds(10, 4, seed=0)
+    assert [len(f) for f in folds] == [3, 3, 2, 2]
+    assert sorted(np.concatenate(folds).tolist()) == list(range(10))
+    assert all(np.array_equal(a, b) for a, b in zip(folds, report.class_folds(10, 4, seed=0), strict=True))
+    assert not all(np.array_equal(a, b) for a, b in zip(folds, report.class_folds(10, 4, seed=1), strict=True))
+    assert len(report.class_folds(10, 2, seed=0)) == 2
+
+
+def cost_rows(exponents: dict) -> list[dict]:
+    sizes = [1000, 2000, 4000, 8000]
+    return [{"n": n, **{f"{m} s/epoch": 1e-3 * n**e for m, e in exponents.items()}} for n in sizes]
+
+
+def test_log_log_slopes_recover_the_exponents():
+    slopes = report.log_log_slopes(cost_rows({"SCDH": 1.0, "sHCLM": 1.1, "DPSH-style pairwise": 2.0}))
+    assert slopes["SCDH"]["all sizes"] == pytest.approx(1.0, abs=0.01)
+    assert slopes["DPSH-style pairwise"]["larger half"] == pytest.approx(2.0, abs=0.01)
+
+
+def retrieval(method, bits, value, dataset="MNIST"):
+    return {"dataset": dataset, "method": method, "bits": bits, "mAP@all": value}
+
+
+def test_claims_hold_only_when_every_pair_agrees():
+    results = {
+        "retrieval": [retrieval("SCDH", 32, 0.9), retrieval("SCDH-S", 32, 0.8), retrieval("SCDH", 64, 0.7),
+                      retrieval("SCDH-S", 64, 0.75), retrieval("MT-SCDH", 32, 0.95)],
+        "cost_slopes": report.log_log_slopes(cost_rows({"SCDH": 1.0, "sHCLM": 1.0, "DPSH-style pairwise": 1.9})),
+    }  # fmt: skip
+    claims = {c["claim"].split()[0]: c for c in report.check_claims(results)}
+    assert not claims["SCDH"]["holds"] and "64 bits: 0.7000 vs 0.7500 (fails)" in claims["SCDH"]["evidence"]
+    assert claims["MT-SCDH"]["holds"]
+    assert claims["unary"]["holds"]
+    results["cost_slopes"] = report.log_log_slopes(cost_rows({"SCDH": 1.0, "sHCLM": 1.0, "DPSH-style pairwise": 1.1}))
+    assert not {c["claim"].split()[0]: c for c in report.check_claims(results)}["unary"]["holds"]
+
+
+def test_alpha_rule_of_thumb_verdict():
+    def row(alpha, lq, value):
+        return {"parameter": "alpha", "value": alpha, "final l_q": lq, "mAP@all": value}
+
+    holds = report.check_claims({"sensitivity": [row(0.05, 0.26, 0.50), row(1.0, 0.17, 0.55)]})
+    fails = report.check_claims({"sensitivity": [row(0.05, 0.26, 0.56), row(1.0, 0.17, 0.55)]})
+    assert holds[0]["holds"] and not fails[0]["holds"]
+    assert "alpha 1: l_q 0.170, mAP 0.5500" in holds[0]["evidence"]
+
+
+def test_markdown_and_plots_from_rows(tmp_path):
+    rows = [dict(retrieval(m, b, 0.6 - 0.01 * i), **{"P@H<=2": 0.5, "P@1000": 0.5, "train_s": 1.0, "seed": 0})
+            for i, m in enumerate(("SCDH", "SCDH-S")) for b in (16, 32)]  # fmt: skip
+    transfer = [{"dataset": "MNIST", "fold": 0, "held-out classes": "1 2", "method": m, "bits": 32, "mAP@all": 0.4,
+                 "softmax accuracy": 0.8, "train_s": 1.0, "seed": 0} for m in report.TRANSFER_METHODS]  # fmt: skip
+    sensitivity = [{"dataset": "CIFAR-10", "parameter": p, "value": v, "mAP@all": 0.5, "final l_q": 0.2}
+                   for p in ("lam", "alpha") for v in (0.0, 0.1)]  # fmt: skip
+    results = {"seed": 0, "mode": "quick", "suffix": "_t", "settings": {}, "total_s": 60.0,
+               "environment": {"cpus": 2, "python": "3.10", "date": "today"}, "retrieval": rows,
+               "cost": cost_rows({"SCDH": 1.0, "sHCLM": 1.0, "DPSH-style pairwise": 2.0}),
+               "transfer": transfer, "transfer_means": report.transfer_means(transfer), "sensitivity": sensitivity}  # fmt: skip
+    results["cost_slopes"] = report.log_log_slopes(results["cost"])
+    results["claims"] = report.check_claims(results)
+    written = plots.write_plots(results, tmp_path / "report_t")
+    assert sorted(p.name for p in written) == ["report_t_cost.png", "report_t_retrieval_mnist.png",
+                                               "report_t_sensitivity.png", "report_t_transfer.png"]  # fmt: skip
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in written)
+    text = report.markdown(results, "python -m benchmarks.report --quick --seed 0")
+    for needle in ("python -m benchmarks.report --quick --seed 0", "| SCDH beats its ablation SCDH-S (mAP@all) | yes |",
+                   "### MNIST", "report_t_cost.png", "Paper setting", "held-out classes"):  # fmt: skip
+        assert needle in text
+
+
+def test_mean_teacher_rows_keep_a_labelled_share_and_mark_unlabelled_rows():
+    x = np.ones((100, 3), "float32")
+    y = np.eye(2, dtype="float32")[np.arange(100) % 2]
+    unlabelled = np.zeros((900, 3), "float32")
+    rows, targets = methods.mean_teacher_rows(x, y, unlabelled, seed=0, labelled_share=0.25)
+    labelled = targets.sum(axis=1) > 0
+    assert labelled.sum() == 300 and (~labelled).sum() == 900  # 3 repeats: 25% of the rows
+    assert np.all(rows[~labelled] == 0) and np.all(rows[labelled] == 1)
+
+
+def test_unknown_method_is_refused():
+    x, y = np.zeros((4, 3), "float32"), np.eye(2, dtype="float32")[[0, 1, 0, 1]]
+    with pytest.raises(ValueError, match="unknown method"):
+        methods.build_method("DSH", x, y, 16, 0)
+    with pytest.raises(ValueError, match="unlabelled"):
+        methods.build_method("MT-SCDH", x, y, 16, 0)

@@ -1,0 +1,41 @@
+"""Pairwise-likelihood baseline loss (DPSH: Li, Wang and Kang, "Feature Learning based Deep
+Supervised Hashing with Pairwise Labels", IJCAI 2016, Eq. 3 and 5).
+
+It is here as the O(n^2) reference the unary losses are measured against (SCDH Sec. III): each
+example of a batch is paired with every training example through a memory of the latest
+continuous codes, so one epoch touches all n^2 pairs.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+
+def pairwise_similarity(labels, other_labels):
+    """s_ij = 1 when examples i and j share at least one label, else 0 (float32, ``(n, m)``)."""
+    labels = tf.cast(labels, tf.float32)
+    other_labels = tf.cast(other_labels, tf.float32)
+    return tf.cast(tf.matmul(labels, other_labels, transpose_b=True) > 0, tf.float32)
+
+
+def pairwise_likelihood_loss(codes, other_codes, similarity, eta: float = 0.01):
+    """DPSH's objective for a batch against a set of codes (the memory U of DPSH's Algorithm 1).
+
+    L = mean_ij [ log(1 + exp(theta_ij)) - s_ij theta_ij ] + eta * mean_i ||u_i - sign(u_i)||^2,
+    theta_ij = u_i . u_j / 2 (Eq. 3 with the relaxation of Eq. 5).
+
+    DPSH sums over pairs; we take means so the learning rate does not depend on n (our choice).
+    Against DPSH's sums, a weight eta here equals eta * m in DPSH's form.
+
+    Args:
+        codes: ``(n, K)`` continuous codes u of the batch.
+        other_codes: ``(m, K)`` codes to pair with (the memory, or ``codes`` itself).
+        similarity: ``(n, m)`` 0/1 pair labels (:func:`pairwise_similarity`).
+        eta: weight of the quantization term.
+    """
+    codes = tf.cast(codes, tf.float32)
+    theta = 0.5 * tf.matmul(codes, tf.cast(other_codes, tf.float32), transpose_b=True)
+    likelihood = tf.reduce_mean(tf.nn.softplus(theta) - tf.cast(similarity, tf.float32) * theta)
+    signs = tf.where(codes >= 0.0, 1.0, -1.0)
+    quantization = tf.reduce_mean(tf.reduce_sum(tf.square(codes - signs), axis=-1))
+    return likelihood + eta * quantization
