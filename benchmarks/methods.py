@@ -101,7 +101,10 @@ def build_method(name: str, x_train: np.ndarray, y_train: np.ndarray, bits: int,
     if name == "MT-SCDH" or name.startswith("MT-SCDH w="):
         if unlabelled is None:
             raise ValueError("MT-SCDH needs unlabelled rows")
-        consistency = 50.0 if name == "MT-SCDH" else float(name.split("=", 1)[1])
+        try:
+            consistency = 50.0 if name == "MT-SCDH" else float(name.split("=", 1)[1])
+        except ValueError:
+            raise ValueError(f"{name!r}: the consistency weight after 'w=' must be a number") from None
         x, y = mean_teacher_rows(x_train, labels, unlabelled, seed)
         model = build_mt_scdh(head, num_classes, bits, x[:2], preset="cifar10", consistency=consistency,
                               noise_stddev=0.3, rampup_steps=max(1, len(x) // BATCH * 2))  # fmt: skip

@@ -1,6 +1,6 @@
 """The evidence report (issue 9): one command, fixed seeds, real data.
 
-    python -m benchmarks.report [--quick] [--seed 0] [--only SECTION ...]
+    python -m benchmarks.report [--quick] [--seed 0] [--only SECTION ...] [--merge]
 
 Writes ``benchmarks/results/report[_quick].json``, ``report[_quick].md`` and
 ``report[_quick]_*.png``. ``--quick`` (fewer bit lengths, epochs, sizes and folds) finishes in
@@ -29,6 +29,9 @@ from benchmarks import methods, paper_notes, plots
 from benchmarks.common import RESULTS_DIR, environment, markdown_table
 
 SECTIONS = ("retrieval", "multilabel", "crossmodal", "cost", "transfer", "sensitivity", "systems", "pipeline")
+# The result keys each section writes (``--merge`` carries them over from an earlier run).
+SECTION_KEYS = {part: (part,) for part in SECTIONS} | {"cost": ("cost", "cost_slopes"),
+                                                      "transfer": ("transfer", "transfer_means")}
 
 SETTINGS = {
     "quick": {
@@ -295,7 +298,14 @@ def markdown(results: dict, command: str) -> str:
         f"Regenerate: `{command}` (seed {results['seed']}, mode **{results['mode']}**). "
         f"Machine: {results['environment']['cpus']} CPUs, Python {results['environment']['python']}, "
         f"TensorFlow {results['environment'].get('tensorflow')}; date {results['environment']['date']}; "
-        f"total {results['total_s'] / 60:.1f} min. All numbers below come from this run.\n",
+        f"total {results['total_s'] / 60:.1f} min. All numbers below come from this run.\n"
+        if "section_runs" not in results else
+        f"Regenerate: `{command}` (seed {results['seed']}, mode **{results['mode']}**). "
+        f"Machine: {results['environment']['cpus']} CPUs, Python {results['environment']['python']}, "
+        f"TensorFlow {results['environment'].get('tensorflow')}. The sections were run separately and merged "
+        f"(`--merge`), same seed and settings: "
+        + "; ".join(f"{part} {run['date']} ({run['seconds'] / 60:.1f} min)" for part, run in results["section_runs"].items())
+        + f"; total {results['total_s'] / 60:.1f} min.\n",
         "Every retrieval model trains the same head (one hidden layer of 512, dropout 0.2, Adam 1e-3, batch 128) "
         "on fixed inputs: MNIST raw pixels; CIFAR-10 frozen ImageNet SqueezeNet v1.1 features (the papers fine-tune "
         "AlexNet / VGG / ResNet end to end, which neither the weights nor the 2-core CPU budget allow here). "
@@ -350,18 +360,56 @@ def markdown(results: dict, command: str) -> str:
     return "\n".join(md)
 
 
+def regenerate_command(quick: bool, seed: int, sections: list[str]) -> str:
+    """The command line that reruns a report of these sections (all of them when ``sections`` is empty)."""
+    return ("python -m benchmarks.report" + (" --quick" if quick else "") + f" --seed {seed}"
+            + "".join(f" --only {part}" for part in sections))  # fmt: skip
+
+
+def load_report(path: Path, new: dict) -> dict:
+    """The earlier report that ``--merge`` extends; refused unless its seed, mode and settings match."""
+    if not path.exists():
+        return {"seed": new["seed"], "mode": new["mode"], "settings": new["settings"], "sections": []}
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise SystemExit(f"--merge: cannot read {path}: {err}") from None
+    for key in ("seed", "mode", "settings"):
+        if json.dumps(old.get(key), sort_keys=True) != json.dumps(new[key], sort_keys=True, default=float):
+            raise SystemExit(f"--merge: {path} has a different {key} ({old.get(key)!r}); run without --merge")
+    return old
+
+
+def merged(old: dict, new: dict) -> dict:
+    """``new`` plus the sections of ``old`` it did not rerun, with each section's date and seconds."""
+    runs = old.get("section_runs") or {part: {"date": old["environment"]["date"], "seconds": old["section_s"][part]}
+                                       for part in old["sections"]}  # fmt: skip
+    runs = {part: run for part, run in runs.items() if part not in new["sections"]}
+    runs |= {part: {"date": new["environment"]["date"], "seconds": new["section_s"][part]} for part in new["sections"]}
+    out = dict(new)
+    for part in old["sections"]:
+        if part not in new["sections"]:
+            out.update({key: old[key] for key in SECTION_KEYS[part] if key in old})
+    out["sections"] = [part for part in SECTIONS if part in runs]
+    out["section_runs"] = {part: runs[part] for part in out["sections"]}
+    out["section_s"] = {part: run["seconds"] for part, run in out["section_runs"].items()}
+    out["total_s"] = sum(out["section_s"].values())
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="the smaller run (under 20 minutes with cached features)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only", choices=SECTIONS, action="append", help="run only these sections (repeatable)")
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the other sections of the existing report of this mode (same seed and settings)")
     args = parser.parse_args()
     mode = "quick" if args.quick else "full"
     cfg = SETTINGS[mode]
     parts = args.only or list(SECTIONS)
     suffix = "_quick" if args.quick else ""
-    command = "python -m benchmarks.report" + (" --quick" if args.quick else "") + f" --seed {args.seed}" + \
-        "".join(f" --only {p}" for p in args.only or [])
+    command = regenerate_command(args.quick, args.seed, args.only or [])
     results: dict = {"seed": args.seed, "mode": mode, "suffix": suffix, "settings": cfg, "sections": parts}
     start = time.perf_counter()
     timings = {}
@@ -396,8 +444,12 @@ def main() -> None:
         timings[part] = round(time.perf_counter() - began, 1)
     results["section_s"] = timings
     results["total_s"] = time.perf_counter() - start
-    results["claims"] = check_claims(results)
     results["environment"] = environment()
+    if args.merge:
+        results = merged(load_report(RESULTS_DIR / f"report{suffix}.json", results), results)
+        whole = results["sections"] == list(SECTIONS)
+        command = regenerate_command(args.quick, args.seed, [] if whole else results["sections"])
+    results["claims"] = check_claims(results)
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     images = plots.write_plots(results, RESULTS_DIR / f"report{suffix}")
     (RESULTS_DIR / f"report{suffix}.json").write_text(json.dumps(results, indent=2, default=float))

@@ -96,3 +96,35 @@ def test_unknown_method_is_refused():
         methods.build_method("DSH", x, y, 16, 0)
     with pytest.raises(ValueError, match="unlabelled"):
         methods.build_method("MT-SCDH", x, y, 16, 0)
+    with pytest.raises(ValueError, match="must be a number"):
+        methods.build_method("MT-SCDH w=high", x, y, 16, 0, unlabelled=x)
+
+
+def run_of(sections: list[str], date: str, **values) -> dict:
+    return {"seed": 0, "mode": "full", "settings": {"bits": [16, 32]}, "sections": sections,
+            "section_s": {part: 60.0 for part in sections}, "environment": {"date": date}, **values}  # fmt: skip
+
+
+def test_merge_keeps_the_sections_it_did_not_rerun_and_replaces_those_it_did(tmp_path):
+    first = run_of(["retrieval", "cost"], "day 1", retrieval=["old rows"], cost=["old cost"], cost_slopes={"a": 1})
+    second = run_of(["cost", "sensitivity"], "day 2", cost=["new cost"], cost_slopes={"a": 2}, sensitivity=["s"])
+    out = report.merged(first, second)
+    assert out["sections"] == ["retrieval", "cost", "sensitivity"]
+    assert out["retrieval"] == ["old rows"] and out["cost"] == ["new cost"] and out["cost_slopes"] == {"a": 2}
+    assert out["section_runs"]["retrieval"]["date"] == "day 1" and out["section_runs"]["cost"]["date"] == "day 2"
+    assert out["total_s"] == 180.0
+    assert report.merged(out, run_of(["pipeline"], "day 3", pipeline={}))["section_runs"]["cost"]["date"] == "day 2"
+
+
+def test_merge_refuses_a_report_of_other_settings_or_an_unreadable_one(tmp_path):
+    path = tmp_path / "report.json"
+    new = run_of(["cost"], "day 2")
+    assert report.load_report(path, new)["sections"] == []
+    path.write_text(report.json.dumps(run_of(["retrieval"], "day 1") | {"seed": 1}))
+    with pytest.raises(SystemExit, match="different seed"):
+        report.load_report(path, new)
+    path.write_text('{"seed": 0, "mode"')
+    with pytest.raises(SystemExit, match="cannot read"):
+        report.load_report(path, new)
+    path.write_text(report.json.dumps(run_of(["retrieval"], "day 1")))
+    assert report.load_report(path, new)["sections"] == ["retrieval"]
