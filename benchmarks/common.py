@@ -42,9 +42,15 @@ def write_results(name: str, payload: dict, markdown: str) -> Path:
 
 
 def markdown_table(rows: list[dict], columns: list[str]) -> str:
-    def fmt(value):
-        return f"{value:.4f}" if isinstance(value, float) else str(value)
+    # A column whose floats were all rounded to one decimal (seconds, MiB) prints one decimal; others four.
+    short = {c for c in columns
+             if all(round(r[c], 1) == r[c] for r in rows if isinstance(r.get(c), float))}  # fmt: skip
+
+    def fmt(column, value):
+        if isinstance(value, float):
+            return f"{value:.1f}" if column in short else f"{value:.4f}"
+        return str(value).replace("|", "\\|")  # a bare | would split the cell
 
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(fmt(row.get(c, "")) for c in columns) + " |" for row in rows]
+    lines += ["| " + " | ".join(fmt(c, row.get(c, "")) for c in columns) + " |" for row in rows]
     return "\n".join(lines)

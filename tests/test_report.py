@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from benchmarks import methods, plots, report
+from benchmarks.common import markdown_table
 
 
 def test_class_folds_are_disjoint_seeded_and_hold_out_about_a_quarter():
@@ -16,6 +17,15 @@ def test_class_folds_are_disjoint_seeded_and_hold_out_about_a_quarter():
     assert all(np.array_equal(a, b) for a, b in zip(folds, report.class_folds(10, 4, seed=0), strict=True))
     assert not all(np.array_equal(a, b) for a, b in zip(folds, report.class_folds(10, 4, seed=1), strict=True))
     assert len(report.class_folds(10, 2, seed=0)) == 2
+
+
+def test_markdown_table_keeps_cells_apart_and_prints_rounded_seconds_as_rounded():
+    rows = [{"method": "SCUL (q = 1/|Y|)", "mAP": 0.5, "train_s": 16.4, "epochs": 40},
+            {"method": "HyP2", "mAP": 0.73126, "train_s": 7.0, "epochs": 40}]  # fmt: skip
+    lines = markdown_table(rows, ["method", "mAP", "train_s", "epochs"]).splitlines()
+    assert lines[2] == "| SCUL (q = 1/\\|Y\\|) | 0.5000 | 16.4 | 40 |"
+    assert lines[3] == "| HyP2 | 0.7313 | 7.0 | 40 |"
+    assert all(line.replace("\\|", "").count("|") == 5 for line in lines)
 
 
 def cost_rows(exponents: dict) -> list[dict]:
