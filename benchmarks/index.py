@@ -86,7 +86,7 @@ def run(n: int, bits: int, seed: int, n_queries: int, numpy_queries: int) -> lis
     for description, params in configs:
         before = rss_mib()
         start = time.perf_counter()
-        index = index_factory(bits, description, **params)
+        index = index_factory(bits, description, seed=seed, **params)  # seeds the IVF / ScaNN k-means
         if description.startswith("BIVF"):
             index.train(db[rng.choice(n, min(n, 200_000), replace=False)])
         index.add(db)

@@ -126,11 +126,14 @@ def test_bad_arguments_are_clear_errors():
         BinaryIndex(12)
 
 
-@pytest.mark.parametrize("description", ["BFlat", "BIVF8", "BMultiHash4", "ScaNNBrute"])
-def test_save_load_round_trip(tmp_path, description):
+@pytest.mark.parametrize(("description", "params"), [("BFlat", {}), ("BIVF8", {}), ("BMultiHash4", {}),
+                                                     ("ScaNNBrute", {}), ("ScaNN", {"leaves_to_search": 2})])  # fmt: skip
+def test_save_load_round_trip(tmp_path, description, params):
+    # A loaded ScaNN index rebuilds its tree (search visits 2 of its 20 leaves), so the answers after
+    # loading equal those before only if the build is deterministic.
     rng = np.random.default_rng(4)
     db, queries = _codes(rng, 200, 32), _codes(rng, 7, 32)
-    index = index_factory(32, description)
+    index = index_factory(32, description, **params)
     index.add(db, np.arange(200) * 3)
     before = index.search(queries, 5)
     path = tmp_path / "idx"
@@ -141,8 +144,7 @@ def test_save_load_round_trip(tmp_path, description):
     loaded = load_index(path, expected_model_version="7")
     after = loaded.search(queries, 5)
     np.testing.assert_array_equal(before.distances, after.distances)
-    if loaded.exact:
-        np.testing.assert_array_equal(before.ids, after.ids)
+    np.testing.assert_array_equal(before.ids, after.ids)
     assert not list(tmp_path.glob(".idx*"))  # no staging directories left behind
 
 

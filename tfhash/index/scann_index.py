@@ -5,6 +5,13 @@ search; distances are reported as ``(K - q.x) / 2`` (the Hamming distance for bi
 Asymmetric mode: continuous queries against the binary database, same formula (no longer an
 integer). ``mode="brute"`` is exact up to tie order; ``mode="ah"`` is a tree (partitioning) +
 asymmetric hashing + exact reordering, approximate.
+
+The tree is trained with k-means++ initialisation and ``clustering_seed = seed``, so a build is a
+function of the codes and the parameters: an index loaded from disk (which rebuilds its tree) and
+every replica of the search service answer exactly as the index did when it was saved. ScaNN's
+default random initialisation is not seeded by ``clustering_seed`` and gives a different tree on
+each build (measured with scann 1.3.2); k-means++ takes about twice as long to build (6 s against
+3 s for 100,000 x 64 bits, 1,000 leaves) at the same recall.
 """
 
 from __future__ import annotations
@@ -25,16 +32,17 @@ class ScannIndex(HashIndex):
         mode: ``"ah"`` (tree + AH + reorder) or ``"brute"``.
         num_leaves, leaves_to_search, reorder: ScaNN tree and reordering settings (``ah``).
         training_sample_size: tree training sample.
+        seed: seed of the tree's k-means (``ah``); see the module docstring.
     """
 
     def __init__(self, bits: int, mode: str = "ah", num_leaves: int = 1000, leaves_to_search: int = 50,
-                 reorder: int = 200, training_sample_size: int = 100000):  # fmt: skip
+                 reorder: int = 200, training_sample_size: int = 100000, seed: int = 0):  # fmt: skip
         super().__init__(bits)
         if mode not in ("ah", "brute"):
             raise IndexError_(f"ScaNN mode must be 'ah' or 'brute', got {mode!r}")
         self.kind, self.exact, self.mode = f"scann-{mode}", False, mode
         self.num_leaves, self.leaves_to_search, self.reorder = int(num_leaves), int(leaves_to_search), int(reorder)
-        self.training_sample_size = int(training_sample_size)
+        self.training_sample_size, self.seed = int(training_sample_size), int(seed)
         self._vectors = np.zeros((0, bits), dtype=np.float32)
         self._ids = np.zeros(0, dtype=np.int64)
         self._searcher = None
@@ -49,7 +57,7 @@ class ScannIndex(HashIndex):
 
     def params(self) -> dict:
         return {"mode": self.mode, "num_leaves": self.num_leaves, "leaves_to_search": self.leaves_to_search,
-                "reorder": self.reorder, "training_sample_size": self.training_sample_size}  # fmt: skip
+                "reorder": self.reorder, "training_sample_size": self.training_sample_size, "seed": self.seed}  # fmt: skip
 
     def _as_vectors(self, codes, name: str) -> np.ndarray:
         codes = np.asarray(codes)
@@ -87,16 +95,20 @@ class ScannIndex(HashIndex):
 
         builder = scann.scann_ops_pybind.builder(self._vectors, k, "dot_product")
         if self.mode == "brute":
-            builder = builder.score_brute_force()
-        else:
-            leaves = max(1, min(self.num_leaves, self.ntotal // 10 or 1))
-            builder = builder.tree(
-                num_leaves=leaves,
-                num_leaves_to_search=min(self.leaves_to_search, leaves),
-                training_sample_size=min(self.training_sample_size, self.ntotal),
-            )
-            builder = builder.score_ah(2, anisotropic_quantization_threshold=0.2).reorder(max(self.reorder, k))
-        return builder.build()
+            return builder.score_brute_force().build()
+        leaves = max(1, min(self.num_leaves, self.ntotal // 10 or 1))
+        builder = builder.tree(
+            num_leaves=leaves,
+            num_leaves_to_search=min(self.leaves_to_search, leaves),
+            training_sample_size=min(self.training_sample_size, self.ntotal),
+            random_init=False,  # k-means++, which honours clustering_seed
+        )
+        config = builder.score_ah(2, anisotropic_quantization_threshold=0.2).reorder(max(self.reorder, k)).create_config()
+        # The builder has no seed argument; the partitioning proto's clustering_seed field takes it.
+        if "partitioning {" not in config:
+            raise IndexError_("this ScaNN version's config has no 'partitioning {' block to seed; see constraints/py310.txt")
+        config = config.replace("partitioning {", f"partitioning {{\n        clustering_seed: {self.seed}", 1)
+        return scann.scann_ops_pybind.create_searcher(self._vectors, config)
 
     def search(self, queries, k: int) -> SearchResult:
         vectors = self._as_vectors(queries, "queries")
