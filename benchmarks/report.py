@@ -290,22 +290,24 @@ def check_claims(results: dict) -> list[dict]:
 RETRIEVAL_COLUMNS = ["method", "bits", "mAP@all", "P@H<=2", "P@1000", "train_s", "epochs", "unlabelled rows", "seed"]
 
 
+def provenance(results: dict, command: str) -> str:
+    """The report's first paragraph: how to regenerate it, the machine, and when each part ran."""
+    env = results["environment"]
+    text = (f"Regenerate: `{command}` (seed {results['seed']}, mode **{results['mode']}**). "
+            f"Machine: {env['cpus']} CPUs, Python {env['python']}, TensorFlow {env.get('tensorflow')}")  # fmt: skip
+    if "section_runs" not in results:
+        return text + f"; date {env['date']}; total {results['total_s'] / 60:.1f} min. All numbers below come from this run.\n"
+    runs = "; ".join(f"{part} {run['date']} ({run['seconds'] / 60:.1f} min)" for part, run in results["section_runs"].items())
+    return (text + ". The sections were run separately and merged (`--merge`), same seed and settings: "
+            + runs + f"; total {results['total_s'] / 60:.1f} min.\n")  # fmt: skip
+
+
 def markdown(results: dict, command: str) -> str:
     """The report text: settings, claims, one section per part with the paper's closest setting."""
     notes = paper_notes.NOTES
     md = [
         "# tfhash evidence report\n",
-        f"Regenerate: `{command}` (seed {results['seed']}, mode **{results['mode']}**). "
-        f"Machine: {results['environment']['cpus']} CPUs, Python {results['environment']['python']}, "
-        f"TensorFlow {results['environment'].get('tensorflow')}; date {results['environment']['date']}; "
-        f"total {results['total_s'] / 60:.1f} min. All numbers below come from this run.\n"
-        if "section_runs" not in results else
-        f"Regenerate: `{command}` (seed {results['seed']}, mode **{results['mode']}**). "
-        f"Machine: {results['environment']['cpus']} CPUs, Python {results['environment']['python']}, "
-        f"TensorFlow {results['environment'].get('tensorflow')}. The sections were run separately and merged "
-        f"(`--merge`), same seed and settings: "
-        + "; ".join(f"{part} {run['date']} ({run['seconds'] / 60:.1f} min)" for part, run in results["section_runs"].items())
-        + f"; total {results['total_s'] / 60:.1f} min.\n",
+        provenance(results, command),
         "Every retrieval model trains the same head (one hidden layer of 512, dropout 0.2, Adam 1e-3, batch 128) "
         "on fixed inputs: MNIST raw pixels; CIFAR-10 frozen ImageNet SqueezeNet v1.1 features (the papers fine-tune "
         "AlexNet / VGG / ResNet end to end, which neither the weights nor the 2-core CPU budget allow here). "
@@ -409,7 +411,6 @@ def main() -> None:
     cfg = SETTINGS[mode]
     parts = args.only or list(SECTIONS)
     suffix = "_quick" if args.quick else ""
-    command = regenerate_command(args.quick, args.seed, args.only or [])
     results: dict = {"seed": args.seed, "mode": mode, "suffix": suffix, "settings": cfg, "sections": parts}
     start = time.perf_counter()
     timings = {}
@@ -447,8 +448,8 @@ def main() -> None:
     results["environment"] = environment()
     if args.merge:
         results = merged(load_report(RESULTS_DIR / f"report{suffix}.json", results), results)
-        whole = results["sections"] == list(SECTIONS)
-        command = regenerate_command(args.quick, args.seed, [] if whole else results["sections"])
+    whole = results["sections"] == list(SECTIONS)
+    command = regenerate_command(args.quick, args.seed, [] if whole else results["sections"])
     results["claims"] = check_claims(results)
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     images = plots.write_plots(results, RESULTS_DIR / f"report{suffix}")

@@ -115,7 +115,7 @@ def run_of(sections: list[str], date: str, **values) -> dict:
             "section_s": {part: 60.0 for part in sections}, "environment": {"date": date}, **values}  # fmt: skip
 
 
-def test_merge_keeps_the_sections_it_did_not_rerun_and_replaces_those_it_did(tmp_path):
+def test_merge_keeps_the_sections_it_did_not_rerun_and_replaces_those_it_did():
     first = run_of(["retrieval", "cost"], "day 1", retrieval=["old rows"], cost=["old cost"], cost_slopes={"a": 1})
     second = run_of(["cost", "sensitivity"], "day 2", cost=["new cost"], cost_slopes={"a": 2}, sensitivity=["s"])
     out = report.merged(first, second)
