@@ -12,6 +12,13 @@ Signatures:
 Both return ``codes`` (continuous float32), ``binary_codes`` (int8 +-1, sign(0) = +1) and
 ``packed_codes`` (uint8, big bit order; DESIGN.md s.2). TF Serving warmup records go to
 ``assets.extra/tf_serving_warmup_requests``.
+
+Input checks inside the signatures (so TF Serving, ``saved_model_cli`` and the search service all
+answer INVALID_ARGUMENT for the same inputs): the float features parsed from tf.Examples must be
+finite, and every model input must have the declared shape, be finite and lie within its value
+range (:data:`IMAGE_RANGE` for decoded images, +-:data:`DEFAULT_VALUE_BOUND` unless told
+otherwise), checked before the model runs. A NaN is never left to the network: ReLU and max can
+turn it into a number on some CPUs (oneDNN maps an all-NaN input to all-zero codes).
 """
 
 from __future__ import annotations
@@ -21,6 +28,41 @@ import os
 import tensorflow as tf
 
 NOT_SERVED = ("labels", "id")
+#: Inputs of unknown range are bounded by +-this: beyond it float32 arithmetic in the first layers
+#: overflows or loses the input, so such values are refused instead of encoded.
+DEFAULT_VALUE_BOUND = 1e6
+#: Decoded 8-bit images (the Transform's pixels, float 0..255).
+IMAGE_RANGE = (0.0, 255.0)
+
+
+def finite_features(parsed: dict) -> dict:
+    """Parsed tf.Example features with every float tensor (dense, sparse or ragged) checked finite
+    (``CheckNumerics``: InvalidArgumentError naming the feature)."""
+
+    def check(name, tensor):
+        if not tensor.dtype.is_floating:
+            return tensor
+        message = f"feature {name!r} holds NaN or infinite values"
+        if isinstance(tensor, tf.SparseTensor):
+            return tf.SparseTensor(tensor.indices, tf.debugging.check_numerics(tensor.values, message), tensor.dense_shape)
+        if isinstance(tensor, tf.RaggedTensor):
+            return tensor.with_flat_values(tf.debugging.check_numerics(tensor.flat_values, message))
+        return tf.debugging.check_numerics(tensor, message)
+
+    return {name: check(name, tensor) for name, tensor in parsed.items()}
+
+
+def checked_input(features: tf.Tensor, name: str, shape: list, value_range: tuple) -> tf.Tensor:
+    """A model input after the signature's checks: shape ``[batch, *shape]``, finite, within
+    ``value_range`` (inclusive); any violation raises InvalidArgumentError before the model runs."""
+    low, high = (float(v) for v in value_range)
+    features = tf.ensure_shape(features, [None, *shape])
+    features = tf.debugging.check_numerics(features, f"input {name!r} holds NaN or infinite values")
+    within = tf.reduce_all(tf.logical_and(features >= low, features <= high))
+    check = tf.debugging.Assert(within, [f"input {name!r} holds values outside [{low:g}, {high:g}]; its min and max:",
+                                         tf.reduce_min(features), tf.reduce_max(features)])  # fmt: skip
+    with tf.control_dependencies([check]):
+        return tf.identity(features)
 
 
 def code_outputs(codes: tf.Tensor, bits: int) -> dict:
@@ -44,14 +86,17 @@ class ServingModule(tf.Module):
     """Holds the Keras model and the Transform layer so that both are saved. ``tft_layer`` maps the
     parsed raw features to the model inputs (the Transform graph in the pipeline; any callable of
     stock TF ops for data that needs no Transform). ``inputs``: ``{input name: shape}``, one entry,
-    or two for a cross-modal model (one tower per modality, :class:`tfhash.models.JCCHModel`)."""
+    or two for a cross-modal model (one tower per modality, :class:`tfhash.models.JCCHModel`).
+    ``value_ranges``: ``{input name: (low, high)}``, default +-:data:`DEFAULT_VALUE_BOUND`."""
 
-    def __init__(self, model, tft_layer, raw_feature_spec: dict, inputs: dict, bits: int):
+    def __init__(self, model, tft_layer, raw_feature_spec: dict, inputs: dict, bits: int, value_ranges: dict | None = None):
         super().__init__()
         self.model = model
         self.tft_layer = tft_layer
         self.bits = int(bits)
         self.inputs = {name: list(shape) for name, shape in inputs.items()}
+        self.value_ranges = {name: tuple((value_ranges or {}).get(name, (-DEFAULT_VALUE_BOUND, DEFAULT_VALUE_BOUND)))
+                             for name in self.inputs}  # fmt: skip
         self.spec = {k: v for k, v in raw_feature_spec.items() if k not in NOT_SERVED}
         self.serve, self.encode = {}, {}
         for name, shape in self.inputs.items():
@@ -61,9 +106,10 @@ class ServingModule(tf.Module):
                                             input_signature=[tf.TensorSpec([None, *shape], tf.float32, name=name)])  # fmt: skip
 
     def _parse(self, examples):
-        return self.tft_layer(tf.io.parse_example(examples, self.spec))
+        return self.tft_layer(finite_features(tf.io.parse_example(examples, self.spec)))
 
     def _encode(self, name: str, features):
+        features = checked_input(features, name, self.inputs[name], self.value_ranges[name])
         if len(self.inputs) == 1:
             codes = self.model(features, training=False)["codes"]
         else:
@@ -82,20 +128,24 @@ class ServingModule(tf.Module):
 
 
 def export_serving_model(model, tf_transform_output, inputs: dict, bits: int, path: str,
-                         warmup_examples: list[bytes] | None = None, model_name: str = "tfhash") -> None:  # fmt: skip
+                         warmup_examples: list[bytes] | None = None, model_name: str = "tfhash",
+                         value_ranges: dict | None = None) -> None:  # fmt: skip
     """Save ``model`` with the Transform graph as a SavedModel at ``path`` (see module docstring)."""
     module = ServingModule(model, tf_transform_output.transform_features_layer(),
-                           tf_transform_output.raw_feature_spec(), inputs, bits)  # fmt: skip
+                           tf_transform_output.raw_feature_spec(), inputs, bits, value_ranges)  # fmt: skip
     save_serving_module(module, path, warmup_examples, model_name)
 
 
 def export_feature_model(model, path: str, input_name: str, input_shape, bits: int,
-                         warmup_examples: list[bytes] | None = None, model_name: str = "tfhash") -> None:  # fmt: skip
+                         warmup_examples: list[bytes] | None = None, model_name: str = "tfhash",
+                         value_range: tuple | None = None) -> None:  # fmt: skip
     """Export a tfhash Keras model whose input needs no Transform (outside the pipeline): the
     serialized tf.Examples of ``serving_default`` carry the float features as ``input_name``
-    (fixed length ``input_shape``), ``encode_features`` takes them as a tensor."""
+    (fixed length ``input_shape``), ``encode_features`` takes them as a tensor; both refuse values
+    outside ``value_range`` (default +-:data:`DEFAULT_VALUE_BOUND`)."""
     spec = {input_name: tf.io.FixedLenFeature(list(input_shape), tf.float32)}
-    module = ServingModule(model, lambda parsed: parsed, spec, {input_name: list(input_shape)}, bits)
+    module = ServingModule(model, lambda parsed: parsed, spec, {input_name: list(input_shape)}, bits,
+                           {input_name: value_range} if value_range is not None else None)  # fmt: skip
     save_serving_module(module, path, warmup_examples, model_name)
 
 

@@ -12,7 +12,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 import tensorflow_transform as tft
-from tfhash.components.export import export_serving_model
+from tfhash.components.export import IMAGE_RANGE, export_serving_model
 from tfhash.components.preprocessing import LABELS
 
 logger = logging.getLogger(__name__)
@@ -180,5 +180,6 @@ def run_fn(fn_args) -> None:
     callbacks = [keras.callbacks.TensorBoard(log_dir=fn_args.model_run_dir)] if fn_args.model_run_dir else []
     model.fit(train, epochs=int(training["epochs"]), verbose=2, callbacks=callbacks)
     warmup = warmup_records(config) or None
-    export_serving_model(model, transform_output, inputs, int(training["bits"]),
-                         export_directory(fn_args.serving_model_dir), warmup_examples=warmup)  # fmt: skip
+    image_inputs = [name for name in inputs if config["modalities"][name]["kind"] == "image"]
+    export_serving_model(model, transform_output, inputs, int(training["bits"]), export_directory(fn_args.serving_model_dir),
+                         warmup_examples=warmup, value_ranges={name: IMAGE_RANGE for name in image_inputs})  # fmt: skip

@@ -46,7 +46,7 @@ def run_local(config: PipelineConfig, log=print) -> dict:
         from tfhash.serving.deployment import write_deployment
 
         summary["tf_serving_config"] = os.path.join(config.run_dir, "tf_serving")
-        write_deployment(where["serving"], config.name, summary["tf_serving_config"])
+        write_deployment(where["serving"], config.name, summary["tf_serving_config"], index_base_dir=where["indexes"])
     summary["wall_seconds"] = round(time.perf_counter() - start, 1)
     with open(os.path.join(config.run_dir, "summary.json"), "w") as handle:
         json.dump(summary, handle, indent=2)

@@ -29,21 +29,23 @@ def _pipeline_serving(config_path: str) -> tuple[str, str, str, str]:
 @click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False), help="A pipeline config: serve what its Pusher wrote.")
 @click.option("--base-path", help="A TF Serving model base directory (instead of --config).")
 @click.option("--model-name", help="The model name (with --base-path).")
+@click.option("--index-base-dir", help="Pin only versions whose index is published here (default with --config: its index folder).")
 @click.option("--output", help="Folder for the artifacts (default: <run dir>/tf_serving with --config).")
 @click.option("--num-versions", default=2, show_default=True, type=click.IntRange(1))
-def config_(config_path, base_path, model_name, output, num_versions) -> None:
-    """Write models.config, batching and monitoring configs and a docker run / compose example."""
+def config_(config_path, base_path, model_name, index_base_dir, output, num_versions) -> None:
+    """Write models.config (newest paired versions pinned), batching and monitoring configs and a
+    docker run / compose example. Run it again after publishing a version."""
     import os
 
     from tfhash.serving.deployment import write_deployment
 
     if config_path:
-        model_name, base_path, _, run_dir = _pipeline_serving(config_path)
-        output = output or os.path.join(run_dir, "tf_serving")
+        model_name, base_path, indexes, run_dir = _pipeline_serving(config_path)
+        output, index_base_dir = output or os.path.join(run_dir, "tf_serving"), index_base_dir or indexes
     elif not (base_path and model_name and output):
         raise click.UsageError("pass --config, or --base-path with --model-name and --output")
     try:
-        summary = write_deployment(base_path, model_name, output, num_versions=num_versions)
+        summary = write_deployment(base_path, model_name, output, num_versions=num_versions, index_base_dir=index_base_dir)
     except ValueError as err:
         raise click.ClickException(str(err)) from err
     click.echo(json.dumps({**summary, "output": os.path.abspath(output)}, indent=2))
@@ -56,13 +58,22 @@ def config_(config_path, base_path, model_name, output, num_versions) -> None:
 @click.option("--host", default="127.0.0.1", show_default=True, help="Bind address (loopback by default).")
 @click.option("--port", default=8500, show_default=True, type=click.IntRange(0, 65535))
 @click.option("--poll-seconds", default=1.0, show_default=True, type=click.FloatRange(0.1))
-def model(model_config_file, model_name, model_base_path, host, port, poll_seconds) -> None:
+@click.option("--config-poll-seconds", default=10.0, show_default=True, type=click.FloatRange(0),
+              help="Re-read --model-config-file when it changes, looking this often (0: read once).")
+@click.option("--allowed-model-root", type=click.Path(file_okay=False),
+              help="HandleReloadConfigRequest may only name base paths under this folder (default: any).")
+@click.option("--max-request-mb", default=64, show_default=True, type=click.IntRange(1))
+@click.option("--grace-seconds", default=10.0, show_default=True, type=click.FloatRange(0),
+              help="On SIGTERM / Ctrl-C, how long in-flight requests may take to finish.")
+def model(model_config_file, model_name, model_base_path, host, port, poll_seconds, config_poll_seconds, allowed_model_root,
+          max_request_mb, grace_seconds) -> None:  # fmt: skip
     """Run the development model server (TF Serving's gRPC API, in process) until Ctrl-C / SIGTERM.
 
     A stand-in for tensorflow_model_server where it cannot run; use the official server in production.
     """
     from tfhash.serving.deployment import model_config, models_config, read_models_config
-    from tfhash.serving.grpc_server import wait_for_termination
+    from tfhash.serving.errors import ServingError
+    from tfhash.serving.grpc_server import run_until_signal
     from tfhash.serving.model_server import DevModelServer
 
     if model_config_file:
@@ -75,11 +86,13 @@ def model(model_config_file, model_name, model_base_path, host, port, poll_secon
     else:
         raise click.UsageError("pass --model-config-file, or --model-name with --model-base-path")
     try:
-        server = DevModelServer(server_config, host=host, port=port, poll_seconds=poll_seconds).start()
-    except OSError as err:
+        server = DevModelServer(server_config, host=host, port=port, poll_seconds=poll_seconds, max_message_bytes=max_request_mb << 20,
+                                config_file=model_config_file, config_poll_seconds=config_poll_seconds,
+                                allowed_root=allowed_model_root)  # fmt: skip
+    except (OSError, ServingError) as err:
         raise click.ClickException(str(err)) from err
-    click.echo(f"development model server on {server.address} (stand-in for tensorflow_model_server)", err=True)
-    wait_for_termination(server.stop)
+    run_until_signal(server, grace_seconds, on_started=lambda s: click.echo(
+        f"development model server on {s.address} (stand-in for tensorflow_model_server)", err=True))  # fmt: skip
 
 
 @serve_group.command("search")
@@ -103,13 +116,18 @@ def model(model_config_file, model_name, model_base_path, host, port, poll_secon
               help="OpenMP threads per FAISS search; concurrency comes from the worker threads.")
 @click.option("--encode-batch-size", default=128, show_default=True, type=click.IntRange(1),
               help="In-process encoding: batch concurrent requests up to this many rows (1: off).")
+@click.option("--rest-timeout", default=10.0, show_default=True, type=click.FloatRange(0.1),
+              help="REST: seconds a client has to send its headers, and again its body, before the connection is closed.")
+@click.option("--grace-seconds", default=10.0, show_default=True, type=click.FloatRange(0),
+              help="On SIGTERM / Ctrl-C, how long in-flight requests may take to finish.")
 def search(config_path, index_base_dir, model_base_dir, model_server, model_name, kind, query_modality, host, port,
-           rest_port, max_k, max_batch, max_request_mb, threads, poll_seconds, faiss_threads, encode_batch_size) -> None:  # fmt: skip
+           rest_port, max_k, max_batch, max_request_mb, threads, poll_seconds, faiss_threads, encode_batch_size,
+           rest_timeout, grace_seconds) -> None:  # fmt: skip
     """Run the search service until Ctrl-C / SIGTERM (then drain in-flight requests)."""
     import faiss
-    from tfhash.serving.grpc_server import wait_for_termination
+    from tfhash.serving.grpc_server import run_until_signal
+    from tfhash.serving.requests import Limits
     from tfhash.serving.search_service import SearchServer, in_process_searcher, remote_searcher
-    from tfhash.serving.searcher import Limits
 
     if config_path:
         name, serving_dir, indexes_dir, _ = _pipeline_serving(config_path)
@@ -126,11 +144,15 @@ def search(config_path, index_base_dir, model_base_dir, model_server, model_name
     else:
         searcher = in_process_searcher(model_base_dir, index_base_dir, kind, limits, encode_batch_size, query_modality)
     try:
-        server = SearchServer(searcher, host, port, rest_port, poll_seconds, threads, max_request_mb << 20).start()
+        server = SearchServer(searcher, host, port, rest_port, poll_seconds, threads, max_request_mb << 20,
+                              rest_options={"header_timeout": rest_timeout, "body_timeout": rest_timeout})  # fmt: skip
     except OSError as err:
         raise click.ClickException(str(err)) from err
-    status = searcher.status()
-    click.echo(f"search service on {server.address}" + (f", REST on {host}:{server.rest.port}" if server.rest else "")
-               + (f"; serving model version {status['model_version']}" if status["ready"] else "; waiting for a model version with its index"),
-               err=True)  # fmt: skip
-    wait_for_termination(server.stop)
+
+    def started(server) -> None:
+        status = searcher.status()
+        click.echo(f"search service on {server.address}" + (f", REST on {host}:{server.rest.port}" if server.rest else "")
+                   + (f"; serving model version {status['model_version']}" if status["ready"] else "; waiting for a model version with its index"),
+                   err=True)  # fmt: skip
+
+    run_until_signal(server, grace_seconds, on_started=started)

@@ -27,6 +27,7 @@ from tensorflow_serving.apis import (
 )
 from tfhash.serving.channel import ChannelClient
 from tfhash.serving.errors import invalid
+from tfhash.serving.requests import check_examples, check_features
 
 EXAMPLES_SIGNATURE = "serving_default"
 FEATURES_SIGNATURE = "encode_features"
@@ -40,20 +41,6 @@ class EncodedBatch:
     binary_codes: np.ndarray  # int8 +-1 (n, K)
     packed_codes: np.ndarray  # uint8 (n, K / 8)
     model_version: int
-
-
-def check_features(features) -> np.ndarray:
-    """Raw features as float32 with a batch axis; NaN or infinity is refused (it would encode to
-    a meaningless code, not an error)."""
-    array = np.asarray(features)
-    if array.ndim < 2:
-        raise invalid(f"features need a batch axis first, got shape {list(array.shape)}")
-    if not (np.issubdtype(array.dtype, np.number) or array.dtype == np.bool_):
-        raise invalid(f"features must be numeric, got {array.dtype}")
-    array = array.astype(np.float32)
-    if not np.all(np.isfinite(array)):
-        raise invalid("features contain NaN or infinity")
-    return array
 
 
 class ModelClient(ChannelClient):
@@ -99,12 +86,11 @@ class ModelClient(ChannelClient):
         return EncodedBatch(outputs["codes"], outputs["binary_codes"], outputs["packed_codes"], version)
 
     def encode_examples(self, serialized, timeout: float | None = None) -> EncodedBatch:
-        """Encode serialized raw tf.Examples with the ``serving_default`` signature."""
-        records = list(serialized)
+        """Encode serialized raw tf.Examples with the ``serving_default`` signature (checked here
+        first: :func:`tfhash.serving.requests.check_examples`)."""
+        records = check_examples(serialized)
         if not records:
             raise invalid("no examples to encode")
-        if not all(isinstance(r, bytes) for r in records):
-            raise invalid("examples must be serialized tf.Example bytes")
         return self._encoded(*self.predict({"examples": np.array(records, dtype=object)}, EXAMPLES_SIGNATURE,
                                            timeout=timeout))  # fmt: skip
 

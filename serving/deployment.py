@@ -3,9 +3,8 @@
 ``write_deployment`` writes, into one folder:
 
 * ``models.config`` -- ``ModelServerConfig`` text proto with the base path as the official
-  ``tensorflow/serving`` container sees it (``/models/<name>``), version policy ``latest
-  {num_versions: 2}`` (so a search service that pins the previous version keeps it while it
-  swaps to the new one) and a ``stable`` version label on the newest version;
+  ``tensorflow/serving`` container sees it (``/models/<name>``), the version policy below and a
+  ``stable`` version label on the newest served version;
 * ``models.local.config`` -- the same with the host path, for ``tfhash serve model`` or a
   ``tensorflow_model_server`` run on this host;
 * ``batching_parameters.txt`` -- ``BatchingParameters`` for ``--enable_batching``;
@@ -13,6 +12,16 @@
 * ``docker-compose.yml`` and ``docker-run.sh`` -- the official image with all of the above;
 * ``deployment.json`` -- what was written, the versions found and whether each has its warmup
   records (``assets.extra/tf_serving_warmup_requests``, written by the Trainer).
+
+Version policy: ``specific { versions: [...] }`` pins the newest ``num_versions`` (default 2)
+versions whose index is published (``<index_base_dir>/<version>/<kind>/manifest.json``; every
+version when no index folder is given). A push without its index, or a broken push, therefore
+never enters the policy and never makes TF Serving unload the version the search service pairs
+(``latest {num_versions: N}`` would: it follows the newest folders, loadable or not). Regenerate
+the files after publishing a pair (the pipeline does, and ``tfhash serve config``); TF Serving
+re-reads ``models.config`` every ``--model_config_file_poll_wait_seconds`` (60 in the generated
+command) and ``tfhash serve model`` every ``--config-poll-seconds``. The previous pair stays loaded
+until the next publish, so the search service swaps with its in-flight requests answered.
 
 The tensorflow-serving-api wheel ships ``model_server_config.proto`` but not the batching or
 monitoring protos, so those two files are written as text in the field names of TF Serving's
@@ -37,17 +46,30 @@ BATCHING_DEFAULTS = {"max_batch_size": 128, "batch_timeout_micros": 2000, "max_e
                      "num_batch_threads": 2}  # fmt: skip
 
 
-def model_config(name: str, base_path: str, num_versions: int = 2, labels: dict[str, int] | None = None):
-    """One ``ModelConfig`` entry: TensorFlow platform, ``latest {num_versions}``, version labels."""
+def model_config(name: str, base_path: str, num_versions: int = 2, labels: dict[str, int] | None = None,
+                 versions: list[int] | None = None):  # fmt: skip
+    """One ``ModelConfig`` entry: TensorFlow platform, ``specific {versions}`` when ``versions`` is
+    given, else ``latest {num_versions}``, and version labels."""
     if not name or "/" in name:
         raise ValueError(f"invalid model name {name!r}")
     if num_versions < 1:
         raise ValueError(f"num_versions must be >= 1, got {num_versions}")
     config = model_server_config_pb2.ModelConfig(name=name, base_path=base_path, model_platform="tensorflow")
-    config.model_version_policy.latest.num_versions = num_versions
+    if versions is not None:
+        if not versions or any(int(v) < 1 for v in versions):
+            raise ValueError(f"specific versions must be positive integers, got {versions}")
+        config.model_version_policy.specific.versions.extend(sorted(int(v) for v in versions))
+    else:
+        config.model_version_policy.latest.num_versions = num_versions
     for label, version in (labels or {}).items():
         config.version_labels[label] = int(version)
     return config
+
+
+def index_published(index_base_dir: str, version: int) -> bool:
+    """Whether some index of ``version`` is complete under the IndexBuilder's layout."""
+    folder = os.path.join(index_base_dir, str(version))
+    return os.path.isdir(folder) and any(os.path.isfile(os.path.join(folder, kind, "manifest.json")) for kind in os.listdir(folder))
 
 
 def models_config(configs) -> model_server_config_pb2.ModelServerConfig:
@@ -124,40 +146,50 @@ services:
 
 
 def write_deployment(base_path: str, model_name: str, output_dir: str, num_versions: int = 2,
-                     grpc_port: int = 8500, rest_port: int = 8501, batching: dict | None = None) -> dict:  # fmt: skip
-    """Write the TF Serving artifacts for the versions under ``base_path`` (module docstring).
+                     index_base_dir: str | None = None, grpc_port: int = 8500, rest_port: int = 8501,
+                     batching: dict | None = None) -> dict:  # fmt: skip
+    """Write the TF Serving artifacts for the versions under ``base_path`` (module docstring):
+    the newest ``num_versions`` whose index is published under ``index_base_dir`` (all complete
+    SavedModel versions when it is None) are pinned.
 
     Raises:
-        ValueError: ``base_path`` holds no complete SavedModel version.
+        ValueError: ``base_path`` holds no complete SavedModel version (with a published index).
     """
     base_path, output_dir = os.path.abspath(base_path), os.path.abspath(output_dir)
     versions = list_versions(base_path)
+    if index_base_dir is not None:
+        versions = [v for v in versions if index_published(index_base_dir, v)]
     if not versions:
-        raise ValueError(f"{base_path}: no SavedModel version (a numbered folder with saved_model.pb) to serve")
+        having = f" with a published index under {index_base_dir}" if index_base_dir is not None else ""
+        raise ValueError(f"{base_path}: no SavedModel version (a numbered folder with saved_model.pb){having} to serve")
+    versions = versions[-num_versions:]
     labels = {"stable": versions[-1]}
     os.makedirs(output_dir, exist_ok=True)
     files = {
-        "models.config": models_config([model_config(model_name, f"/models/{model_name}", num_versions, labels)]),
-        "models.local.config": models_config([model_config(model_name, base_path, num_versions, labels)]),
+        "models.config": models_config([model_config(model_name, f"/models/{model_name}", labels=labels, versions=versions)]),
+        "models.local.config": models_config([model_config(model_name, base_path, labels=labels, versions=versions)]),
     }
     texts = {name: text_format.MessageToString(proto) for name, proto in files.items()}
     texts["batching_parameters.txt"] = batching_parameters_text(**(batching or {}))
     texts["monitoring.config"] = monitoring_config_text()
     texts["docker-compose.yml"] = docker_compose_text(model_name, base_path, output_dir, grpc_port, rest_port)
     texts["docker-run.sh"] = docker_run_script(model_name, base_path, output_dir, grpc_port, rest_port)
-    for name, text in texts.items():
-        with open(os.path.join(output_dir, name), "w") as handle:
-            handle.write(text)
-    os.chmod(os.path.join(output_dir, "docker-run.sh"), 0o755)
     summary = {
         "model_name": model_name,
         "base_path": base_path,
+        "version_policy": "specific",
         "versions": versions,
         "version_labels": labels,
         "warmup_records": {str(v): os.path.isfile(os.path.join(base_path, str(v), WARMUP_FILE)) for v in versions},
         "files": sorted([*texts, "deployment.json"]),
         "image": TF_SERVING_IMAGE,
     }
-    with open(os.path.join(output_dir, "deployment.json"), "w") as handle:
-        json.dump(summary, handle, indent=2)
+    texts["deployment.json"] = json.dumps(summary, indent=2)
+    for name, text in texts.items():  # each file replaced whole: a server polling it never reads half of one
+        staging = os.path.join(output_dir, f".{name}.tmp")
+        with open(staging, "w") as handle:
+            handle.write(text)
+        if name == "docker-run.sh":
+            os.chmod(staging, 0o755)
+        os.replace(staging, os.path.join(output_dir, name))
     return summary

@@ -14,11 +14,11 @@ from tfhash.serving.client import (
     EXAMPLES_SIGNATURE,
     FEATURES_SIGNATURE,
     ModelClient,
-    check_features,
     describe_signature,
 )
 from tfhash.serving.errors import ServingError, invalid, unavailable
 from tfhash.serving.model_server import LoadedVersion, load_version, run_signature
+from tfhash.serving.requests import check_features
 
 
 def shape_matches(shape, expected) -> bool:
@@ -101,7 +101,7 @@ class InProcessEncoder(Encoder):
             raise ServingError(grpc.StatusCode.DEADLINE_EXCEEDED, str(err)) from err
 
     def describe(self) -> str:
-        return f"in-process SavedModel {self.loaded.path}"
+        return f"in-process SavedModel version {self.version}"
 
 
 class RemoteEncoder(Encoder):
@@ -127,4 +127,4 @@ class RemoteEncoder(Encoder):
         return outputs["codes"]
 
     def describe(self) -> str:
-        return f"TF Serving {self.client.target} model {self.client.model_name}"
+        return f"TF Serving {self.client.target} model {self.client.model_name} version {self.version}"

@@ -1,18 +1,25 @@
 """One error type for the serving layer, carrying the gRPC status code the caller should see.
 
-The gRPC servicers abort with ``code`` and ``message``; the REST front answers the matching HTTP
-status. Anything that is not a :class:`ServingError` is a bug and surfaces as INTERNAL / 500.
+The gRPC servicers answer with ``code`` and ``message`` (:func:`answers_errors`); the REST front
+answers the matching HTTP status. Anything that is not a :class:`ServingError` is a server fault:
+it is logged with its traceback and answered INTERNAL / 500 without details.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
+
 import grpc
+
+logger = logging.getLogger(__name__)
 
 #: HTTP statuses of the REST front for each gRPC code (as the gRPC-JSON transcoding convention).
 HTTP_STATUS = {
     grpc.StatusCode.INVALID_ARGUMENT: 400,
     grpc.StatusCode.OUT_OF_RANGE: 400,
-    grpc.StatusCode.FAILED_PRECONDITION: 412,
+    grpc.StatusCode.FAILED_PRECONDITION: 400,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
     grpc.StatusCode.NOT_FOUND: 404,
     grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
     grpc.StatusCode.DEADLINE_EXCEEDED: 504,
@@ -45,3 +52,31 @@ def not_found(message: str) -> ServingError:
 
 def unavailable(message: str) -> ServingError:
     return ServingError(grpc.StatusCode.UNAVAILABLE, message)
+
+
+def too_large(message: str) -> ServingError:
+    """A request over a size or cost limit (RESOURCE_EXHAUSTED)."""
+    return ServingError(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
+
+
+def internal_error(where: str) -> ServingError:
+    """Log the exception being handled (a server fault) and return the INTERNAL answer for it."""
+    logger.exception("%s failed", where)
+    return ServingError(grpc.StatusCode.INTERNAL, "internal error (the server logged the cause)")
+
+
+def answers_errors(method):
+    """Decorate a gRPC servicer method: a :class:`ServingError` is answered with its code and
+    message, any other exception is logged and answered INTERNAL (never grpcio's UNKNOWN)."""
+
+    @functools.wraps(method)
+    def wrapper(self, request, context, *args, **kwargs):
+        try:
+            return method(self, request, context, *args, **kwargs)
+        except ServingError as err:
+            error = err
+        except Exception:  # noqa: BLE001 - a server fault: logged, answered INTERNAL
+            error = internal_error(method.__qualname__)
+        context.abort(error.code, error.message)
+
+    return wrapper

@@ -1,160 +1,200 @@
-"""A small REST/JSON front of the search service (standard library HTTP server, one thread per
-connection), answering from the same :class:`VersionedSearcher` as the gRPC service.
+"""REST/JSON front of the search service, on Tornado's HTTP server, answering from the same
+:class:`~tfhash.serving.searcher.VersionedSearcher` as the gRPC service.
 
-* ``POST /v1/search`` with a JSON body holding exactly one of ``examples`` (base64 serialized
-  tf.Examples), ``features`` (nested lists, batch first), ``codes`` (nested lists of +-1) or
-  ``packed_codes`` (base64, one string per query), plus ``k``, optional ``radius`` and
-  ``model_version``. Answers ``{"model_version", "index_kind", "exact", "results": [{"ids",
-  "distances"}]}``.
-* ``GET /v1/status``; ``GET /healthz`` (alive); ``GET /readyz`` (200 once a pair is ready, else 503).
+* ``POST /v1/search`` with ``Content-Type: application/json`` and a JSON object holding exactly
+  one of ``examples`` (base64 serialized tf.Examples), ``features`` (nested lists, batch first),
+  ``codes`` (nested lists of +-1) or ``packed_codes`` (base64, one string per query), plus ``k``,
+  optional ``radius`` and ``model_version`` (:mod:`tfhash.serving.requests`). Answers
+  ``{"model_version", "index_kind", "exact", "results": [{"ids", "distances"}]}``.
+* ``GET /v1/status``; ``GET /healthz`` (alive); ``GET /readyz`` (200 once a pair can answer, else 503).
 
 Errors answer ``{"error": {"code": "INVALID_ARGUMENT", "message": ...}}`` with the HTTP status of
-:data:`tfhash.serving.errors.HTTP_STATUS`; a body over the size limit is 413.
+:data:`tfhash.serving.errors.HTTP_STATUS`, and: 415 for a POST that is not ``application/json``,
+413 for a declared body over ``max_body_bytes`` (answered from the
+headers, before any body byte is read), 429 when ``max_concurrent`` searches are already running,
+503 while shutting down.
+
+Slow or broken clients: one event-loop thread reads and writes every connection (an open socket
+holds no thread), the request line and headers must arrive within ``header_timeout`` seconds (also
+the keep-alive idle limit) and the body within ``body_timeout`` seconds, else the connection is
+closed; headers over ``max_header_bytes`` and malformed HTTP (a TLS handshake, garbage) get 400 and
+a closed connection from Tornado's parser. Searches run on a pool of ``workers`` threads, each
+bounded by ``search_timeout`` seconds of encoding.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
+import asyncio
 import json
 import logging
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import time
+from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
-from tfhash.serving.errors import ServingError, invalid
-from tfhash.serving.searcher import Query, VersionedSearcher
+import tornado.httpserver
+import tornado.ioloop
+import tornado.netutil
+import tornado.web
+from tfhash.serving.errors import ServingError, internal_error
+from tfhash.serving.requests import json_int, json_object, json_version, query_from_json
+from tfhash.serving.searcher import VersionedSearcher
 
 logger = logging.getLogger(__name__)
 
-QUERY_FIELDS = ("examples", "features", "codes", "packed_codes")
+
+def _error(code: str, message: str) -> dict:
+    return {"error": {"code": code, "message": message}}
 
 
-def _b64(values, field: str) -> list[bytes]:
-    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
-        raise invalid(f"{field} must be a list of base64 strings")
-    try:
-        return [base64.b64decode(v, validate=True) for v in values]
-    except (binascii.Error, ValueError) as err:
-        raise invalid(f"{field}: invalid base64 ({err})") from err
+class _Handler(tornado.web.RequestHandler):
+    front: RestFront
+
+    def initialize(self, front: RestFront) -> None:
+        self.front = front
+
+    def set_default_headers(self) -> None:
+        self.set_header("Content-Type", "application/json")
+        self.set_header("Cache-Control", "no-store")
+        self.set_header("X-Content-Type-Options", "nosniff")
+
+    def answer(self, status: int, payload: dict):
+        self.set_status(status)
+        return self.finish(json.dumps(payload))
+
+    def write_error(self, status_code: int, **kwargs) -> None:
+        """Tornado's own refusals (405, a route that does not exist) in the service's error form."""
+        code = {404: "NOT_FOUND", 405: "INVALID_ARGUMENT"}.get(status_code, "INTERNAL" if status_code >= 500 else "INVALID_ARGUMENT")
+        self.finish(json.dumps(_error(code, f"{self.request.method} {self.request.path}: {self._reason}")))
 
 
-def _array(values, field: str, dtype) -> np.ndarray:
-    try:
-        array = np.asarray(values, dtype=dtype)
-    except (TypeError, ValueError) as err:
-        raise invalid(f"{field} must be a rectangular nested list of numbers ({err})") from err
-    if array.ndim < 2:
-        raise invalid(f"{field} must have a batch axis first (a list of queries)")
-    return array
+class _NotFound(_Handler):
+    def prepare(self) -> None:
+        raise tornado.web.HTTPError(404, reason="no such resource")
 
 
-def query_from_json(body: dict) -> Query:
-    given = [f for f in QUERY_FIELDS if f in body]
-    if len(given) != 1:
-        raise invalid(f"the body needs exactly one of {list(QUERY_FIELDS)}, got {given}")
-    field = given[0]
-    if field == "examples":
-        return Query(examples=_b64(body[field], field))
-    if field == "features":
-        return Query(features=_array(body[field], field, np.float32))
-    if field == "codes":
-        return Query(codes=_array(body[field], field, np.float64))  # the searcher refuses values other than +-1
-    rows = _b64(body[field], field)
-    if len({len(r) for r in rows}) > 1:
-        raise invalid("packed_codes must all have the same length")
-    return Query(codes=np.frombuffer(b"".join(rows), dtype=np.uint8).reshape(len(rows), -1))
+class _Get(_Handler):
+    def get(self) -> None:
+        path, searcher = self.request.path, self.front.searcher
+        if path == "/healthz":
+            self.answer(200, {"status": "alive"})
+        elif path == "/readyz":
+            ready = searcher.ready and not self.front.stopping
+            self.answer(200 if ready else 503, {"ready": ready})
+        else:
+            self.answer(200, searcher.status())
 
 
-def _int_field(body: dict, name: str, default=None):
-    value = body.get(name, default)
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-        raise invalid(f"{name} must be an integer, got {value!r}")
-    return value
+@tornado.web.stream_request_body
+class _Search(_Handler):
+    def prepare(self) -> None:
+        self._chunks: list[bytes] = []
+        if self.request.method != "POST":
+            return  # Tornado answers 405
+        limit, headers = self.front.max_body_bytes, self.request.headers
+        media = headers.get("Content-Type", "").split(";")[0].strip().lower()
+        declared = headers.get("Content-Length", "")
+        declared = int(declared) if declared.isdigit() else None  # Tornado refuses malformed framing itself (400)
+        if self.front.stopping:
+            self.answer(503, _error("UNAVAILABLE", "the service is shutting down"))
+        elif declared is not None and declared > limit:
+            self.answer(413, _error("RESOURCE_EXHAUSTED", f"the body must be at most {limit} bytes, the request declares {declared}"))
+        elif media != "application/json":
+            self.answer(415, _error("INVALID_ARGUMENT", f"POST /v1/search takes Content-Type application/json, got {media[:60] or 'none'!r}"))
+        if self._finished:  # the unread body is discarded, not parsed, for at most a second
+            self.request.connection.set_max_body_size(max(declared or 0, limit))
+            self.request.connection.set_body_timeout(1.0)
+
+    def data_received(self, chunk: bytes) -> None:
+        if not self._finished:
+            self._chunks.append(chunk)
+
+    async def post(self) -> None:
+        front = self.front
+        if front.in_flight >= front.max_concurrent:
+            await self.answer(429, _error("RESOURCE_EXHAUSTED", f"{front.max_concurrent} searches are running; retry later"))
+            return
+        front.in_flight += 1
+        try:
+            status, payload = await tornado.ioloop.IOLoop.current().run_in_executor(front.pool, front.search, b"".join(self._chunks))
+        finally:
+            front.in_flight -= 1
+        await self.answer(status, payload)
 
 
 class RestFront:
-    """HTTP server thread over ``searcher``; binds ``host:port`` (port 0: any free port)."""
+    """The HTTP server over ``searcher``: binds ``host:port`` now (port 0: any free port; an address
+    that cannot be bound raises OSError), serves from its own thread after :meth:`start`."""
 
-    def __init__(self, searcher: VersionedSearcher, host: str, port: int, max_body_bytes: int = 8 << 20):
-        front = self
+    def __init__(self, searcher: VersionedSearcher, host: str, port: int, max_body_bytes: int = 8 << 20,
+                 workers: int = 8, max_concurrent: int = 64, header_timeout: float = 10.0, body_timeout: float = 10.0,
+                 max_header_bytes: int = 64 << 10, search_timeout: float = 30.0):  # fmt: skip
+        self.searcher, self.max_body_bytes, self.max_concurrent = searcher, int(max_body_bytes), int(max_concurrent)
+        self.search_timeout = float(search_timeout)
+        self.in_flight, self.stopping = 0, False  # read and written on the event loop's thread
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tfhash-rest")
+        self._sockets = tornado.netutil.bind_sockets(port, address=host)
+        self.host, self.port = host, self._sockets[0].getsockname()[1]
+        self._server_options = dict(max_header_size=int(max_header_bytes), idle_connection_timeout=float(header_timeout),
+                                    body_timeout=float(body_timeout), max_body_size=self.max_body_bytes)  # fmt: skip
+        self._started = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="tfhash-rest", daemon=True)
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, format, *args):  # noqa: A002 - the base class's signature
-                logger.debug("rest: " + format, *args)
+    def _application(self) -> tornado.web.Application:
+        routes = [(path, _Get, {"front": self}) for path in ("/healthz", "/readyz", "/v1/status")]
+        routes.append(("/v1/search", _Search, {"front": self}))
+        return tornado.web.Application(routes, default_handler_class=_NotFound, default_handler_args={"front": self},
+                                       log_function=lambda handler: logger.debug("rest: %d %s", handler.get_status(), handler._request_summary()))  # fmt: skip
 
-            def do_GET(self):
-                front.handle_get(self)
+    def _serve(self) -> None:
+        asyncio.set_event_loop(asyncio.new_event_loop())
+        self._loop = tornado.ioloop.IOLoop.current()
+        self._http = tornado.httpserver.HTTPServer(self._application(), **self._server_options)
+        self._http.add_sockets(self._sockets)
+        self._started.set()
+        self._loop.start()
+        self._loop.close(all_fds=True)
 
-            def do_POST(self):
-                front.handle_post(self)
-
-        self.searcher, self.max_body_bytes = searcher, int(max_body_bytes)
-        self._http = ThreadingHTTPServer((host, port), Handler)
-        self._http.daemon_threads = True
-        self.host, self.port = host, self._http.server_address[1]
-        self._thread = threading.Thread(target=self._http.serve_forever, name="tfhash-rest", daemon=True)
+    def search(self, raw: bytes) -> tuple[int, dict]:
+        """Answer one search body (on a worker thread): (HTTP status, JSON payload)."""
+        try:
+            body = json_object(raw)
+            pair, results = self.searcher.search(query_from_json(body), json_int(body, "k", 10), json_int(body, "radius"),
+                                                 json_version(body), self.search_timeout)  # fmt: skip
+        except ServingError as err:
+            return err.http_status, _error(err.code.name, err.message)
+        except Exception:  # noqa: BLE001 - a server fault: logged, answered 500
+            err = internal_error("REST search")
+            return err.http_status, _error(err.code.name, err.message)
+        return 200, {
+            "model_version": str(pair.version), "index_kind": pair.index.kind, "exact": pair.index.exact,
+            "results": [{"ids": r.ids.tolist(), "distances": r.distances.tolist()} for r in results],
+        }  # fmt: skip
 
     def start(self) -> None:
         self._thread.start()
+        self._started.wait(10)
 
-    def stop(self) -> None:
-        self._http.shutdown()
-        self._http.server_close()
+    def stop(self, grace: float = 5.0) -> None:
+        """Stop accepting, answer 503 to requests that still arrive on open connections, let the
+        running searches finish for up to ``grace`` seconds, then close every connection."""
+        if not self._thread.is_alive():
+            return
 
-    @staticmethod
-    def _send(handler, status: int, payload: dict) -> None:
-        body = json.dumps(payload).encode()
-        handler.send_response(status)
-        handler.send_header("Content-Type", "application/json")
-        handler.send_header("Content-Length", str(len(body)))
-        handler.end_headers()
-        handler.wfile.write(body)
+        def begin() -> None:
+            self.stopping = True
+            self._http.stop()
 
-    def _error(self, handler, err: ServingError) -> None:
-        self._send(handler, err.http_status, {"error": {"code": err.code.name, "message": err.message}})
+        async def close() -> None:
+            try:
+                await asyncio.wait_for(self._http.close_all_connections(), 2.0)
+            except asyncio.TimeoutError:
+                logger.warning("REST connections did not close within 2 s")
+            self._loop.stop()
 
-    def handle_get(self, handler) -> None:
-        if handler.path == "/healthz":
-            self._send(handler, 200, {"status": "alive"})
-        elif handler.path == "/readyz":
-            ready = self.searcher.active is not None
-            self._send(handler, 200 if ready else 503, {"ready": ready})
-        elif handler.path == "/v1/status":
-            self._send(handler, 200, self.searcher.status())
-        else:
-            self._send(handler, 404, {"error": {"code": "NOT_FOUND", "message": f"no resource {handler.path}"}})
-
-    def handle_post(self, handler) -> None:
-        if handler.path != "/v1/search":
-            self._send(handler, 404, {"error": {"code": "NOT_FOUND", "message": f"no resource {handler.path}"}})
-            return
-        try:
-            length = int(handler.headers.get("Content-Length", "0"))
-        except ValueError:
-            length = -1
-        if length < 0 or length > self.max_body_bytes:
-            handler.close_connection = True
-            self._send(handler, 413, {"error": {"code": "RESOURCE_EXHAUSTED",
-                                                "message": f"the body must be 0..{self.max_body_bytes} bytes"}})  # fmt: skip
-            return
-        try:
-            body = json.loads(handler.rfile.read(length) or b"null")
-            if not isinstance(body, dict):
-                raise invalid("the body must be a JSON object")
-            pair, results = self.searcher.search(query_from_json(body), _int_field(body, "k", 10),
-                                                 _int_field(body, "radius"), str(body.get("model_version", "")))  # fmt: skip
-        except json.JSONDecodeError as err:
-            self._error(handler, invalid(f"the body is not valid JSON ({err})"))
-            return
-        except ServingError as err:
-            self._error(handler, err)
-            return
-        except Exception:  # a bug: answer 500 and keep serving
-            logger.exception("REST search failed")
-            self._send(handler, 500, {"error": {"code": "INTERNAL", "message": "internal error"}})
-            return
-        self._send(handler, 200, {
-            "model_version": str(pair.version), "index_kind": pair.index.kind, "exact": pair.index.exact,
-            "results": [{"ids": r.ids.tolist(), "distances": r.distances.tolist()} for r in results],
-        })  # fmt: skip
+        self._loop.add_callback(begin)
+        deadline = time.monotonic() + grace
+        while self.in_flight and time.monotonic() < deadline:
+            time.sleep(0.02)
+        self._loop.add_callback(close)
+        self._thread.join(grace + 5.0)
+        self.pool.shutdown(wait=False, cancel_futures=True)

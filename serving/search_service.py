@@ -19,53 +19,20 @@ import os
 import threading
 
 import grpc
-import numpy as np
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2_grpc
 from tfhash.serving import search_pb2, search_pb2_grpc
 from tfhash.serving.client import ModelClient
 from tfhash.serving.encoders import InProcessEncoder, RemoteEncoder
-from tfhash.serving.errors import ServingError, invalid
+from tfhash.serving.errors import ServingError, answers_errors
 from tfhash.serving.grpc_server import LOOPBACK, build_server
-from tfhash.serving.searcher import (
-    DEFAULT_LIMITS,
-    Limits,
-    Neighbours,
-    Query,
-    ServedPair,
-    VersionedSearcher,
-)
+from tfhash.serving.health import Health
+from tfhash.serving.requests import DEFAULT_LIMITS, Limits, query_from_proto
+from tfhash.serving.searcher import Neighbours, ServedPair, VersionedSearcher
 from tfhash.serving.versions import list_versions
 
 logger = logging.getLogger(__name__)
 
 SERVICE_NAME = "tfhash.serving.HashSearch"
-
-
-def query_from_proto(request) -> Query:
-    """The queries of a ``SearchRequest``, with its sizes checked (INVALID_ARGUMENT otherwise)."""
-    which = request.WhichOneof("query")
-    if which is None:
-        raise invalid("the request has no query: set examples, features or codes")
-    if which == "examples":
-        return Query(examples=list(request.examples.serialized))
-    if which == "features":
-        shape = [int(d) for d in request.features.shape]
-        values = np.asarray(request.features.values, dtype=np.float32)
-        if len(shape) < 2 or any(d <= 0 for d in shape) or int(np.prod(shape)) != values.size:
-            raise invalid(f"features: shape {shape} (batch first, every dimension >= 1) does not hold {values.size} values")
-        return Query(features=values.reshape(shape))
-    bits = int(request.codes.bits)
-    if bits <= 0 or bits % 8:
-        raise invalid(f"codes.bits must be a positive multiple of 8, got {bits}")
-    if request.codes.WhichOneof("form") == "signs":
-        values = np.asarray(request.codes.signs.values, dtype=np.int64)
-        if values.size % bits:
-            raise invalid(f"codes.signs holds {values.size} values, not a multiple of bits = {bits}")
-        return Query(codes=values.reshape(-1, bits))  # the searcher refuses values other than +-1
-    packed = np.frombuffer(request.codes.packed, dtype=np.uint8)
-    if packed.size % (bits // 8):
-        raise invalid(f"codes.packed holds {packed.size} bytes, not a multiple of bits / 8 = {bits // 8}")
-    return Query(codes=packed.reshape(-1, bits // 8))
 
 
 def response_proto(pair: ServedPair, results: list[Neighbours]):
@@ -79,15 +46,14 @@ class HashSearchServicer(search_pb2_grpc.HashSearchServicer):
     def __init__(self, searcher: VersionedSearcher):
         self.searcher = searcher
 
+    @answers_errors
     def Search(self, request, context):
-        try:
-            radius = request.radius if request.HasField("radius") else None
-            pair, results = self.searcher.search(query_from_proto(request), request.k, radius, request.model_version,
-                                                 context.time_remaining())  # fmt: skip
-        except ServingError as err:
-            context.abort(err.code, err.message)
+        radius = request.radius if request.HasField("radius") else None
+        pair, results = self.searcher.search(query_from_proto(request), request.k, radius, request.model_version,
+                                             context.time_remaining())  # fmt: skip
         return response_proto(pair, results)
 
+    @answers_errors
     def GetStatus(self, request, context):
         return search_pb2.StatusResponse(**self.searcher.status())
 
@@ -98,57 +64,59 @@ def in_process_searcher(model_base_dir: str, index_base_dir: str, kind: str = "B
     concurrent encode calls are batched up to ``encode_batch_size`` rows (1: no batching). For a
     cross-modal model, ``query_modality`` picks the queries' tower and ``kind`` names the index
     of the database modality (e.g. ``"BFlat-text"`` for image -> text)."""
-    from tfhash.components.export import signature_fingerprint
 
     def path(version: int) -> str:
         return os.path.join(model_base_dir, str(version))
 
     return VersionedSearcher(index_base_dir, kind, lambda: list_versions(model_base_dir),
                              lambda v: InProcessEncoder(path(v), v, max_batch_size=encode_batch_size, query_modality=query_modality),
-                             lambda v: signature_fingerprint(path(v)), limits)  # fmt: skip
+                             path, limits)  # fmt: skip
 
 
 def remote_searcher(target: str, model_name: str, index_base_dir: str, kind: str = "BFlat", limits: Limits = DEFAULT_LIMITS,
                     model_base_dir: str | None = None, timeout: float = 10.0, query_modality: str | None = None):  # fmt: skip
     """Encode through TF Serving at ``target``; a version counts once TF Serving reports it
-    AVAILABLE. With ``model_base_dir`` (the folder TF Serving watches, if visible from here) the
-    SavedModel fingerprint is checked against the index manifest too."""
-    from tfhash.components.export import signature_fingerprint
-
+    AVAILABLE (keep the paired version loaded there: :mod:`tfhash.serving.deployment` pins the
+    paired versions in ``models.config``). With ``model_base_dir`` (the folder TF Serving watches,
+    if visible from here) the SavedModel fingerprint is checked against the index manifest too."""
     channel = grpc.insecure_channel(target, options=[("grpc.max_receive_message_length", 64 << 20)])
     status_client = ModelClient(target, model_name, timeout=timeout, channel=channel)
 
-    def available() -> list[int]:
+    def available() -> list[int] | None:
         try:
             return [version for version, state, _ in status_client.status() if state == "AVAILABLE"]
         except ServingError as err:
-            logger.warning("TF Serving at %s: %s", target, err.message)
-            return []
+            if err.code == grpc.StatusCode.NOT_FOUND:  # the model is not (or no longer) configured there
+                return []
+            logger.warning("TF Serving at %s cannot be asked: %s", target, err.message)
+            return None
 
-    def fingerprint(version: int) -> str | None:
-        return signature_fingerprint(os.path.join(model_base_dir, str(version))) if model_base_dir else None
+    def model_dir(version: int) -> str | None:
+        return os.path.join(model_base_dir, str(version)) if model_base_dir else None
 
     return VersionedSearcher(index_base_dir, kind, available, lambda v: RemoteEncoder(target, model_name, v, timeout, channel, query_modality),
-                             fingerprint, limits)  # fmt: skip
+                             model_dir, limits)  # fmt: skip
 
 
 class SearchServer:
-    """gRPC (and optionally REST) front of a :class:`VersionedSearcher`, with the swap watcher."""
+    """gRPC (and optionally REST) front of a :class:`VersionedSearcher`, with the swap watcher.
+
+    ``rest_options`` go to :class:`tfhash.serving.rest.RestFront` (timeouts, workers).
+    """
 
     def __init__(self, searcher: VersionedSearcher, host: str = LOOPBACK, port: int = 0, rest_port: int | None = None,
                  poll_seconds: float = 2.0, max_workers: int = 8, max_message_bytes: int = 8 << 20,
-                 max_concurrent_rpcs: int | None = 128):  # fmt: skip
+                 max_concurrent_rpcs: int | None = 128, rest_options: dict | None = None):  # fmt: skip
         self.searcher, self.host, self.poll_seconds = searcher, host, float(poll_seconds)
         self._server, self.port = build_server(host, port, max_workers, max_message_bytes, max_concurrent_rpcs)
         search_pb2_grpc.add_HashSearchServicer_to_server(HashSearchServicer(searcher), self._server)
-        self.health = health.HealthServicer()
+        self.health = Health(("", SERVICE_NAME))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
-        self._set_health(False)
         self.rest = None
         if rest_port is not None:
             from tfhash.serving.rest import RestFront
 
-            self.rest = RestFront(searcher, host, rest_port, max_body_bytes=max_message_bytes)
+            self.rest = RestFront(searcher, host, rest_port, max_body_bytes=max_message_bytes, **(rest_options or {}))
         self._stop = threading.Event()
         self._watcher = threading.Thread(target=self._watch, name="tfhash-search-watch", daemon=True)
 
@@ -156,17 +124,12 @@ class SearchServer:
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
-    def _set_health(self, ready: bool) -> None:
-        status = health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING
-        for service in ("", SERVICE_NAME):
-            self.health.set(service, status)
-
     def _refresh(self) -> None:
         try:
             self.searcher.refresh()
         except Exception:  # the watcher must survive anything a refresh meets
             logger.exception("looking for a newer model/index pair failed")
-        self._set_health(self.searcher.active is not None)
+        self.health.set_serving(self.searcher.ready)
 
     def _watch(self) -> None:
         while not self._stop.wait(self.poll_seconds):
@@ -180,14 +143,19 @@ class SearchServer:
         if self.rest is not None:
             self.rest.start()
         self._watcher.start()
-        logger.info("search service on %s (ready: %s)", self.address, self.searcher.active is not None)
+        logger.info("search service on %s (ready: %s)", self.address, self.searcher.ready)
         return self
 
     def stop(self, grace: float = 5.0) -> None:
-        """Report NOT_SERVING, stop watching, refuse new requests and let in-flight ones finish
-        within ``grace`` seconds."""
+        """Report NOT_SERVING and end health streams, stop watching, refuse new requests at once
+        (gRPC UNAVAILABLE, REST 503 or a refused connection) and let in-flight ones finish within
+        ``grace`` seconds (both fronts drain at the same time)."""
         self._stop.set()
-        self.health.enter_graceful_shutdown()
+        self.health.shutdown()
+        rest = None
         if self.rest is not None:
-            self.rest.stop()
+            rest = threading.Thread(target=self.rest.stop, args=(grace,), name="tfhash-rest-stop")
+            rest.start()
         self._server.stop(grace).wait()
+        if rest is not None:
+            rest.join()

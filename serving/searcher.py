@@ -1,5 +1,5 @@
 """The search service's core: a model version paired with the index that version built, swapped
-atomically for a newer pair, and the request checks and search that both fronts (gRPC, REST) use.
+atomically for a newer pair, and the search that both fronts (gRPC, REST) use.
 
 Pairing rule: version V is served only when the encoder serves V (the SavedModel folder
 ``<model_base_dir>/V`` in process, or ``AVAILABLE`` on TF Serving) and ``<index_base_dir>/V/<kind>``
@@ -8,11 +8,26 @@ model's, and whose recorded signature fingerprint (when both sides have one) is 
 request reads the active pair once, so a swap never mixes two versions inside one answer, and the
 old pair serves the requests that started on it.
 
+Convergence (:meth:`VersionedSearcher.refresh`, called by the service's watcher every poll):
+
+* the newest available version whose pair loads is served; a newer one replaces it as soon as
+  its pair loads;
+* a pair that fails to load (a copy still in progress, a corrupt file, a model server still
+  loading) is retried at the next poll once any of its files changed, else with a doubling
+  delay (:class:`tfhash.serving.versions.Retries`), so a version copied file by file is served
+  at the first poll after the copy completes;
+* when the encoder side withdraws the active version (its folder removed, or TF Serving no longer
+  reports it AVAILABLE), the newest other version that pairs takes over, even an older one; with
+  none, nothing is served (UNAVAILABLE, health NOT_SERVING) until one pairs again;
+* when the encoder side cannot be asked (TF Serving unreachable) the pair is kept but reported
+  not ready, since queries that need encoding cannot be answered.
+
 Queries: serialized examples or raw features (encoded by the pair's model), or codes already
 computed by the client (the caller then pins ``model_version`` to be sure they came from the
 model whose index answers). Codes are binarised with sign (sign(0) = +1) and searched in Hamming
 space, also on a ScaNN index (dot product of +-1 codes), so every index kind answers in the same
-units.
+units. A radius filters the k nearest neighbours (it never widens the search), so a request's
+cost is bounded by its queries and k whatever the radius.
 """
 
 from __future__ import annotations
@@ -26,6 +41,8 @@ from dataclasses import dataclass
 import numpy as np
 from tfhash.serving.encoders import Encoder
 from tfhash.serving.errors import invalid, not_found, unavailable
+from tfhash.serving.requests import DEFAULT_LIMITS, Limits, Query
+from tfhash.serving.versions import Retries, tree_stamp
 
 from tfhash.codes import as_packed, pack_codes, sign_codes
 from tfhash.index import HashIndex, IndexError_, IndexFormatError, load_index, read_manifest
@@ -35,41 +52,14 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ServedPair:
-    """A model version and the index it built."""
+    """A model version and the index it built; ``stamp`` is the files' state when it loaded."""
 
     version: int
     encoder: Encoder
     index: HashIndex
     index_path: str
     fingerprint: str | None
-
-
-@dataclass(frozen=True)
-class Query:
-    """One request's queries: exactly one of ``examples`` (list of bytes), ``features`` (float
-    array, batch first) or ``codes`` (packed uint8 (n, K/8) or +-1 (n, K))."""
-
-    examples: list | None = None
-    features: np.ndarray | None = None
-    codes: np.ndarray | None = None
-
-    @property
-    def size(self) -> int:
-        given = [x for x in (self.examples, self.features, self.codes) if x is not None]
-        if len(given) != 1:
-            raise invalid("a request needs exactly one of examples, features or codes")
-        return len(given[0])
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Request limits: queries per request and neighbours per query."""
-
-    max_batch: int = 256
-    max_k: int = 1000
-
-
-DEFAULT_LIMITS = Limits()
+    stamp: tuple = ()
 
 
 @dataclass
@@ -78,89 +68,120 @@ class Neighbours:
     distances: np.ndarray
 
 
+def _fingerprint(model_dir: str | None) -> str | None:
+    if model_dir is None:
+        return None
+    from tfhash.components.export import signature_fingerprint
+
+    return signature_fingerprint(model_dir)
+
+
 class VersionedSearcher:
-    """Serves the newest complete model/index pair; :meth:`refresh` looks for a newer one.
+    """Serves the newest complete model/index pair; :meth:`refresh` converges on it.
 
     Args:
         index_base_dir: holds ``<version>/<kind>/`` index directories (the IndexBuilder's layout).
         kind: the index kind to serve (its folder name, e.g. ``"BFlat"``).
-        available_versions: returns the model versions the encoder side serves now.
+        available_versions: the model versions the encoder side serves now, or None when that
+            cannot be known (TF Serving unreachable).
         make_encoder: builds the encoder of one version.
-        fingerprint_of: the SavedModel fingerprint of a version, or None when it cannot be read
-            (a remote model whose files are not visible here).
+        model_dir_of: the SavedModel folder of a version, or None where it is not visible here (a
+            remote model); used for the fingerprint check and to notice a copy that completed.
+        retries: when to retry a pair that failed to load.
     """
 
-    def __init__(self, index_base_dir: str, kind: str, available_versions: Callable[[], list[int]],
-                 make_encoder: Callable[[int], Encoder], fingerprint_of: Callable[[int], str | None] = lambda v: None,
-                 limits: Limits = DEFAULT_LIMITS):  # fmt: skip
+    def __init__(self, index_base_dir: str, kind: str, available_versions: Callable[[], list[int] | None],
+                 make_encoder: Callable[[int], Encoder], model_dir_of: Callable[[int], str | None] = lambda v: None,
+                 limits: Limits = DEFAULT_LIMITS, retries: Retries | None = None):  # fmt: skip
         self.index_base_dir, self.kind, self.limits = index_base_dir, kind, limits
-        self._available_versions, self._make_encoder, self._fingerprint_of = available_versions, make_encoder, fingerprint_of
+        self._available_versions, self._make_encoder, self._model_dir_of = available_versions, make_encoder, model_dir_of
         self._active: ServedPair | None = None
+        self._parked: ServedPair | None = None  # a withdrawn pair, reused if its version returns unchanged
+        self._reachable = True
         self._refresh_lock = threading.Lock()
-        self._rejected: dict[int, float] = {}  # version -> manifest mtime of a pair that failed to load
+        self.retries = retries or Retries()
 
     @property
     def active(self) -> ServedPair | None:
         return self._active
 
+    @property
+    def ready(self) -> bool:
+        """A pair is loaded and its encoder side answered the last look."""
+        return self._active is not None and self._reachable
+
     def index_path(self, version: int) -> str:
         return os.path.join(self.index_base_dir, str(version), self.kind)
 
     def refresh(self) -> bool:
-        """Swap to the newest version newer than the active one whose pair loads; True if swapped."""
+        """Converge on the newest available version whose pair loads (module docstring); True if
+        the served pair changed."""
         with self._refresh_lock:
-            current = self._active.version if self._active else 0
-            for version in sorted((v for v in self._available_versions() if v > current), reverse=True):
+            available = self._available_versions()
+            self._reachable = available is not None
+            if available is None:
+                return False
+            active, changed = self._active, False
+            if active is not None and active.version not in available:
+                logger.warning("model version %d was withdrawn by the encoder side; looking for another pair", active.version)
+                self._active, self._parked, active, changed = None, active, None, True
+            for version in sorted(available, reverse=True):
+                if active is not None and version <= active.version:
+                    break
                 pair = self._try_pair(version)
                 if pair is not None:
                     self._active = pair
                     logger.info("serving model version %d with index %s", version, pair.index_path)
                     return True
-            return False
+            return changed
 
     def _try_pair(self, version: int) -> ServedPair | None:
         path = self.index_path(version)
-        manifest_file = os.path.join(path, "manifest.json")
-        if not os.path.isfile(manifest_file):
-            return None  # the index of this version is not built yet
-        stamp = os.stat(manifest_file).st_mtime
-        if self._rejected.get(version) == stamp:
+        if not os.path.isfile(os.path.join(path, "manifest.json")):
+            return None  # the index of this version is not built (or not published) yet
+        stamp = tree_stamp(path, self._model_dir_of(version))
+        parked = self._parked
+        if parked is not None and parked.version == version and parked.stamp == stamp:
+            self._parked = None
+            return parked
+        if not self.retries.due(version, stamp):
             return None
         try:
-            pair = self._load_pair(version, path)
-        except Exception as err:  # a broken pair is reported and skipped, never served
-            logger.error("model version %d is not served: %s", version, err)
-            self._rejected[version] = stamp
+            pair = self._load_pair(version, path, stamp)
+        except Exception as err:  # a broken or incomplete pair is reported and retried, never served
+            logger.error("model version %d is not served (yet): %s", version, err)
+            self.retries.failed(version, stamp, f"{type(err).__name__}: {err}")
             return None
-        self._rejected.pop(version, None)
+        self.retries.succeeded(version)
         return pair
 
-    def _load_pair(self, version: int, path: str) -> ServedPair:
+    def _load_pair(self, version: int, path: str, stamp: tuple) -> ServedPair:
         manifest = read_manifest(path)
         index = load_index(path, expected_model_version=str(version))
         encoder = self._make_encoder(version)
         if encoder.bits != index.bits:
             raise IndexFormatError(f"{path}: the index holds {index.bits}-bit codes, model version {version} makes {encoder.bits}")
-        recorded, actual = manifest["model"].get("signature_fingerprint"), self._fingerprint_of(version)
+        recorded, actual = manifest["model"].get("signature_fingerprint"), _fingerprint(self._model_dir_of(version))
         if recorded and actual and recorded != actual:
             raise IndexFormatError(f"{path}: built by a SavedModel with fingerprint {recorded}, version {version} has {actual}")
         k = min(self.limits.max_k, index.ntotal)
         if k:  # build lazy structures (ScaNN) for the largest k now, not under load
             index.search(np.ones((1, index.bits), dtype=np.int8), k)
-        return ServedPair(version, encoder, index, path, actual or recorded)
+        return ServedPair(version, encoder, index, path, actual or recorded, stamp)
 
     def pair_for(self, model_version: str = "") -> ServedPair:
         """The active pair, checked against a pinned version ("" = any)."""
         pair = self._active
         if pair is None:
-            raise unavailable("no model version with its index is ready yet")
+            raise unavailable("no model version with its index is ready")
         if model_version and model_version != str(pair.version):
-            raise not_found(f"model version {model_version} is not served; this service serves version {pair.version}")
+            raise not_found(f"model version {model_version[:40]!r} is not served; this service serves version {pair.version}")
         return pair
 
     def search(self, query: Query, k: int, radius: int | None = None, model_version: str = "",
                timeout: float | None = None) -> tuple[ServedPair, list[Neighbours]]:  # fmt: skip
-        """Encode (if needed) and search with one pair.
+        """Encode (if needed) and search with one pair: the ``k`` nearest neighbours of each
+        query, only those within Hamming distance ``radius`` when it is given.
 
         Raises:
             ServingError: INVALID_ARGUMENT for an empty or oversized batch, k outside 1..max_k or
@@ -174,13 +195,14 @@ class VersionedSearcher:
         if n > self.limits.max_batch:
             raise invalid(f"{n} queries in one request; the limit is {self.limits.max_batch}")
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= self.limits.max_k:
-            raise invalid(f"k must be an integer in 1..{self.limits.max_k}, got {k!r}")
-        if radius is not None and radius < 0:
-            raise invalid(f"radius must be >= 0, got {radius}")
+            raise invalid(f"k must be an integer in 1..{self.limits.max_k}, got {k!r}"[:200])
+        if radius is not None and (isinstance(radius, bool) or not isinstance(radius, (int, np.integer)) or radius < 0):
+            raise invalid(f"radius must be an integer >= 0, got {radius!r}"[:200])
         pair = self.pair_for(model_version)
         if k > pair.index.ntotal:
             raise invalid(f"k = {k} is larger than the {pair.index.ntotal} items in the index")
         packed = self._packed_codes(pair, query, timeout)
+        radius = None if radius is None else min(int(radius), pair.index.bits)  # any radius >= K keeps all
         try:
             return pair, self._neighbours(pair.index, packed, int(k), radius)
         except IndexError_ as err:
@@ -202,9 +224,7 @@ class VersionedSearcher:
 
     @staticmethod
     def _neighbours(index: HashIndex, packed: np.ndarray, k: int, radius: int | None) -> list[Neighbours]:
-        if radius is not None and hasattr(index, "range_search"):
-            return [Neighbours(r.ids[:k], r.distances[:k].astype(np.float32)) for r in index.range_search(packed, radius)]
-        result = index.search(packed, k)  # every index kind takes packed codes
+        result = index.search(packed, k)  # every index kind takes packed codes; ties in insertion order (exact kinds)
         out = []
         for ids, distances in zip(result.ids, np.asarray(result.distances, dtype=np.float32), strict=True):
             keep = ids >= 0 if radius is None else (ids >= 0) & (distances <= radius)
@@ -212,9 +232,10 @@ class VersionedSearcher:
         return out
 
     def status(self) -> dict:
+        """What is served, without file-system paths (the index as ``<version>/<kind>``)."""
         pair = self._active
         if pair is None:
             return {"ready": False}
-        return {"ready": True, "model_version": str(pair.version), "index_kind": pair.index.kind,
+        return {"ready": self.ready, "model_version": str(pair.version), "index_kind": pair.index.kind,
                 "count": pair.index.ntotal, "bits": pair.index.bits, "signature_fingerprint": pair.fingerprint or "",
-                "encoder": pair.encoder.describe(), "index_path": pair.index_path}  # fmt: skip
+                "encoder": pair.encoder.describe(), "index_path": f"{pair.version}/{self.kind}"}  # fmt: skip

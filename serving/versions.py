@@ -1,13 +1,22 @@
-"""Model versions under a TF Serving model base directory, and TF Serving's version policies.
+"""Model versions under a TF Serving model base directory, TF Serving's version policies, and
+when to retry a version that failed to load.
 
 A version is a sub-directory whose name is a positive integer and that holds a ``saved_model.pb``
 (what ``tensorflow_model_server`` and the TFX Pusher agree on). A folder without that file (a push
 still being copied, a stray directory) is not a version yet.
+
+Publishing a version atomically means writing it elsewhere on the same file system and renaming
+the finished folder into place (``<base>/.tmp-7`` -> ``<base>/7``). A version copied file by file
+is tolerated: a load that fails on the incomplete copy is retried as soon as any of its files
+changes (:func:`tree_stamp`), so the finished copy is loaded at the next poll; a version whose
+files stay as they are is retried with a growing delay (:class:`Retries`).
 """
 
 from __future__ import annotations
 
 import os
+import time
+from dataclasses import dataclass
 
 
 def list_versions(base_path: str) -> list[int]:
@@ -36,3 +45,63 @@ def select_versions(available: list[int], policy) -> list[int]:
         return [v for v in available if v in wanted]
     count = policy.latest.num_versions if choice == "latest" and policy.latest.num_versions > 0 else 1
     return available[-count:]
+
+
+def tree_stamp(*paths: str | None) -> tuple:
+    """What changes when a file under ``paths`` (folders or files) is added, removed, resized or
+    rewritten: the relative path, size and modification time of every file (a missing path holds
+    none)."""
+    entries = []
+    for root, path in enumerate(paths):
+        if not path:
+            continue
+        if os.path.isfile(path):
+            info = os.stat(path)
+            entries.append((root, "", info.st_size, info.st_mtime_ns))
+        for folder, _, files in os.walk(path):
+            for name in files:
+                full = os.path.join(folder, name)
+                try:
+                    info = os.stat(full)
+                except OSError:  # removed while we walked: the next stamp tells
+                    continue
+                entries.append((root, os.path.relpath(full, path), info.st_size, info.st_mtime_ns))
+    return tuple(sorted(entries))
+
+
+@dataclass
+class _Failure:
+    stamp: tuple
+    count: int
+    retry_at: float
+    error: str
+
+
+class Retries:
+    """Failed loads, and when each may be tried again: at once when its files changed (a copy
+    that finished), otherwise after ``first_delay`` seconds, doubling up to ``max_delay`` (a fault
+    that may clear by itself, such as a model server still loading the version)."""
+
+    def __init__(self, first_delay: float = 1.0, max_delay: float = 60.0, clock=time.monotonic):
+        if not 0 < first_delay <= max_delay:
+            raise ValueError(f"need 0 < first_delay <= max_delay, got {first_delay}, {max_delay}")
+        self.first_delay, self.max_delay, self._clock = float(first_delay), float(max_delay), clock
+        self._failures: dict = {}
+
+    def due(self, key, stamp: tuple) -> bool:
+        """Whether ``key``, whose files now have ``stamp``, should be tried (again)."""
+        failure = self._failures.get(key)
+        return failure is None or failure.stamp != stamp or self._clock() >= failure.retry_at
+
+    def failed(self, key, stamp: tuple, error: str) -> None:
+        previous = self._failures.get(key)
+        count = previous.count + 1 if previous is not None and previous.stamp == stamp else 1
+        delay = min(self.first_delay * 2 ** (count - 1), self.max_delay)
+        self._failures[key] = _Failure(stamp, count, self._clock() + delay, error)
+
+    def succeeded(self, key) -> None:
+        self._failures.pop(key, None)
+
+    def errors(self) -> dict:
+        """key -> the error of its last failed attempt."""
+        return {key: failure.error for key, failure in self._failures.items()}

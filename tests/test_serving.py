@@ -4,6 +4,8 @@ run, hot swap under load, version locking, REST front, shutdown and the CLI."""
 
 from __future__ import annotations
 
+import base64
+import http.client
 import json
 import os
 import random
@@ -13,8 +15,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 
 import grpc
 import numpy as np
@@ -87,11 +87,13 @@ def search_server(request, artifacts, model_server):
 
 
 def test_deployment_artifacts(artifacts, tmp_path):
-    summary = write_deployment(artifacts["models"], MODEL, str(tmp_path / "tfs"))
+    summary = write_deployment(artifacts["models"], MODEL, str(tmp_path / "tfs"), index_base_dir=artifacts["indexes"])
     assert summary["versions"] == [1] and summary["warmup_records"] == {"1": True}
     container = read_models_config(str(tmp_path / "tfs" / "models.config")).model_config_list.config[0]
     assert container.base_path == f"/models/{MODEL}" and container.model_platform == "tensorflow"
-    assert container.model_version_policy.latest.num_versions == 2 and dict(container.version_labels) == {"stable": 1}
+    assert list(container.model_version_policy.specific.versions) == [1] and dict(container.version_labels) == {"stable": 1}
+    with pytest.raises(ValueError, match="with a published index"):  # a version is pinned only with its index
+        write_deployment(artifacts["models"], MODEL, str(tmp_path / "out"), index_base_dir=str(tmp_path / "no-indexes"))
     local = read_models_config(str(tmp_path / "tfs" / "models.local.config")).model_config_list.config[0]
     assert local.base_path == os.path.abspath(artifacts["models"])
     batching = (tmp_path / "tfs" / "batching_parameters.txt").read_text()
@@ -372,16 +374,22 @@ def test_mismatched_or_corrupt_pairs_are_never_served(artifacts, tmp_path):
         server.stop(0)
 
 
-def test_rest_front(artifacts, search_server):
-    base = f"http://127.0.0.1:{search_server.rest.port}"
+def rest_call(port: int, method: str, path: str, body: bytes | None = None, headers: dict | None = None):
+    """(status, parsed JSON body) of one HTTP request to the REST front."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        connection.request(method, path, body=body, headers=headers or {})
+        response = connection.getresponse()
+        return response.status, json.loads(response.read() or b"null")
+    finally:
+        connection.close()
 
-    def post(body, raw=None):
-        request = urllib.request.Request(f"{base}/v1/search", data=raw if raw is not None else json.dumps(body).encode(), method="POST")
-        try:
-            with urllib.request.urlopen(request, timeout=10) as response:
-                return response.status, json.loads(response.read())
-        except urllib.error.HTTPError as err:
-            return err.code, json.loads(err.read())
+
+def test_rest_front(artifacts, search_server):
+    port = search_server.rest.port
+
+    def post(body, raw=None, content_type="application/json"):
+        return rest_call(port, "POST", "/v1/search", raw if raw is not None else json.dumps(body).encode(), {"Content-Type": content_type})
 
     vectors = artifacts["vectors"][:3]
     with SearchClient(search_server.address) as client:
@@ -389,29 +397,26 @@ def test_rest_front(artifacts, search_server):
     status, answer = post({"features": vectors.tolist(), "k": 4})
     assert status == 200 and answer["model_version"] == "1"
     assert [r["ids"] for r in answer["results"]] == [ids.tolist() for ids in grpc_answer.ids]
-    import base64
-
     status, by_examples = post({"examples": [base64.b64encode(vector_example(v)).decode() for v in vectors], "k": 4})
     assert status == 200 and by_examples["results"] == answer["results"]
     assert post(None, raw=b"{not json")[0] == 400
     assert post({"features": vectors.tolist(), "k": 0}) == (400, {"error": {"code": "INVALID_ARGUMENT", "message": "k must be an integer in 1..1000, got 0"}})
     assert post({"features": vectors.tolist(), "k": 3, "model_version": "9"})[0] == 404
     assert post({"codes": [[0.5] * BITS], "k": 3})[0] == 400
-    import http.client
-
-    connection = http.client.HTTPConnection("127.0.0.1", search_server.rest.port, timeout=10)
+    assert post({"codes": [["1"] * BITS], "k": 3})[0] == 400  # numbers as strings are not numbers
+    assert post({"features": vectors.tolist(), "k": 4}, content_type="text/plain")[0] == 415
+    assert post({"features": vectors.tolist(), "k": 4, "radius": 10**40})[0] == 200  # any radius >= K keeps all
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     connection.putrequest("POST", "/v1/search")
+    connection.putheader("Content-Type", "application/json")
     connection.putheader("Content-Length", str(2 << 20))  # refused on the header, before any body is read
     connection.endheaders()
     assert connection.getresponse().status == 413
     connection.close()
-    with urllib.request.urlopen(f"{base}/readyz", timeout=10) as response:
-        assert json.loads(response.read()) == {"ready": True}
-    with urllib.request.urlopen(f"{base}/v1/status", timeout=10) as response:
-        assert json.loads(response.read())["count"] == len(artifacts["ids"])
-    with pytest.raises(urllib.error.HTTPError) as err:
-        urllib.request.urlopen(f"{base}/nothing", timeout=10)
-    assert err.value.code == 404
+    assert rest_call(port, "GET", "/readyz") == (200, {"ready": True})
+    status, found = rest_call(port, "GET", "/v1/status")
+    assert status == 200 and found["count"] == len(artifacts["ids"]) and found["index_path"] == "1/BFlat"
+    assert rest_call(port, "GET", "/nothing")[0] == 404 and rest_call(port, "GET", "/v1/search")[0] == 405
 
 
 def test_shutdown_drains_in_flight_requests(artifacts):
