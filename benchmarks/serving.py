@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
 import threading
@@ -44,19 +43,12 @@ def export_model(path: str, bits: int, seed: int) -> None:
     export_feature_model(model, path, "features", [DIM], bits)
 
 
-def start_service(model_base: str, index_base: str, kind: str, threads: int, faiss_threads: int) -> tuple[subprocess.Popen, str]:
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tfhash.cli", "serve", "search", "--model-base-dir", model_base, "--index-base-dir",
-         index_base, "--kind", kind, "--port", "0", "--threads", str(threads), "--faiss-threads", str(faiss_threads)],
-        stderr=subprocess.PIPE, text=True, env=env,
-    )  # fmt: skip
-    for line in process.stderr:
-        if "search service on " in line:
-            address = line.split("search service on ", 1)[1].split()[0].rstrip(",;")
-            threading.Thread(target=lambda: [None for _ in process.stderr], daemon=True).start()  # keep draining
-            return process, address
-    raise RuntimeError(f"the search service did not start (exit code {process.wait(10)})")
+def start_service(model_base: str, index_base: str, kind: str, threads: int, faiss_threads: int):
+    """``tfhash serve search`` as its own process (in-process encoder); returns (process, address)."""
+    from tests.serving_fixtures import start_cli
+
+    return start_cli(["serve", "search", "--model-base-dir", model_base, "--index-base-dir", index_base, "--kind", kind,
+                      "--port", "0", "--threads", str(threads), "--faiss-threads", str(faiss_threads)], "search service on ")  # fmt: skip
 
 
 def run_level(address: str, clients: int, seconds: float, make_request) -> dict:

@@ -59,7 +59,7 @@ def checked_input(features: tf.Tensor, name: str, shape: list, value_range: tupl
     features = tf.ensure_shape(features, [None, *shape])
     features = tf.debugging.check_numerics(features, f"input {name!r} holds NaN or infinite values")
     within = tf.reduce_all(tf.logical_and(features >= low, features <= high))
-    check = tf.debugging.Assert(within, [f"input {name!r} holds values outside [{low:g}, {high:g}]; its min and max:",
+    check = tf.debugging.Assert(within, [f"input {name} holds values outside [{low:g}, {high:g}]; its min and max:",
                                          tf.reduce_min(features), tf.reduce_max(features)])  # fmt: skip
     with tf.control_dependencies([check]):
         return tf.identity(features)
@@ -75,22 +75,32 @@ def code_outputs(codes: tf.Tensor, bits: int) -> dict:
 
 
 def signature_fingerprint(saved_model_dir: str) -> str:
-    """The SavedModel's fingerprint: checksum of ``saved_model.pb`` and hash of the variables, so it
-    changes with the graph or the weights. Indexes record it; the search service compares it
-    before it pairs a model version with an index."""
-    fingerprint = tf.saved_model.experimental.read_fingerprint(saved_model_dir)
+    """The SavedModel's fingerprint computed from its files as they are now: checksum of
+    ``saved_model.pb`` and hash of the variables, so it changes with the graph or the weights, and
+    a ``saved_model.pb`` that does not parse raises ValueError. Indexes record it; the search
+    service and the TF Serving config compare it before they pair a model version with an index.
+    (On a TensorFlow without the fingerprinting module, the fingerprint recorded at save time.)"""
+    try:
+        from tensorflow.core.protobuf import fingerprint_pb2
+        from tensorflow.python.saved_model.pywrap_saved_model import fingerprinting
+    except ImportError:
+        fingerprint = tf.saved_model.experimental.read_fingerprint(saved_model_dir)
+    else:
+        try:
+            fingerprint = fingerprint_pb2.FingerprintDef.FromString(fingerprinting.CreateFingerprintDef(saved_model_dir))
+        except Exception as err:  # FingerprintException: unreadable or unparsable files
+            raise ValueError(f"{saved_model_dir}: cannot fingerprint the SavedModel ({str(err).splitlines()[0]})") from err
     return f"{fingerprint.saved_model_checksum}-{fingerprint.checkpoint_hash}"
 
 
-class ServingModule(tf.Module):
-    """Holds the Keras model and the Transform layer so that both are saved. ``tft_layer`` maps the
-    parsed raw features to the model inputs (the Transform graph in the pipeline; any callable of
-    stock TF ops for data that needs no Transform). ``inputs``: ``{input name: shape}``, one entry,
+class ServingModule:
+    """The serving signatures of a Keras model and its Transform layer (:func:`save_serving_module`
+    saves them). ``tft_layer`` maps the parsed raw features to the model inputs (the Transform
+    graph in the pipeline; any callable of stock TF ops for data that needs no Transform). ``inputs``: ``{input name: shape}``, one entry,
     or two for a cross-modal model (one tower per modality, :class:`tfhash.models.JCCHModel`).
     ``value_ranges``: ``{input name: (low, high)}``, default +-:data:`DEFAULT_VALUE_BOUND`."""
 
     def __init__(self, model, tft_layer, raw_feature_spec: dict, inputs: dict, bits: int, value_ranges: dict | None = None):
-        super().__init__()
         self.model = model
         self.tft_layer = tft_layer
         self.bits = int(bits)
@@ -151,8 +161,24 @@ def export_feature_model(model, path: str, input_name: str, input_shape, bits: i
 
 def save_serving_module(module: ServingModule, path: str, warmup_examples: list[bytes] | None = None,
                         model_name: str = "tfhash") -> None:  # fmt: skip
-    """Write ``module`` as a SavedModel with both signatures, plus the warmup records."""
-    tf.saved_model.save(module, path, signatures=module.signatures())
+    """Write ``module``'s signatures as a SavedModel, plus the warmup records.
+
+    The saved object graph holds only what the signatures use: the variables they read and the
+    Transform layer (its tables and assets), not the Keras model. Keras 3 variables saved through
+    the model object are restored by ``tf.saved_model.load`` but not by the graph-mode loader of
+    ``tensorflow_model_server`` and ``saved_model_cli`` ("Could not find variable ..."), as
+    ``keras.export.ExportArchive`` also avoids.
+    """
+    signatures = {name: function.get_concrete_function() for name, function in module.signatures().items()}
+    root = tf.Module()
+    used = {}
+    for concrete in signatures.values():
+        for variable in concrete.variables:
+            used.setdefault(id(variable), variable)
+    root.variables_used = list(used.values())
+    if isinstance(module.tft_layer, tf.__internal__.tracking.Trackable):
+        root.transform = module.tft_layer
+    tf.saved_model.save(root, path, signatures=signatures)
     if warmup_examples:
         write_warmup_requests(path, warmup_examples, model_name)
 

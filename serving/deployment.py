@@ -14,8 +14,10 @@
   records (``assets.extra/tf_serving_warmup_requests``, written by the Trainer).
 
 Version policy: ``specific { versions: [...] }`` pins the newest ``num_versions`` (default 2)
-versions whose index is published (``<index_base_dir>/<version>/<kind>/manifest.json``; every
-version when no index folder is given). A push without its index, or a broken push, therefore
+versions whose index is published and pairs with them (an index under
+``<index_base_dir>/<version>/`` whose manifest names the version, whose checksums verify and whose
+fingerprint is the SavedModel's: :func:`tfhash.serving.versions.pair_published`; every version
+when no index folder is given). A push without its index, or a broken push, therefore
 never enters the policy and never makes TF Serving unload the version the search service pairs
 (``latest {num_versions: N}`` would: it follows the newest folders, loadable or not). Regenerate
 the files after publishing a pair (the pipeline does, and ``tfhash serve config``); TF Serving
@@ -35,7 +37,7 @@ import os
 
 from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
-from tfhash.serving.versions import list_versions
+from tfhash.serving.versions import list_versions, pair_published
 
 TF_SERVING_IMAGE = "tensorflow/serving:2.16.1"
 WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
@@ -64,12 +66,6 @@ def model_config(name: str, base_path: str, num_versions: int = 2, labels: dict[
     for label, version in (labels or {}).items():
         config.version_labels[label] = int(version)
     return config
-
-
-def index_published(index_base_dir: str, version: int) -> bool:
-    """Whether some index of ``version`` is complete under the IndexBuilder's layout."""
-    folder = os.path.join(index_base_dir, str(version))
-    return os.path.isdir(folder) and any(os.path.isfile(os.path.join(folder, kind, "manifest.json")) for kind in os.listdir(folder))
 
 
 def models_config(configs) -> model_server_config_pb2.ModelServerConfig:
@@ -149,8 +145,8 @@ def write_deployment(base_path: str, model_name: str, output_dir: str, num_versi
                      index_base_dir: str | None = None, grpc_port: int = 8500, rest_port: int = 8501,
                      batching: dict | None = None) -> dict:  # fmt: skip
     """Write the TF Serving artifacts for the versions under ``base_path`` (module docstring):
-    the newest ``num_versions`` whose index is published under ``index_base_dir`` (all complete
-    SavedModel versions when it is None) are pinned.
+    the newest ``num_versions`` whose index is published under ``index_base_dir`` and pairs with
+    them (all complete SavedModel versions when it is None) are pinned.
 
     Raises:
         ValueError: ``base_path`` holds no complete SavedModel version (with a published index).
@@ -158,7 +154,7 @@ def write_deployment(base_path: str, model_name: str, output_dir: str, num_versi
     base_path, output_dir = os.path.abspath(base_path), os.path.abspath(output_dir)
     versions = list_versions(base_path)
     if index_base_dir is not None:
-        versions = [v for v in versions if index_published(index_base_dir, v)]
+        versions = [v for v in versions if pair_published(index_base_dir, v, os.path.join(base_path, str(v)))]
     if not versions:
         having = f" with a published index under {index_base_dir}" if index_base_dir is not None else ""
         raise ValueError(f"{base_path}: no SavedModel version (a numbered folder with saved_model.pb){having} to serve")

@@ -1,11 +1,17 @@
 """The gRPC server shell that the development model server and the search service share: thread
 pool, message-size and concurrency limits, loopback bind by default, request bytes that do not
-decode answered INVALID_ARGUMENT, and a signal loop that drains and exits.
+decode answered INVALID_ARGUMENT, a drain on stop, and a signal loop that drains and exits.
 
-Shutdown (:func:`run_until_signal`): on SIGTERM or SIGINT the server's ``stop(grace)`` runs at
-once, whichever thread the signal reached (the main thread waits in short slices so that Python
-runs its handler); ``stop`` refuses new RPCs with UNAVAILABLE, lets in-flight ones finish for up
-to ``grace`` seconds and cancels the rest; the process then exits 0.
+Stop (:meth:`GrpcServer.stop`): from the call on, every RPC that reaches a handler is refused
+UNAVAILABLE (retryable: it was never executed) except the health service's, the RPCs already in
+a handler finish for up to ``grace`` seconds, calls gRPC had queued are given
+:data:`SETTLE_SECONDS` to reach the gate, then the gRPC server stops (RPCs still running are
+cancelled). A call that arrives in that last instant is failed by gRPC itself (UNAVAILABLE or
+CANCELLED); none of them was executed.
+
+:func:`run_until_signal`: on SIGTERM or SIGINT the server's ``stop(grace)`` runs at once, whichever
+thread the signal reached (the main thread waits in short slices so that Python runs its handler);
+the process then exits 0.
 """
 
 from __future__ import annotations
@@ -13,26 +19,60 @@ from __future__ import annotations
 import functools
 import signal
 import threading
+import time
 from concurrent import futures
 
 import grpc
 from tfhash.serving.requests import check_whole
 
 LOOPBACK = "127.0.0.1"
+#: Methods answered while stopping (a load balancer must see NOT_SERVING, not an error).
+ALWAYS_ANSWERED = "/grpc.health.v1.Health/"
+SETTLE_SECONDS = 0.2
 
 
-class RefuseUndecodable(grpc.ServerInterceptor):
-    """Decode request messages inside the handler instead of in grpcio, so that bytes that are no
-    message of the method's type get INVALID_ARGUMENT (grpcio itself answers INTERNAL
-    "Exception deserializing request!"), bytes the parser reads only in part included
-    (:func:`tfhash.serving.requests.check_whole`). Applies to unary-request methods, which are all
-    that tfhash, TF Serving's API and the health service define."""
+class _Gate:
+    """Counts the RPCs inside a handler; once closed, new ones are turned away."""
+
+    def __init__(self):
+        self._condition = threading.Condition()
+        self._inside, self.closed = 0, False
+
+    def enter(self) -> bool:
+        with self._condition:
+            if self.closed:
+                return False
+            self._inside += 1
+            return True
+
+    def leave(self) -> None:
+        with self._condition:
+            self._inside -= 1
+            self._condition.notify_all()
+
+    def close_and_wait(self, timeout: float) -> bool:
+        """Close; True once no RPC is inside a handler, False if ``timeout`` passed first."""
+        with self._condition:
+            self.closed = True
+            return self._condition.wait_for(lambda: self._inside == 0, timeout)
+
+
+class _Handlers(grpc.ServerInterceptor):
+    """Wraps every unary-request handler (all that tfhash, TF Serving's API and the health service
+    define): the request bytes are decoded here instead of in grpcio, so that bytes that are no
+    message of the method's type get INVALID_ARGUMENT (grpcio itself answers INTERNAL "Exception
+    deserializing request!"), bytes the parser reads only in part included
+    (:func:`tfhash.serving.requests.check_whole`); and the handler passes the stop gate."""
+
+    def __init__(self, gate: _Gate):
+        self.gate = gate
 
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
         if handler is None or handler.request_streaming or handler.request_deserializer is None:
             return handler
-        decode, method = handler.request_deserializer, handler_call_details.method
+        decode, method, gate = handler.request_deserializer, handler_call_details.method, self.gate
+        gated = not method.startswith(ALWAYS_ANSWERED)
 
         def parsed(raw, context):
             try:
@@ -42,52 +82,61 @@ class RefuseUndecodable(grpc.ServerInterceptor):
             except Exception:  # noqa: BLE001 - any decoding failure is the client's bytes
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the request bytes are not a valid request message of {method}")
 
-        if handler.response_streaming:
-            behaviour = handler.unary_stream
-
-            @functools.wraps(behaviour)
-            def unary_stream(raw, context, *args, **kwargs):
+        def passed(behaviour, raw, context, *args, **kwargs):
+            if gated and not gate.enter():
+                context.abort(grpc.StatusCode.UNAVAILABLE, "the server is shutting down; retry on another replica")
+            try:
                 return behaviour(parsed(raw, context), context, *args, **kwargs)
+            finally:
+                if gated:
+                    gate.leave()
 
-            return grpc.unary_stream_rpc_method_handler(unary_stream, None, handler.response_serializer)
-        behaviour = handler.unary_unary
-
-        @functools.wraps(behaviour)
-        def unary_unary(raw, context):
-            return behaviour(parsed(raw, context), context)
-
-        return grpc.unary_unary_rpc_method_handler(unary_unary, None, handler.response_serializer)
+        behaviour = handler.unary_stream if handler.response_streaming else handler.unary_unary
+        wrapped = functools.wraps(behaviour)(functools.partial(passed, behaviour))
+        if handler.response_streaming:
+            return grpc.unary_stream_rpc_method_handler(wrapped, None, handler.response_serializer)
+        return grpc.unary_unary_rpc_method_handler(wrapped, None, handler.response_serializer)
 
 
-def build_server(host: str = LOOPBACK, port: int = 0, max_workers: int = 8, max_message_bytes: int = 16 << 20,
-                 max_concurrent_rpcs: int | None = None) -> tuple[grpc.Server, int]:  # fmt: skip
-    """An unstarted ``grpc.Server`` bound to ``host:port`` (port 0: any free port).
+class GrpcServer:
+    """A ``grpc.Server`` bound to ``host:port`` now (port 0: any free port; OSError when the
+    address cannot be bound), served after :meth:`start`; add servicers to :attr:`server`.
 
     Requests larger than ``max_message_bytes`` are refused by gRPC with RESOURCE_EXHAUSTED; with
     ``max_concurrent_rpcs`` set, RPCs beyond it are refused the same way instead of queueing.
     Responses are not limited here (the services bound them by their request limits).
-
-    Returns:
-        ``(server, bound_port)``.
-
-    Raises:
-        OSError: the address cannot be bound.
     """
-    options = [
-        ("grpc.max_receive_message_length", int(max_message_bytes)),
-        ("grpc.max_send_message_length", -1),
-        ("grpc.so_reuseport", 0),
-    ]
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=options,
-                         interceptors=[RefuseUndecodable()], maximum_concurrent_rpcs=max_concurrent_rpcs)  # fmt: skip
-    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    try:
-        bound = server.add_insecure_port(address)
-    except RuntimeError as err:  # grpcio >= 1.50 raises instead of returning 0
-        raise OSError(f"cannot bind {address}: {err}") from err
-    if bound == 0:
-        raise OSError(f"cannot bind {address}")
-    return server, bound
+
+    def __init__(self, host: str = LOOPBACK, port: int = 0, max_workers: int = 8, max_message_bytes: int = 16 << 20,
+                 max_concurrent_rpcs: int | None = None):  # fmt: skip
+        options = [
+            ("grpc.max_receive_message_length", int(max_message_bytes)),
+            ("grpc.max_send_message_length", -1),
+            ("grpc.so_reuseport", 0),
+        ]
+        self._gate = _Gate()
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=options,
+                                  interceptors=[_Handlers(self._gate)], maximum_concurrent_rpcs=max_concurrent_rpcs)  # fmt: skip
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        try:
+            self.port = self.server.add_insecure_port(address)
+        except RuntimeError as err:  # grpcio >= 1.50 raises instead of returning 0
+            raise OSError(f"cannot bind {address}: {err}") from err
+        if self.port == 0:
+            raise OSError(f"cannot bind {address}")
+
+    def start(self) -> None:
+        self.server.start()
+
+    def stop(self, grace: float) -> None:
+        """Refuse new RPCs (UNAVAILABLE), let those inside a handler finish within ``grace``
+        seconds, then stop the server (cancelling what still runs)."""
+        deadline = time.monotonic() + grace
+        self._gate.close_and_wait(grace)
+        # calls gRPC has queued but not handed to a handler yet: let them reach the gate (UNAVAILABLE,
+        # retryable) rather than be failed by the server's stop (CANCELLED)
+        time.sleep(min(SETTLE_SECONDS, max(deadline - time.monotonic(), 0.0)))
+        self.server.stop(max(deadline - time.monotonic(), 0.0)).wait()
 
 
 def run_until_signal(server, grace: float, signals=(signal.SIGINT, signal.SIGTERM), on_started=None) -> None:

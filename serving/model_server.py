@@ -49,7 +49,7 @@ from tensorflow_serving.apis import (
 )
 from tfhash.serving.deployment import read_models_config
 from tfhash.serving.errors import ServingError, answers_errors, invalid, not_found, too_large
-from tfhash.serving.grpc_server import LOOPBACK, build_server
+from tfhash.serving.grpc_server import LOOPBACK, GrpcServer
 from tfhash.serving.versions import Retries, list_versions, select_versions, tree_stamp
 
 logger = logging.getLogger(__name__)
@@ -369,10 +369,11 @@ class DevModelServer:
         self.poll_seconds, self.host = float(poll_seconds), host
         self._config_file, self._config_poll_seconds = config_file, float(config_poll_seconds)
         self._config_stamp = tree_stamp(config_file) if config_file else ()
-        self._server, self.port = build_server(host, port, max_workers, max_message_bytes)
+        self._grpc = GrpcServer(host, port, max_workers, max_message_bytes)
+        self.port = self._grpc.port
         prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
-            PredictionServicer(self.registry, max_message_bytes), self._server)  # fmt: skip
-        model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelServicer(self.registry, allowed_root), self._server)
+            PredictionServicer(self.registry, max_message_bytes), self._grpc.server)  # fmt: skip
+        model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelServicer(self.registry, allowed_root), self._grpc.server)
         self._stop = threading.Event()
         self._poller = threading.Thread(target=self._poll_loop, name="tfhash-model-poll", daemon=True)
 
@@ -404,7 +405,7 @@ class DevModelServer:
 
     def start(self) -> DevModelServer:
         self.registry.poll()
-        self._server.start()
+        self._grpc.start()
         self._poller.start()
         logger.info("development model server on %s", self.address)
         return self
@@ -413,4 +414,4 @@ class DevModelServer:
         """Stop polling, refuse new RPCs at once (UNAVAILABLE) and let in-flight ones finish for up
         to ``grace`` seconds."""
         self._stop.set()
-        self._server.stop(grace).wait()
+        self._grpc.stop(grace)

@@ -249,6 +249,8 @@ def query_from_json(body: dict) -> Query:
     if field == "codes":
         return Query(codes=json_numbers(body[field], field, np.float64, max_dims=2))  # the searcher refuses values other than +-1
     rows = _base64_rows(body[field], field)
+    if not rows:
+        raise invalid("packed_codes holds no queries")
     widths = {len(r) for r in rows}
     if len(widths) > 1 or 0 in widths:
         raise invalid(f"packed_codes must all have the same, non-zero length in bytes; got lengths {sorted(widths)[:4]}")

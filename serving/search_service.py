@@ -24,7 +24,7 @@ from tfhash.serving import search_pb2, search_pb2_grpc
 from tfhash.serving.client import ModelClient
 from tfhash.serving.encoders import InProcessEncoder, RemoteEncoder
 from tfhash.serving.errors import ServingError, answers_errors
-from tfhash.serving.grpc_server import LOOPBACK, build_server
+from tfhash.serving.grpc_server import LOOPBACK, GrpcServer
 from tfhash.serving.health import Health
 from tfhash.serving.requests import DEFAULT_LIMITS, Limits, query_from_proto
 from tfhash.serving.searcher import Neighbours, ServedPair, VersionedSearcher
@@ -108,10 +108,11 @@ class SearchServer:
                  poll_seconds: float = 2.0, max_workers: int = 8, max_message_bytes: int = 8 << 20,
                  max_concurrent_rpcs: int | None = 128, rest_options: dict | None = None):  # fmt: skip
         self.searcher, self.host, self.poll_seconds = searcher, host, float(poll_seconds)
-        self._server, self.port = build_server(host, port, max_workers, max_message_bytes, max_concurrent_rpcs)
-        search_pb2_grpc.add_HashSearchServicer_to_server(HashSearchServicer(searcher), self._server)
+        self._grpc = GrpcServer(host, port, max_workers, max_message_bytes, max_concurrent_rpcs)
+        self.port = self._grpc.port
+        search_pb2_grpc.add_HashSearchServicer_to_server(HashSearchServicer(searcher), self._grpc.server)
         self.health = Health(("", SERVICE_NAME))
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._grpc.server)
         self.rest = None
         if rest_port is not None:
             from tfhash.serving.rest import RestFront
@@ -139,7 +140,7 @@ class SearchServer:
         """Load the newest pair there is (the service starts NOT_SERVING if there is none yet and
         becomes ready when one appears), then serve."""
         self._refresh()
-        self._server.start()
+        self._grpc.start()
         if self.rest is not None:
             self.rest.start()
         self._watcher.start()
@@ -156,6 +157,6 @@ class SearchServer:
         if self.rest is not None:
             rest = threading.Thread(target=self.rest.stop, args=(grace,), name="tfhash-rest-stop")
             rest.start()
-        self._server.stop(grace).wait()
+        self._grpc.stop(grace)
         if rest is not None:
             rest.join()

@@ -42,7 +42,7 @@ import numpy as np
 from tfhash.serving.encoders import Encoder
 from tfhash.serving.errors import invalid, not_found, unavailable
 from tfhash.serving.requests import DEFAULT_LIMITS, Limits, Query
-from tfhash.serving.versions import Retries, tree_stamp
+from tfhash.serving.versions import Retries, check_fingerprint, tree_stamp
 
 from tfhash.codes import as_packed, pack_codes, sign_codes
 from tfhash.index import HashIndex, IndexError_, IndexFormatError, load_index, read_manifest
@@ -66,14 +66,6 @@ class ServedPair:
 class Neighbours:
     ids: np.ndarray
     distances: np.ndarray
-
-
-def _fingerprint(model_dir: str | None) -> str | None:
-    if model_dir is None:
-        return None
-    from tfhash.components.export import signature_fingerprint
-
-    return signature_fingerprint(model_dir)
 
 
 class VersionedSearcher:
@@ -161,13 +153,11 @@ class VersionedSearcher:
         encoder = self._make_encoder(version)
         if encoder.bits != index.bits:
             raise IndexFormatError(f"{path}: the index holds {index.bits}-bit codes, model version {version} makes {encoder.bits}")
-        recorded, actual = manifest["model"].get("signature_fingerprint"), _fingerprint(self._model_dir_of(version))
-        if recorded and actual and recorded != actual:
-            raise IndexFormatError(f"{path}: built by a SavedModel with fingerprint {recorded}, version {version} has {actual}")
+        fingerprint = check_fingerprint(path, manifest, self._model_dir_of(version))
         k = min(self.limits.max_k, index.ntotal)
         if k:  # build lazy structures (ScaNN) for the largest k now, not under load
             index.search(np.ones((1, index.bits), dtype=np.int8), k)
-        return ServedPair(version, encoder, index, path, actual or recorded, stamp)
+        return ServedPair(version, encoder, index, path, fingerprint, stamp)
 
     def pair_for(self, model_version: str = "") -> ServedPair:
         """The active pair, checked against a pinned version ("" = any)."""

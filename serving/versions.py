@@ -18,6 +18,8 @@ import os
 import time
 from dataclasses import dataclass
 
+from tfhash.index import IndexFormatError, read_manifest, verify_files
+
 
 def list_versions(base_path: str) -> list[int]:
     """The complete versions under ``base_path``, ascending. A missing base path has none."""
@@ -105,3 +107,39 @@ class Retries:
     def errors(self) -> dict:
         """key -> the error of its last failed attempt."""
         return {key: failure.error for key, failure in self._failures.items()}
+
+
+def model_fingerprint(model_dir: str | None) -> str | None:
+    """The SavedModel fingerprint of a version folder (None when the folder is not visible here)."""
+    if model_dir is None:
+        return None
+    from tfhash.components.export import signature_fingerprint
+
+    return signature_fingerprint(model_dir)
+
+
+def check_fingerprint(index_path: str, manifest: dict, model_dir: str | None) -> str | None:
+    """The pair's fingerprint; IndexFormatError when the index records another SavedModel's."""
+    recorded, actual = manifest["model"].get("signature_fingerprint"), model_fingerprint(model_dir)
+    if recorded and actual and recorded != actual:
+        raise IndexFormatError(f"{index_path}: built by a SavedModel with fingerprint {recorded}, the model version has {actual}")
+    return actual or recorded
+
+
+def pair_published(index_base_dir: str, version: int, model_dir: str | None) -> bool:
+    """Whether some index under ``<index_base_dir>/<version>/`` pairs with the model version: its
+    manifest names the version, its checksums verify and its fingerprint is the SavedModel's (what
+    the search service checks before it serves a pair, short of loading it)."""
+    folder = os.path.join(index_base_dir, str(version))
+    for kind in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        path = os.path.join(folder, kind)
+        try:
+            manifest = read_manifest(path)
+            if manifest["model"].get("version") != str(version):
+                continue
+            verify_files(path, manifest)
+            check_fingerprint(path, manifest, model_dir)
+            return True
+        except (IndexFormatError, OSError, ValueError):  # not (yet) a pair: incomplete, corrupt or another model's
+            continue
+    return False

@@ -1,10 +1,14 @@
-"""Small real serving artifacts for the serving tests: a tfhash SCDH model over 8-d feature
-vectors, exported with the pipeline's export code (both signatures, warmup records) under a model
-base directory, and its Hamming index under the IndexBuilder's layout."""
+"""Small real serving artifacts for the serving tests and benchmarks: a tfhash SCDH model over 8-d
+feature vectors, exported with the pipeline's export code (both signatures, warmup records) under
+a model base directory, its Hamming index under the IndexBuilder's layout, the library's own
+answer to compare with, and the serving CLI started as a process."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import threading
 
 import numpy as np
 
@@ -65,3 +69,37 @@ def push_version(base_dir: str, index_base_dir: str, version: int, seed: int, ve
     """What the pipeline's Pusher + IndexBuilder leave behind for one version."""
     model_dir = export_version(base_dir, version, seed)
     return model_dir, build_index(model_dir, index_base_dir, version, vectors, ids, kind)
+
+
+def reference(model_dir: str, index_dir: str, vectors: np.ndarray, k: int):
+    """The library's own answer: encode with the SavedModel, search the loaded index."""
+    import tensorflow as tf
+
+    from tfhash.index import load_index
+
+    packed = tf.saved_model.load(model_dir).signatures["encode_features"](features=tf.constant(vectors))["packed_codes"]
+    return packed.numpy(), load_index(index_dir).search(packed.numpy(), k)
+
+
+def graph_mode_outputs(model_dir: str, signature: str, inputs: dict, output: str = "packed_codes") -> np.ndarray:
+    """Run a signature through the graph-mode SavedModel loader (the restore op and a session), the
+    way ``tensorflow_model_server`` and ``saved_model_cli`` load a model."""
+    import tensorflow as tf
+
+    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+        meta_graph = tf.compat.v1.saved_model.load(session, ["serve"], model_dir)
+        signature_def = meta_graph.signature_def[signature]
+        feeds = {signature_def.inputs[name].name: value for name, value in inputs.items()}
+        return session.run(signature_def.outputs[output].name, feeds)
+
+
+def start_cli(args: list[str], ready: str) -> tuple[subprocess.Popen, str]:
+    """Start ``tfhash <args>`` and wait for the line holding ``ready``; returns the process and
+    the address that follows ``ready`` on that line (stderr keeps being drained)."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    process = subprocess.Popen([sys.executable, "-m", "tfhash.cli", *args], stderr=subprocess.PIPE, text=True, env=env)
+    for line in process.stderr:
+        if ready in line:
+            threading.Thread(target=lambda: [None for _ in process.stderr], daemon=True).start()
+            return process, line.split(ready, 1)[1].split()[0].rstrip(",;")
+    raise RuntimeError(f"tfhash {' '.join(args)} did not start (exit code {process.wait(10)})")

@@ -11,8 +11,6 @@ import os
 import random
 import shutil
 import signal
-import subprocess
-import sys
 import threading
 import time
 
@@ -43,7 +41,10 @@ from tests.serving_fixtures import (
     build_index,
     database,
     export_version,
+    graph_mode_outputs,
     push_version,
+    reference,
+    start_cli,
     vector_example,
 )
 from tfhash.index import load_index
@@ -59,12 +60,6 @@ def artifacts(tmp_path_factory):
     push_version(str(root / "models"), str(root / "indexes"), 1, 0, vectors, ids)
     return {"models": str(root / "models"), "indexes": str(root / "indexes"), "vectors": vectors, "ids": ids,
             "root": root}  # fmt: skip
-
-
-def reference(model_dir: str, index_dir: str, vectors: np.ndarray, k: int):
-    """The library's own answer: encode with the SavedModel, search the loaded index."""
-    packed = tf.saved_model.load(model_dir).signatures["encode_features"](features=tf.constant(vectors))["packed_codes"]
-    return packed.numpy(), load_index(index_dir).search(packed.numpy(), k)
 
 
 @pytest.fixture()
@@ -447,22 +442,12 @@ def test_shutdown_drains_in_flight_requests(artifacts):
     stopper.join(30)
 
 
-def _start_cli(args, ready_pattern: str):
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    process = subprocess.Popen([sys.executable, "-m", "tfhash.cli", *args], stderr=subprocess.PIPE, text=True, env=env)
-    for line in process.stderr:
-        if ready_pattern in line:
-            return process, line.split(ready_pattern, 1)[1].split()[0].rstrip(",;")
-    process.wait(10)
-    raise AssertionError(f"the CLI did not start: {args}")
-
-
 def test_cli_serves_models_and_search_and_stops_on_sigterm(artifacts, tmp_path):
     write_deployment(artifacts["models"], MODEL, str(tmp_path / "tfs"))
-    models, address = _start_cli(["serve", "model", "--model-config-file", str(tmp_path / "tfs" / "models.local.config"),
+    models, address = start_cli(["serve", "model", "--model-config-file", str(tmp_path / "tfs" / "models.local.config"),
                                   "--port", "0"], "development model server on ")  # fmt: skip
     try:
-        search, search_address = _start_cli(["serve", "search", "--index-base-dir", artifacts["indexes"], "--model-server",
+        search, search_address = start_cli(["serve", "search", "--index-base-dir", artifacts["indexes"], "--model-server",
                                              address, "--model-name", MODEL, "--port", "0"], "search service on ")  # fmt: skip
         try:
             with SearchClient(search_address) as client:
@@ -501,6 +486,8 @@ def test_pipeline_artifacts_served_end_to_end(small_pipeline_run):
     model_server = DevModelServer(read_models_config(os.path.join(summary["tf_serving_config"], "models.local.config"))).start()
     search_server = SearchServer(remote_searcher(model_server.address, config.name, paths(config)["indexes"],
                                                  model_base_dir=paths(config)["serving"])).start()  # fmt: skip
+    # the graph-mode loader of tensorflow_model_server restores the Transform graph and the model too
+    np.testing.assert_array_equal(graph_mode_outputs(summary["model_dir"], "serving_default", {"examples": np.array(queries, dtype=object)}), packed)
     try:
         with ModelClient(model_server.address, config.name, version=int(version)) as client:
             np.testing.assert_array_equal(client.encode_examples(queries).packed_codes, packed)

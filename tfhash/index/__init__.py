@@ -18,6 +18,7 @@ from tfhash.index.persistence import (
     load_index,
     read_manifest,
     save_index,
+    verify_files,
 )
 from tfhash.index.scann_index import ScannIndex
 
@@ -33,4 +34,5 @@ __all__ = [
     "load_index",
     "read_manifest",
     "save_index",
+    "verify_files",
 ]

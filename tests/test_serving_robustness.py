@@ -1,0 +1,302 @@
+"""Serving under hostile input and real deployments (issue 16), on loopback: a bounded fuzz of
+every front with an expected answer per request, hot swaps under load with broken and
+non-atomically copied versions (in process and through the model server), the model server
+withdrawing the paired version, SIGTERM under load, slow HTTP clients, the exported signature's
+own input checks under ``saved_model_cli``, and the request checks themselves."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import grpc
+import numpy as np
+import pytest
+from google.protobuf.message import DecodeError
+from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
+from tfhash.serving.deployment import models_config, write_deployment
+from tfhash.serving.errors import ServingError
+from tfhash.serving.model_server import DevModelServer, tensor_value
+from tfhash.serving.requests import check_examples, check_whole, json_numbers, json_object
+from tfhash.serving.search_client import SearchClient
+from tfhash.serving.versions import Retries, tree_stamp
+
+from benchmarks.serving_fuzz import FAULTS, search_cases
+from benchmarks.serving_robustness import (
+    copy_non_atomically,
+    hot_swap_trial,
+    serving_stack,
+    sigterm_trial,
+)
+from benchmarks.serving_robustness import fuzz as run_fuzz
+from tests.serving_fixtures import DIM, database, export_version, vector_example
+
+POLL = 0.5
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    with serving_stack(str(tmp_path_factory.mktemp("stack")), poll=POLL) as (target, servers):
+        yield target, servers
+
+
+def test_fuzz_every_front_answers_as_expected(stack):
+    target, servers = stack
+    tally = run_fuzz(target, 1500, seed=0, allowed_root=servers["models"])
+    summary = tally.summary()
+    assert summary["failures"] == {}, summary["failure_examples"][:10]
+    labels = {key.split("/")[0] for key in summary["per_category"]}
+    assert labels == {"in_process", "remote", "health", "rest", "rest-raw", "model-server"}
+    assert all(f"in_process/{name}" in summary["per_category"] for name in search_cases(None, target))
+    outcomes = {code for value in summary["per_category"].values() for code in value["outcomes"]}
+    assert {"OK", "INVALID_ARGUMENT", "NOT_FOUND", "RESOURCE_EXHAUSTED", "PERMISSION_DENIED", "http-200", "http-400", "http-413",
+            "http-415", "closed"} <= outcomes and not outcomes & FAULTS  # fmt: skip
+    with SearchClient(target.search["in_process"]) as client:  # and the service still answers
+        assert client.health() == "SERVING" and len(client.search(features=target.vectors[:1], k=3).ids[0]) == 3
+
+
+def test_fuzz_oracle_sees_a_lenient_server():
+    """The oracle is not vacuous: an answer of OK to a bad request, a fault and a hang are failures."""
+    from benchmarks.serving_fuzz import INVALID, OK, Tally
+
+    tally = Tally()
+    tally.record("x", "bad", INVALID, "OK")
+    tally.record("x", "bad", INVALID, "INTERNAL")
+    tally.record("x", "valid", OK, "INVALID_ARGUMENT")
+    tally.record("x", "bad", INVALID, "hang")
+    tally.record("x", "bad", INVALID, "NOT_FOUND")
+    tally.record("x", "bad", INVALID, "INVALID_ARGUMENT")
+    assert tally.failures == {"bad input answered OK": 1, "fault": 1, "valid request refused": 1, "hang": 1, "unexpected code": 1}
+
+
+def test_search_status_names_no_paths(stack):
+    target, _ = stack
+    for address in target.search.values():
+        with SearchClient(address) as client:
+            status = client.status()
+        assert status.ready and status.index_path == "1/BFlat" and "/" not in status.encoder
+
+
+@pytest.mark.parametrize("mode", ["in_process", "remote"])
+def test_hot_swap_under_load_with_broken_and_non_atomic_pushes(tmp_path, mode):
+    """Broken versions 2 and 3 never disturb version 1; version 4, copied file by file, is served
+    once complete, within two polls of the search service (remotely: of the config re-read, the
+    model server and the search service), and no valid request fails."""
+    result = hot_swap_trial(str(tmp_path), mode, poll=POLL)
+    assert result["failed"] == 0, result["failures"]
+    assert result["stayed_on_1_while_broken"] and result["versions_answering"] == ["1", "4"]
+    assert not result["flapped_back"] and result["inconsistent_answers"] == 0
+    polls = 2 if mode == "in_process" else 4  # remotely: config re-read + model server poll + search polls
+    assert 0 <= result["v4_served_after_copy_s"] <= polls * POLL + 1.0, result
+
+
+def test_model_server_loads_a_version_copied_file_by_file(tmp_path):
+    """A version whose saved_model.pb lands before its variables fails to load first; it is
+    loaded at the next poll after the copy completes (TF Serving's latest policy here)."""
+    staging, base = str(tmp_path / "staging"), str(tmp_path / "models")
+    export_version(staging, 1, 0)
+    export_version(base, 1, 0)
+    server = DevModelServer(models_config([_latest(base)]), poll_seconds=0.2).start()
+    try:
+        export_version(staging, 2, 3)
+        completed = copy_non_atomically([(os.path.join(staging, "2"), os.path.join(base, "2"))], 0.5)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and 2 not in _available(server):
+            time.sleep(0.05)
+        assert 2 in _available(server) and time.monotonic() - completed <= 2 * 0.2 + 1.0
+    finally:
+        server.stop(0)
+
+
+def _latest(base: str):
+    from tfhash.serving.deployment import model_config
+
+    return model_config("vectors", base, num_versions=1)
+
+
+def _available(server: DevModelServer) -> list[int]:
+    from tensorflow_serving.apis import get_model_status_pb2, model_pb2
+
+    try:
+        return [s.version for s in server.registry.statuses(model_pb2.ModelSpec(name="vectors"))
+                if s.state == get_model_status_pb2.ModelVersionStatus.AVAILABLE]  # fmt: skip
+    except ServingError:
+        return []
+
+
+def test_withdrawn_version_reports_not_serving_and_recovers(tmp_path):
+    """The operator drops the paired version from models.config: the remote search service reports
+    NOT_SERVING (health and GetStatus) instead of failing while it claims to serve; when the version
+    comes back, the same pair serves again."""
+    with serving_stack(str(tmp_path), poll=POLL) as (target, servers):
+        config = servers["config"]
+        pinned = open(config).read()
+        with open(config + ".new", "w") as handle:
+            handle.write(pinned.replace("versions: 1", "versions: 99"))
+        os.replace(config + ".new", config)
+        with SearchClient(target.search["remote"]) as client:
+            assert _wait(lambda: client.health() == "NOT_SERVING", 10)
+            assert not client.status().ready
+            with pytest.raises(ServingError) as err:
+                client.search(features=target.vectors[:1], k=3)
+            assert err.value.code == grpc.StatusCode.UNAVAILABLE
+            write_deployment(servers["models"], "vectors", os.path.dirname(config), index_base_dir=servers["indexes"])
+            assert _wait(lambda: client.health() == "SERVING", 10)
+            assert client.search(features=target.vectors[:1], k=3).model_version == "1"
+
+
+def _wait(condition, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()
+
+
+@pytest.mark.parametrize("kind", ["search", "model"])
+def test_sigterm_under_load_drains_and_exits(tmp_path, kind):
+    result = sigterm_trial(str(tmp_path), kind, grace=10.0)
+    assert result["exit_code"] == 0 and result["exit_after_s"] <= result["grace_s"], result
+    assert result["answered_before"] > 0 and result["failed_before"] == 0
+    assert set(result["in_flight_refused"]) <= {"UNAVAILABLE"}  # in flight: answered, or refused before it ran
+    assert result["started_after_signal"] > 0 and result["answered_after_signal"] == 0
+    assert result["health_stream_ended"] in (True, None)
+
+
+def test_slow_http_clients_hold_no_threads_and_are_cut_off(stack):
+    target, _ = stack
+    before = threading.active_count()
+    sockets = []
+    for _ in range(50):
+        sock = socket.create_connection(("127.0.0.1", target.rest_port))
+        sock.sendall(b"POST /v1/search HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
+        sockets.append(sock)
+    body = json.dumps({"features": target.vectors[:1].tolist(), "k": 3}).encode()
+    import http.client
+
+    connection = http.client.HTTPConnection("127.0.0.1", target.rest_port, timeout=5)
+    connection.request("POST", "/v1/search", body=body, headers={"Content-Type": "application/json"})
+    assert connection.getresponse().status == 200  # others are served meanwhile
+    assert threading.active_count() <= before + 1
+    time.sleep(target.rest_timeout + 1.0)
+    for sock in sockets:
+        sock.settimeout(1.0)
+        assert sock.recv(100) == b""  # closed by the server after its body timeout
+        sock.close()
+
+
+def test_saved_model_cli_refuses_nan_and_out_of_range(tmp_path):
+    """The exported signatures check their inputs themselves, so TF Serving (here its
+    ``saved_model_cli`` counterpart, the same SavedModel loader) refuses what tfhash refuses."""
+    path = export_version(str(tmp_path), 1, 0)
+    cli = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+
+    def run(signature: str, name: str, value: np.ndarray):
+        np.save(tmp_path / "input.npy", value, allow_pickle=value.dtype == object)  # our own file: serialized examples as objects
+        return subprocess.run([cli, "run", "--dir", path, "--tag_set", "serve", "--signature_def", signature, "--inputs",
+                               f"{name}={tmp_path / 'input.npy'}"], capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+
+    good = run("encode_features", "features", np.zeros((1, DIM), np.float32))
+    assert good.returncode == 0 and "packed_codes" in good.stdout, good.stderr[-500:]
+    for signature, name, value in [
+        ("encode_features", "features", np.full((1, DIM), np.nan, np.float32)),
+        ("encode_features", "features", np.full((1, DIM), -np.inf, np.float32)),
+        ("encode_features", "features", np.full((1, DIM), 1e30, np.float32)),
+        ("serving_default", "examples", np.array([vector_example([float("nan")] * DIM)], dtype=object)),
+        ("serving_default", "examples", np.array([vector_example([1e30] * DIM)], dtype=object)),
+    ]:
+        refused = run(signature, name, value)
+        assert refused.returncode != 0 and "InvalidArgument" in refused.stderr, (signature, value, refused.stderr[-500:])
+    assert run("serving_default", "examples", np.array([vector_example([0.5] * DIM)], dtype=object)).returncode == 0
+
+
+def test_retries_follow_file_changes_and_back_off(tmp_path):
+    clock = [0.0]
+    retries = Retries(first_delay=1.0, max_delay=4.0, clock=lambda: clock[0])
+    (tmp_path / "a").write_bytes(b"x")
+    stamp = tree_stamp(str(tmp_path))
+    assert retries.due(7, stamp)
+    retries.failed(7, stamp, "boom")
+    assert not retries.due(7, stamp) and retries.errors() == {7: "boom"}
+    (tmp_path / "b").write_bytes(b"y")  # the copy went on: retried at once
+    assert retries.due(7, tree_stamp(str(tmp_path)))
+    for delay in (1.0, 2.0, 4.0, 4.0):  # unchanged files: 1, 2, 4, then capped
+        clock[0] += delay - 0.01
+        assert not retries.due(7, stamp)
+        clock[0] += 0.01
+        assert retries.due(7, stamp)
+        retries.failed(7, stamp, "boom")
+    retries.succeeded(7)
+    assert retries.errors() == {}
+    assert tree_stamp(str(tmp_path / "missing")) == ()
+
+
+def test_request_checks():
+    good = vector_example([0.5] * DIM)
+    assert check_examples([good]) == [good]
+    for bad in [good[:-1], good + b"\x0c", good + b"\x00junk", b"\x00garbage"]:
+        with pytest.raises(ServingError, match="not a serialized tf.Example"):
+            check_examples([bad])
+    with pytest.raises(ServingError, match="NaN or infinite"):
+        check_examples([vector_example([float("inf")] * DIM)])
+    with pytest.raises(DecodeError):
+        check_whole(tensor_pb2.TensorProto, tensor_pb2.TensorProto(dtype=1).SerializeToString() + b"\x0c")
+    assert json_numbers([[1, 2.5]], "f", np.float32).shape == (1, 2)
+    for value in ([[1, "2"]], [[True, 1]], [[1], [1, 2]], [1.0, 2.0], [[[[[[[[[[1.0]]]]]]]]]], {"a": 1}, [[None]]):
+        with pytest.raises(ServingError):
+            json_numbers(value, "f", np.float32)
+    for raw in (b"[" * 100_000 + b"]" * 100_000, b'{"k": ' + b"9" * 5000 + b"}", b'{"k": "\xff"}', b'{"k": NaN}', b'{"x": 1}', b"[]"):
+        with pytest.raises(ServingError) as err:
+            json_object(raw)
+        assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_model_server_tensor_checks_before_allocation():
+    import tensorflow as tf
+
+    spec = tf.TensorSpec([None, DIM], tf.float32)
+
+    def proto(shape, **values):
+        message = tensor_pb2.TensorProto(dtype=types_pb2.DT_FLOAT, **values)
+        message.tensor_shape.CopyFrom(tensor_shape_pb2.TensorShapeProto(dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=s) for s in shape]))
+        return message
+
+    assert tensor_value(proto([2, DIM], tensor_content=np.ones((2, DIM), np.float32).tobytes()), spec, "x", 1 << 20).shape == (2, DIM)
+    cases = {
+        "short form": (proto([50_000, DIM], float_val=[0.5]), grpc.StatusCode.INVALID_ARGUMENT),
+        "over the limit": (proto([10**9, DIM], float_val=[0.5]), grpc.StatusCode.RESOURCE_EXHAUSTED),
+        "overflowing shape": (proto([2**40, DIM], float_val=[0.5]), grpc.StatusCode.RESOURCE_EXHAUSTED),
+        "unknown dtype": (tensor_pb2.TensorProto(dtype=999), grpc.StatusCode.INVALID_ARGUMENT),
+        "negative dimension": (proto([-1, DIM], float_val=[0.5]), grpc.StatusCode.INVALID_ARGUMENT),
+        "content cut short": (proto([1, DIM], tensor_content=b"\x00" * (4 * DIM - 2)), grpc.StatusCode.INVALID_ARGUMENT),
+    }
+    for name, (message, code) in cases.items():
+        with pytest.raises(ServingError) as err:
+            tensor_value(message, spec, "x", 8 << 20)
+        assert err.value.code == code, name
+
+
+def test_deployment_pins_only_versions_that_pair(tmp_path):
+    """A pushed model that does not load, or whose index fails its checksum, is not pinned, so TF
+    Serving never unloads the served pair for it."""
+    from benchmarks.serving_robustness import push_broken_versions
+    from tests.serving_fixtures import push_version
+
+    models, indexes = str(tmp_path / "models"), str(tmp_path / "indexes")
+    vectors, ids = database()
+    push_version(models, indexes, 1, 0, vectors, ids)
+    push_broken_versions(models, indexes, vectors, ids)
+    export_version(models, 5, 4)  # a model without an index
+    assert write_deployment(models, "vectors", str(tmp_path / "tfs"), index_base_dir=indexes)["versions"] == [1]
+    shutil.rmtree(os.path.join(models, "5"))
+    push_version(models, indexes, 6, 4, vectors, ids)
+    summary = write_deployment(models, "vectors", str(tmp_path / "tfs"), index_base_dir=indexes)
+    assert summary["versions"] == [1, 6] and summary["version_labels"] == {"stable": 6}
