@@ -354,8 +354,22 @@ def measured(function):
     return result, seconds, max(peak - start, 0)
 
 
+def _seconds_as_text(rows: list[dict]) -> list[dict]:
+    """Rows with their ``*_s`` seconds as two-decimal text and dicts as ``key n`` text, for tables."""
+    def cell(key, value):
+        if key.endswith("_s") and isinstance(value, float):
+            return f"{value:.2f}"
+        return ", ".join(f"{k} {n}" for k, n in value.items()) or "-" if isinstance(value, dict) else value
+
+    return [{key: cell(key, value) for key, value in row.items()} for row in rows]
+
+
 def markdown(payload: dict) -> str:
     fuzz_summary = payload["fuzz"]
+    trials = payload["sigterm"]
+    clean = {kind: sum(t["exit_code"] == 0 and t["exit_after_s"] <= t["grace_s"] for t in trials if t["kind"] == kind)
+             for kind in ("search", "model")}  # fmt: skip
+    total = {kind: sum(t["kind"] == kind for t in trials) for kind in clean}
     per = [{"target / category": key, "sent": value["sent"], "outcomes": ", ".join(f"{k} {n}" for k, n in sorted(value["outcomes"].items()))}
            for key, value in fuzz_summary["per_category"].items()]  # fmt: skip
     lines = [
@@ -374,16 +388,25 @@ def markdown(payload: dict) -> str:
         "",
         "## Hot swap under load",
         "",
-        markdown_table(payload["hot_swap"], ["mode", "requests", "failed", "versions_answering", "stayed_on_1_while_broken",
-                                             "v4_served_after_copy_s", "poll_seconds", "flapped_back", "inconsistent_answers"]),  # fmt: skip
+        "Broken versions 2 (a SavedModel that does not load) and 3 (an index failing its checksum) are pushed under load, "
+        "then version 4 is copied file by file; `v4_served_after_copy_s` counts from the last byte written.",
+        "",
+        markdown_table(_seconds_as_text(payload["hot_swap"]), ["mode", "requests", "failed", "versions_answering", "stayed_on_1_while_broken",
+                                                               "v4_served_after_copy_s", "poll_seconds", "flapped_back", "inconsistent_answers"]),  # fmt: skip
         "",
         "## SIGTERM under load",
         "",
-        markdown_table(payload["sigterm"], ["kind", "exit_code", "exit_after_s", "grace_s", "answered_before", "failed_before",
-                                            "in_flight_at_signal", "in_flight_answered", "started_after_signal",
-                                            "answered_after_signal", "health_stream_ended"]),  # fmt: skip
+        f"Exit code 0 within the grace period: search service {clean['search']} of {total['search']}, model server "
+        f"{clean['model']} of {total['model']}. Requests in flight at the signal were answered (they were in a handler) or "
+        "refused UNAVAILABLE before they ran; requests started 0.25 s or more after it: none answered.",
+        "",
+        markdown_table(_seconds_as_text(trials), ["kind", "exit_code", "exit_after_s", "grace_s", "answered_before", "failed_before",
+                                                  "in_flight_at_signal", "in_flight_answered", "in_flight_refused", "started_after_signal",
+                                                  "answered_after_signal", "health_stream_ended"]),  # fmt: skip
         "",
         "## The largest request",
+        "",
+        "The costliest search the default limits accept, over BFlat, both ways in the same run:",
         "",
         markdown_table(payload["largest_request"], ["way", "codes", "queries", "radius", "k", "seconds", "peak_extra_mib", "results"]),
         "",

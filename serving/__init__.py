@@ -1,11 +1,16 @@
 """tfhash.serving: the production path after the pipeline's Pusher and IndexBuilder.
 
-* :mod:`.deployment` -- TF Serving artifacts (models.config, batching, monitoring, docker);
+* :mod:`.deployment` -- TF Serving artifacts (models.config pinning the paired versions, batching,
+  monitoring, docker);
 * :mod:`.model_server` -- development model server: TF Serving's gRPC API in process (a stand-in
   for ``tensorflow_model_server`` where it cannot run);
 * :mod:`.client` -- ``ModelClient``, the encode client of TF Serving;
-* :mod:`.searcher` -- version-locked model/index pairs, hot swap, request checks;
+* :mod:`.requests` -- what a request may hold, checked where it enters;
+* :mod:`.versions` -- model versions, version policies, pairing checks and load retries;
+* :mod:`.searcher` -- version-locked model/index pairs, converging hot swap, search;
 * :mod:`.search_service` / :mod:`.rest` -- the search service's gRPC and REST fronts;
+  :mod:`.health` -- its gRPC health service; :mod:`.grpc_server` -- the gRPC shell both servers
+  share (limits, undecodable bytes, drain on stop, signals);
 * :mod:`.search_client` -- ``SearchClient``; :mod:`.cli` -- ``tfhash serve model|search|config``.
 
 The gRPC modules ``search_pb2`` / ``search_pb2_grpc`` are generated from ``search.proto`` at build

@@ -110,7 +110,7 @@ def model(model_config_file, model_name, model_base_path, host, port, poll_secon
 @click.option("--max-k", default=1000, show_default=True, type=click.IntRange(1))
 @click.option("--max-batch", default=256, show_default=True, type=click.IntRange(1))
 @click.option("--max-request-mb", default=8, show_default=True, type=click.IntRange(1))
-@click.option("--threads", default=8, show_default=True, type=click.IntRange(1))
+@click.option("--threads", default=8, show_default=True, type=click.IntRange(1), help="Worker threads of the gRPC front (and of the REST front).")
 @click.option("--poll-seconds", default=2.0, show_default=True, type=click.FloatRange(0.1))
 @click.option("--faiss-threads", default=1, show_default=True, type=click.IntRange(1),
               help="OpenMP threads per FAISS search; concurrency comes from the worker threads.")
@@ -145,7 +145,7 @@ def search(config_path, index_base_dir, model_base_dir, model_server, model_name
         searcher = in_process_searcher(model_base_dir, index_base_dir, kind, limits, encode_batch_size, query_modality)
     try:
         server = SearchServer(searcher, host, port, rest_port, poll_seconds, threads, max_request_mb << 20,
-                              rest_options={"header_timeout": rest_timeout, "body_timeout": rest_timeout})  # fmt: skip
+                              rest_options={"header_timeout": rest_timeout, "body_timeout": rest_timeout, "workers": threads})  # fmt: skip
     except OSError as err:
         raise click.ClickException(str(err)) from err
 

@@ -101,8 +101,11 @@ def load_version(path: str, version: int) -> LoadedVersion:
 
 
 def op_error_message(err: tf.errors.OpError) -> str:
-    """The first line of a TensorFlow error without the ``{{function_node ...}}`` graph names."""
-    return re.sub(r"\{\{function_node [^}]*\}\}\s*", "", err.message.split("\n")[0]).strip()
+    """The first line of a TensorFlow error that says what failed (not "Graph execution error:" nor
+    a ``[[node ...]]`` line), without ``{{function_node ...}}`` graph names, at most 300 characters."""
+    lines = [line.strip() for line in err.message.splitlines()]
+    lines = [line for line in lines if line and line != "Graph execution error:" and not line.startswith("[[")] or [err.message]
+    return re.sub(r"\{\{function_node [^}]*\}\}\s*", "", lines[0]).strip()[:300]
 
 
 def _dtype_name(enum: int) -> str:

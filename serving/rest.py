@@ -177,7 +177,9 @@ class RestFront:
     def stop(self, grace: float = 5.0) -> None:
         """Stop accepting, answer 503 to requests that still arrive on open connections, let the
         running searches finish for up to ``grace`` seconds, then close every connection."""
-        if not self._thread.is_alive():
+        if not self._thread.is_alive():  # never started: only the bound sockets to release
+            for sock in self._sockets:
+                sock.close()
             return
 
         def begin() -> None:

@@ -8,8 +8,13 @@ model/index pairs, request limits and graceful shutdown.
     server.stop()
 
 Health: ``grpc.health.v1.Health/Check`` answers SERVING for "" and ``tfhash.serving.HashSearch``
-once a pair is ready, NOT_SERVING before and while shutting down. Deadlines: the caller's gRPC
-deadline bounds the encode call (remote TF Serving gets the time that is left).
+while a pair can answer; NOT_SERVING before the first pair, whenever none can answer (the paired
+version withdrawn with no other pair, TF Serving unreachable) and from the start of a shutdown,
+which also ends every Watch stream. Deadlines: the caller's gRPC deadline bounds the encode call
+(remote TF Serving gets the time that is left). Errors: every client mistake is INVALID_ARGUMENT,
+NOT_FOUND (a pinned version not served) or RESOURCE_EXHAUSTED (a request over a size limit, too
+many concurrent RPCs); UNAVAILABLE while no pair is ready or while stopping; INTERNAL only for a
+server fault, which is logged.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Model versions under a TF Serving model base directory, TF Serving's version policies, and
-when to retry a version that failed to load.
+"""Model versions under a TF Serving model base directory, TF Serving's version policies, whether
+a version pairs with a published index, and when to retry a version that failed to load.
 
 A version is a sub-directory whose name is a positive integer and that holds a ``saved_model.pb``
 (what ``tensorflow_model_server`` and the TFX Pusher agree on). A folder without that file (a push
