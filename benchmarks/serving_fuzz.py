@@ -272,6 +272,16 @@ def search_cases(rng: random.Random, t: Target) -> dict:
         request.examples.SetInParent()
         return request
 
+    def long_text():
+        """Client-chosen text that an error message might quote: a shape of 100,000 axes, a 50 kB
+        feature name, a 100 kB model version."""
+        choice = rng.randrange(3)
+        if choice == 0:
+            return _with_features(_search(rng, t), np.zeros(1, np.float32), [1] * 100_000), INVALID
+        if choice == 1:
+            return _with_examples(_search(rng, t), [example([float("nan")] * d, "f" * 50_000)]), INVALID
+        return _with_features(_search(rng, t, model_version="9" * 100_000), rows(rng, t)), NOT_FOUND
+
     def count_mismatch():
         values = rows(rng, t)
         request = _with_features(_search(rng, t), values)
@@ -303,6 +313,7 @@ def search_cases(rng: random.Random, t: Target) -> dict:
         "undecodable bytes": lambda: (valid_request().SerializeToString() + rng.choice([b"\x00", b"\x0c", b"\x0e\x01", b"\x07"]), INVALID),
         "truncated bytes": truncated_bytes,
         "random bytes": lambda: (rng.randbytes(rng.randrange(0, 64)), ANY),
+        "long client text": long_text,
     }  # fmt: skip
 
 
@@ -420,7 +431,8 @@ def raw_http_cases(rng: random.Random, t: Target) -> dict:
         "TLS ClientHello": lambda: (bytes.fromhex("16030100f4010000f00303") + rng.randbytes(236), HTTP_REFUSED),
         "headers never finished": lambda: (head + b"Content-Length: 10\r\n", HTTP_REFUSED),
         "garbage request line": lambda: (rng.randbytes(rng.randrange(1, 200)) + b"\r\n\r\n", HTTP_REFUSED),
-        "malformed Content-Length": lambda: (head + rng.choice([b"Content-Length: -5", b"Content-Length: abc", b"Content-Length: 5, 6", b"Content-Length: 99999999999999999999999"]) + b"\r\n\r\n" + body, HTTP_REFUSED),
+        "malformed Content-Length": lambda: (head + rng.choice([b"Content-Length: -5", b"Content-Length: abc", b"Content-Length: 5, 6", b"Content-Length: 99999999999999999999999",
+                                                                 b"Content-Length: \xb2", b"Content-Length: 1\xb2", b"Content-Length: " + b"9" * 5000]) + b"\r\n\r\n" + body, HTTP_REFUSED),
         "body over the limit": lambda: (head + b"Content-Length: %d\r\n\r\n" % (t.search_max_bytes + rng.randint(1, 10**9)), HTTP_REFUSED),
         "headers over the limit": lambda: (head + b"X-Pad: " + b"a" * (70 << 10) + b"\r\n\r\n", HTTP_REFUSED),
         "malformed chunked body": lambda: (head + b"Transfer-Encoding: chunked\r\n\r\n" + rng.choice([b"zz\r\n", b"5\r\nabc\r\n0\r\n\r\n", b"fffffffff\r\n"]), HTTP_REFUSED),

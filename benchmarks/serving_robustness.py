@@ -251,7 +251,7 @@ def sigterm_trial(root: str, kind: str, grace: float = 10.0, clients: int = 8, s
         process, address = start_cli(["serve", "model", "--model-config-file", os.path.join(root, "tfs", "models.local.config"),
                                         "--port", "0", "--grace-seconds", str(grace)], "development model server on ")  # fmt: skip
     results, stop = [], threading.Event()
-    watch_ended = threading.Event()
+    watch = {"statuses": [], "ended_ok_at": None}
 
     def client_loop() -> None:
         client = SearchClient(address, timeout=30) if kind == "search" else ModelClient(address, MODEL, version=1, timeout=30)
@@ -267,18 +267,20 @@ def sigterm_trial(root: str, kind: str, grace: float = 10.0, clients: int = 8, s
                 except ServingError as err:
                     results.append((started, time.monotonic(), err.code.name))
 
-    def watch() -> None:
+    def watch_health() -> None:
+        """Follow the health stream; it must end with OK (not be cut by the process exiting)."""
+        name = health_pb2.HealthCheckResponse.ServingStatus.Name
         with grpc.insecure_channel(address) as channel:
             try:
-                for _ in health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=""), timeout=grace + 30):
-                    pass
+                for response in health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=""), timeout=grace + 30):
+                    watch["statuses"].append(name(response.status))
+                watch["ended_ok_at"] = time.monotonic()
             except grpc.RpcError:
                 pass
-        watch_ended.set()
 
     threads = [threading.Thread(target=client_loop, daemon=True) for _ in range(clients)]
     if kind == "search":
-        threads.append(threading.Thread(target=watch, daemon=True))
+        threads.append(threading.Thread(target=watch_health, daemon=True))
     for thread in threads:
         thread.start()
     time.sleep(seconds)
@@ -303,7 +305,9 @@ def sigterm_trial(root: str, kind: str, grace: float = 10.0, clients: int = 8, s
             "in_flight_started_before_s": round(max((signalled - r[0] for r in in_flight), default=0.0), 3),
             "in_flight_refused_at_s": sorted(round(r[1] - signalled, 3) for r in in_flight if r[2] != "OK"),
             "started_after_signal": len(started_after), "answered_after_signal": sum(r[2] == "OK" for r in started_after),
-            "health_stream_ended": watch_ended.is_set() if kind == "search" else None}  # fmt: skip
+            # the stream ended with OK, before the process exited, after it said NOT_SERVING
+            "health_stream_ended": (watch["ended_ok_at"] is not None and watch["ended_ok_at"] <= exited
+                                    and watch["statuses"][-1:] == ["NOT_SERVING"]) if kind == "search" else None}  # fmt: skip
 
 
 def largest_request(size: int, bits: int = 64, queries: int = 256, radius: int = 48, k: int = 1000, seed: int = 0) -> list[dict]:

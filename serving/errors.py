@@ -29,10 +29,22 @@ HTTP_STATUS = {
 }
 
 
+#: Longest error message sent back: client-chosen text quoted in it stays well under the
+#: metadata limits of gRPC clients (a longer one would reach them as another error).
+MAX_MESSAGE = 1000
+
+
+def shown(text: str, limit: int = 80) -> str:
+    """A client-chosen string as quoted in an error message, cut to ``limit`` characters."""
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
 class ServingError(Exception):
-    """A request that cannot be answered, with the status code that says why."""
+    """A request that cannot be answered, with the status code that says why (the message is cut
+    to :data:`MAX_MESSAGE` characters)."""
 
     def __init__(self, code: grpc.StatusCode, message: str):
+        message = message if len(message) <= MAX_MESSAGE else message[: MAX_MESSAGE - 3] + "..."
         super().__init__(message)
         self.code = code
         self.message = message

@@ -28,19 +28,21 @@ class Health(health_pb2_grpc.HealthServicer):
     def set_serving(self, serving: bool) -> None:
         """Report every service SERVING or NOT_SERVING (ignored after :meth:`shutdown`)."""
         with self._lock:
-            status = SERVING if serving and not self._closed else NOT_SERVING
-            changed = [name for name, old in self._status.items() if old != status]
-            for name in changed:
+            self._set_locked(SERVING if serving and not self._closed else NOT_SERVING)
+
+    def _set_locked(self, status) -> None:
+        # watchers get updates under the lock, in the order of the changes (as grpc_health does)
+        for name, old in self._status.items():
+            if old != status:
                 self._status[name] = status
-            callbacks = [(cb, status) for name in changed for cb in self._watchers[name]]
-        for callback, status in callbacks:
-            callback(health_pb2.HealthCheckResponse(status=status))
+                for callback in self._watchers[name]:
+                    callback(health_pb2.HealthCheckResponse(status=status))
 
     def shutdown(self) -> None:
         """NOT_SERVING for good; every open Watch stream gets it and is then closed."""
-        self.set_serving(False)
         with self._lock:
             self._closed = True
+            self._set_locked(NOT_SERVING)
             callbacks = [cb for watchers in self._watchers.values() for cb in watchers]
             for watchers in self._watchers.values():
                 watchers.clear()
@@ -57,12 +59,12 @@ class Health(health_pb2_grpc.HealthServicer):
 
     def Watch(self, request, context, send_response_callback=None):
         service = request.service
-        with self._lock:
+        with self._lock:  # the first status before any later change reaches this stream
             status = self._status.get(service, health_pb2.HealthCheckResponse.SERVICE_UNKNOWN)
             closed = self._closed or service not in self._watchers
+            send_response_callback(health_pb2.HealthCheckResponse(status=status))
             if not closed:
                 self._watchers[service].add(send_response_callback)
-        send_response_callback(health_pb2.HealthCheckResponse(status=status))
         if closed:  # shutting down, or a service this server will never have
             send_response_callback(None)
             return

@@ -48,7 +48,7 @@ from tensorflow_serving.apis import (
     status_pb2,
 )
 from tfhash.serving.deployment import read_models_config
-from tfhash.serving.errors import ServingError, answers_errors, invalid, not_found, too_large
+from tfhash.serving.errors import ServingError, answers_errors, invalid, not_found, shown, too_large
 from tfhash.serving.grpc_server import LOOPBACK, GrpcServer
 from tfhash.serving.versions import Retries, list_versions, select_versions, tree_stamp
 
@@ -66,11 +66,6 @@ _VALUE_FIELD = {
     types_pb2.DT_BOOL: "bool_val", types_pb2.DT_STRING: "string_val",
 }  # fmt: skip
 MAX_RANK = 32
-
-
-def shown(text: str, limit: int = 80) -> str:
-    """A client-chosen string as quoted in an error message, cut to ``limit`` characters."""
-    return repr(text if len(text) <= limit else text[:limit] + "...")
 
 
 @dataclass(frozen=True)
@@ -227,8 +222,11 @@ class ModelRegistry:
         """Serve ``server_config`` from now on (checked by :func:`check_server_config`)."""
         check_server_config(server_config, allowed_root)
         with self._poll_lock:
+            previous = self._configs
             self._configs = {c.name: c for c in server_config.model_config_list.config}
-            self._loaded = {name: self._loaded.get(name, {}) for name in self._configs}
+            # versions loaded from another folder than the model's new base path are not kept
+            self._loaded = {name: self._loaded.get(name, {}) if name in previous and previous[name].base_path == config.base_path else {}
+                            for name, config in self._configs.items()}  # fmt: skip
         self.poll()
 
     def poll(self) -> None:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 from google.protobuf.message import DecodeError
 from tensorflow.core.example import example_pb2
-from tfhash.serving.errors import invalid
+from tfhash.serving.errors import invalid, shown
 
 #: Batch axis plus at most seven feature axes.
 MAX_FEATURE_DIMS = 8
@@ -100,7 +100,7 @@ def check_examples(serialized) -> list[bytes]:
             raise invalid(f"examples[{i}] is not a serialized tf.Example (truncated or malformed: {err})") from err
         for name, feature in example.features.feature.items():
             if feature.WhichOneof("kind") == "float_list" and not np.all(np.isfinite(np.asarray(feature.float_list.value, np.float32))):
-                raise invalid(f"examples[{i}]: feature {name!r} holds NaN or infinite values")
+                raise invalid(f"examples[{i}]: feature {shown(name)} holds NaN or infinite values")
     return records
 
 
@@ -133,7 +133,8 @@ def features_from_flat(shape, values) -> np.ndarray:
     """Features sent as a shape and row-major values (the gRPC ``Features`` message)."""
     shape = [int(d) for d in shape]
     if not 2 <= len(shape) <= MAX_FEATURE_DIMS or any(d <= 0 for d in shape):
-        raise invalid(f"features: shape {shape} must be batch first with 2..{MAX_FEATURE_DIMS} axes, each >= 1")
+        quoted = shape if len(shape) <= MAX_FEATURE_DIMS else f"[{', '.join(map(str, shape[:MAX_FEATURE_DIMS]))}, ...] ({len(shape)} axes)"
+        raise invalid(f"features: shape {quoted} must be batch first with 2..{MAX_FEATURE_DIMS} axes, each >= 1")
     if math.prod(shape) != len(values):
         raise invalid(f"features: shape {shape} needs {math.prod(shape)} values, the request holds {len(values)}")
     return np.asarray(values, dtype=np.float32).reshape(shape)

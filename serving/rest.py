@@ -11,8 +11,9 @@
 Errors answer ``{"error": {"code": "INVALID_ARGUMENT", "message": ...}}`` with the HTTP status of
 :data:`tfhash.serving.errors.HTTP_STATUS`, and: 415 for a POST that is not ``application/json``,
 413 for a declared body over ``max_body_bytes`` (answered from the
-headers, before any body byte is read), 429 when ``max_concurrent`` searches are already running,
-503 while shutting down.
+headers, before any body byte is read), 429 when the bodies of the requests accepted and not yet
+answered would exceed ``max_concurrent * max_body_bytes`` bytes (each reserves its declared
+length, a chunked one the limit), 503 while shutting down.
 
 Slow or broken clients: one event-loop thread reads and writes every connection (an open socket
 holds no thread), the request line and headers must arrive within ``header_timeout`` seconds (also
@@ -27,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -88,21 +90,41 @@ class _Get(_Handler):
 class _Search(_Handler):
     def prepare(self) -> None:
         self._chunks: list[bytes] = []
+        self._reserved = 0  # bytes reserved for this request's body
         if self.request.method != "POST":
             return  # Tornado answers 405
-        limit, headers = self.front.max_body_bytes, self.request.headers
+        front, headers = self.front, self.request.headers
         media = headers.get("Content-Type", "").split(";")[0].strip().lower()
         declared = headers.get("Content-Length", "")
-        declared = int(declared) if declared.isdigit() else None  # Tornado refuses malformed framing itself (400)
-        if self.front.stopping:
+        # ASCII digits only ("²".isdigit() is true); Tornado refuses malformed framing itself (400)
+        declared = int(declared) if re.fullmatch(r"[0-9]{1,19}", declared) else None
+        if front.stopping:
             self.answer(503, _error("UNAVAILABLE", "the service is shutting down"))
-        elif declared is not None and declared > limit:
-            self.answer(413, _error("RESOURCE_EXHAUSTED", f"the body must be at most {limit} bytes, the request declares {declared}"))
+        elif declared is not None and declared > front.max_body_bytes:
+            self.answer(413, _error("RESOURCE_EXHAUSTED", f"the body must be at most {front.max_body_bytes} bytes, the request declares {declared}"))
         elif media != "application/json":
             self.answer(415, _error("INVALID_ARGUMENT", f"POST /v1/search takes Content-Type application/json, got {media[:60] or 'none'!r}"))
+        else:  # reserve the body's bytes (a chunked body: the limit) before any is read
+            reserve = declared if declared is not None else front.max_body_bytes
+            if front.reserved + reserve > front.body_budget:
+                self.answer(429, _error("RESOURCE_EXHAUSTED", "too many request bodies are being received or searched; retry later"))
+            else:
+                front.reserved += reserve
+                self._reserved = reserve
         if self._finished:  # the unread body is discarded, not parsed, for at most a second
-            self.request.connection.set_max_body_size(max(declared or 0, limit))
+            self.request.connection.set_max_body_size(max(declared or 0, front.max_body_bytes))
             self.request.connection.set_body_timeout(1.0)
+
+    def _release(self) -> None:
+        self.front.reserved -= self._reserved
+        self._reserved = 0
+
+    def on_finish(self) -> None:
+        self._release()
+
+    def on_connection_close(self) -> None:
+        self._release()
+        super().on_connection_close()
 
     def data_received(self, chunk: bytes) -> None:
         if not self._finished:
@@ -110,9 +132,6 @@ class _Search(_Handler):
 
     async def post(self) -> None:
         front = self.front
-        if front.in_flight >= front.max_concurrent:
-            await self.answer(429, _error("RESOURCE_EXHAUSTED", f"{front.max_concurrent} searches are running; retry later"))
-            return
         front.in_flight += 1
         try:
             status, payload = await tornado.ioloop.IOLoop.current().run_in_executor(front.pool, front.search, b"".join(self._chunks))
@@ -130,7 +149,10 @@ class RestFront:
                  max_header_bytes: int = 64 << 10, search_timeout: float = 30.0):  # fmt: skip
         self.searcher, self.max_body_bytes, self.max_concurrent = searcher, int(max_body_bytes), int(max_concurrent)
         self.search_timeout = float(search_timeout)
-        self.in_flight, self.stopping = 0, False  # read and written on the event loop's thread
+        # read and written on the event loop's thread: body bytes reserved by the POSTs accepted and
+        # not finished, searches running, shutting down
+        self.reserved, self.in_flight, self.stopping = 0, 0, False
+        self.body_budget = self.max_concurrent * self.max_body_bytes
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tfhash-rest")
         self._sockets = tornado.netutil.bind_sockets(port, address=host)
         self.host, self.port = host, self._sockets[0].getsockname()[1]

@@ -11,7 +11,7 @@ Health: ``grpc.health.v1.Health/Check`` answers SERVING for "" and ``tfhash.serv
 while a pair can answer; NOT_SERVING before the first pair, whenever none can answer (the paired
 version withdrawn with no other pair, TF Serving unreachable) and from the start of a shutdown,
 which also ends every Watch stream. Deadlines: the caller's gRPC deadline bounds the encode call
-(remote TF Serving gets the time that is left). Errors: every client mistake is INVALID_ARGUMENT,
+(remote TF Serving gets the time that is left; without a deadline, its client's default). Errors: every client mistake is INVALID_ARGUMENT,
 NOT_FOUND (a pinned version not served) or RESOURCE_EXHAUSTED (a request over a size limit, too
 many concurrent RPCs); UNAVAILABLE while no pair is ready or while stopping; INTERNAL only for a
 server fault, which is logged.
@@ -54,8 +54,9 @@ class HashSearchServicer(search_pb2_grpc.HashSearchServicer):
     @answers_errors
     def Search(self, request, context):
         radius = request.radius if request.HasField("radius") else None
-        pair, results = self.searcher.search(query_from_proto(request), request.k, radius, request.model_version,
-                                             context.time_remaining())  # fmt: skip
+        left = context.time_remaining()  # about 9e18 when the caller set no deadline
+        timeout = left if left is not None and left < threading.TIMEOUT_MAX else None
+        pair, results = self.searcher.search(query_from_proto(request), request.k, radius, request.model_version, timeout)
         return response_proto(pair, results)
 
     @answers_errors

@@ -123,6 +123,8 @@ class VersionedSearcher:
                 pair = self._try_pair(version)
                 if pair is not None:
                     self._active = pair
+                    if self._parked is not None and self._parked.version != version:
+                        self._parked = None  # another pair serves: free the withdrawn one
                     logger.info("serving model version %d with index %s", version, pair.index_path)
                     return True
             return changed

@@ -300,3 +300,45 @@ def test_deployment_pins_only_versions_that_pair(tmp_path):
     push_version(models, indexes, 6, 4, vectors, ids)
     summary = write_deployment(models, "vectors", str(tmp_path / "tfs"), index_base_dir=indexes)
     assert summary["versions"] == [1, 6] and summary["version_labels"] == {"stable": 6}
+
+
+def test_search_without_a_deadline(stack):
+    """A caller that sets no deadline (grpcio then reports about 9e18 s left) is answered."""
+    from tfhash.serving import search_pb2_grpc
+    from tfhash.serving.search_client import search_request
+
+    target, _ = stack
+    for address in target.search.values():
+        with grpc.insecure_channel(address) as channel:
+            stub = search_pb2_grpc.HashSearchStub(channel)
+            for request in (search_request(features=target.vectors[:2], k=3), search_request(examples=[vector_example(target.vectors[0])], k=3)):
+                answer = stub.Search.future(request).result(timeout=30)  # no deadline on the call itself
+                assert answer.model_version == "1" and all(len(r.ids) == 3 for r in answer.results)
+
+
+def test_reload_to_another_base_path_serves_the_new_folder(tmp_path):
+    """A model whose base_path changes is served from the new folder, not from versions loaded
+    from the old one."""
+    from tensorflow_serving.apis import model_pb2
+    from tfhash.serving.deployment import model_config
+    from tfhash.serving.model_server import ModelRegistry
+
+    old, new = str(tmp_path / "old"), str(tmp_path / "new")
+    export_version(old, 1, 0)
+    export_version(new, 1, 5)
+    registry = ModelRegistry(models_config([model_config("vectors", old, num_versions=1)]))
+    registry.poll()
+    assert registry.resolve(model_pb2.ModelSpec(name="vectors")).path == os.path.join(old, "1")
+    registry.reload_config(models_config([model_config("vectors", new, num_versions=1)]))
+    assert registry.resolve(model_pb2.ModelSpec(name="vectors")).path == os.path.join(new, "1")
+
+
+def test_error_messages_are_bounded():
+    from tfhash.serving.errors import MAX_MESSAGE, invalid
+
+    assert len(invalid("x" * 100_000).message) == MAX_MESSAGE
+    from benchmarks.serving_fuzz import example
+
+    with pytest.raises(ServingError) as err:  # a 50 kB feature name is quoted cut short
+        check_examples([example([float("nan")] * DIM, "f" * 50_000)])
+    assert len(err.value.message) < 200
