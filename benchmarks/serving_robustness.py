@@ -130,12 +130,14 @@ class Load:
         times = [a[1] for a in self.answers if a[3] == version]
         return min(times) if times else None
 
-    def inconsistent(self, models: str, indexes: str) -> int:
-        """Answers that differ from the library's own search of the version that answered."""
-        expected = {}
-        for version in {a[3] for a in self.answers}:
-            _, result = reference(os.path.join(models, version), os.path.join(indexes, version, "BFlat"), self.queries, self.k)
-            expected[version] = result
+    def references(self, models: str, indexes: str) -> dict:
+        """version -> the library's own search of the queries with that version's model and index,
+        for every version that answered."""
+        return {version: reference(os.path.join(models, version), os.path.join(indexes, version, "BFlat"), self.queries, self.k)[1]
+                for version in {a[3] for a in self.answers}}  # fmt: skip
+
+    def inconsistent(self, expected: dict) -> int:
+        """Answers that differ from ``expected`` (:meth:`references`) of the version that answered."""
         return sum(ids != expected[v].ids[q].tolist() or d != expected[v].distances[q].tolist() for _, _, q, v, ids, d in self.answers)
 
 
@@ -221,13 +223,16 @@ def hot_swap_trial(root: str, mode: str, poll: float = 0.5, clients: int = 4) ->
         if model_server is not None:
             model_server.stop(0)
     versions = [a[3] for a in sorted(load.answers)]
+    expected = load.references(models, indexes)
     first_four = load.first_answer_of("4")
     back_to_old = len(versions) > versions.index("4") + 2 * clients and "1" in versions[versions.index("4") + 2 * clients :] if "4" in versions else None
     return {"mode": mode, "poll_seconds": poll, "requests": len(load.answers) + len(load.failures), "failed": len(load.failures),
             "failures": sorted({f"{code}: {message[:120]}" for _, _, code, message in load.failures})[:5],
             "versions_answering": sorted(set(versions)), "stayed_on_1_while_broken": on_one_while_broken,
             "v4_served_after_copy_s": None if first_four is None else round(first_four - completed, 2),
-            "flapped_back": bool(back_to_old), "inconsistent_answers": load.inconsistent(models, indexes)}  # fmt: skip
+            "flapped_back": bool(back_to_old), "inconsistent_answers": load.inconsistent(expected),
+            # the check above has teeth only if the two versions answer differently
+            "versions_differ": len(expected) == 2 and expected["1"].ids.tolist() != expected["4"].ids.tolist()}  # fmt: skip
 
 
 def sigterm_trial(root: str, kind: str, grace: float = 10.0, clients: int = 8, seconds: float = 1.5) -> dict:
@@ -396,7 +401,7 @@ def markdown(payload: dict) -> str:
         "then version 4 is copied file by file; `v4_served_after_copy_s` counts from the last byte written.",
         "",
         markdown_table(_seconds_as_text(payload["hot_swap"]), ["mode", "requests", "failed", "versions_answering", "stayed_on_1_while_broken",
-                                                               "v4_served_after_copy_s", "poll_seconds", "flapped_back", "inconsistent_answers"]),  # fmt: skip
+                                                               "v4_served_after_copy_s", "poll_seconds", "flapped_back", "inconsistent_answers", "versions_differ"]),  # fmt: skip
         "",
         "## SIGTERM under load",
         "",

@@ -96,8 +96,9 @@ def signature_fingerprint(saved_model_dir: str) -> str:
 class ServingModule:
     """The serving signatures of a Keras model and its Transform layer (:func:`save_serving_module`
     saves them). ``tft_layer`` maps the parsed raw features to the model inputs (the Transform
-    graph in the pipeline; any callable of stock TF ops for data that needs no Transform). ``inputs``: ``{input name: shape}``, one entry,
-    or two for a cross-modal model (one tower per modality, :class:`tfhash.models.JCCHModel`).
+    graph in the pipeline; any callable of stock TF ops for data that needs no Transform).
+    ``inputs``: ``{input name: shape}``, one entry, or two for a cross-modal model (one tower per
+    modality, :class:`tfhash.models.JCCHModel`).
     ``value_ranges``: ``{input name: (low, high)}``, default +-:data:`DEFAULT_VALUE_BOUND`."""
 
     def __init__(self, model, tft_layer, raw_feature_spec: dict, inputs: dict, bits: int, value_ranges: dict | None = None):

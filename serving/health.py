@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from tfhash.serving.errors import answers_errors, not_found
+from tfhash.serving.errors import answers_errors, not_found, shown
 
 SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
 
@@ -54,7 +54,7 @@ class Health(health_pb2_grpc.HealthServicer):
         with self._lock:
             status = self._status.get(request.service)
         if status is None:
-            raise not_found(f"unknown service {request.service!r}; known: {sorted(self._status)}")
+            raise not_found(f"unknown service {shown(request.service)}; known: {sorted(self._status)}")
         return health_pb2.HealthCheckResponse(status=status)
 
     def Watch(self, request, context, send_response_callback=None):

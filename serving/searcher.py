@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from tfhash.serving.encoders import Encoder
-from tfhash.serving.errors import invalid, not_found, unavailable
+from tfhash.serving.errors import invalid, not_found, shown, unavailable
 from tfhash.serving.requests import DEFAULT_LIMITS, Limits, Query
 from tfhash.serving.versions import Retries, check_fingerprint, tree_stamp
 
@@ -167,7 +167,7 @@ class VersionedSearcher:
         if pair is None:
             raise unavailable("no model version with its index is ready")
         if model_version and model_version != str(pair.version):
-            raise not_found(f"model version {model_version[:40]!r} is not served; this service serves version {pair.version}")
+            raise not_found(f"model version {shown(model_version, 40)} is not served; this service serves version {pair.version}")
         return pair
 
     def search(self, query: Query, k: int, radius: int | None = None, model_version: str = "",
