@@ -95,12 +95,17 @@ def load_version(path: str, version: int) -> LoadedVersion:
     return LoadedVersion(version, path, module, signature_defs)
 
 
+#: Lines of a TensorFlow error message that say where, not what: its header, the "Detected at node
+#: ... defined at" line with its stack (or "<stack traces unavailable>"); indented lines (stack
+#: frames, ``[[node ...]]``) are skipped too.
+_WHERE_LINES = re.compile(r"Graph execution error:$|Detected at node .* defined at|<stack traces unavailable>$")
+
+
 def op_error_message(err: tf.errors.OpError) -> str:
-    """The first line of a TensorFlow error that says what failed (not "Graph execution error:" nor
-    a ``[[node ...]]`` line), without ``{{function_node ...}}`` graph names, at most 300 characters."""
-    lines = [line.strip() for line in err.message.splitlines()]
-    lines = [line for line in lines if line and line != "Graph execution error:" and not line.startswith("[[")] or [err.message]
-    return re.sub(r"\{\{function_node [^}]*\}\}\s*", "", lines[0]).strip()[:300]
+    """The first line of a TensorFlow error that says what failed, without ``{{function_node ...}}``
+    graph names, at most 300 characters."""
+    lines = [line for line in err.message.splitlines() if line.strip() and not line[0].isspace() and not _WHERE_LINES.match(line)]
+    return re.sub(r"\{\{function_node [^}]*\}\}\s*", "", (lines or [err.message])[0]).strip()[:300]
 
 
 def _dtype_name(enum: int) -> str:

@@ -342,3 +342,28 @@ def test_error_messages_are_bounded():
     with pytest.raises(ServingError) as err:  # a 50 kB feature name is quoted cut short
         check_examples([example([float("nan")] * DIM, "f" * 50_000)])
     assert len(err.value.message) < 200
+
+
+def test_refusals_by_the_signature_say_what_failed(stack):
+    """The exported signature's own checks reach the caller as the check's message, not as
+    TensorFlow's "Detected at node ... defined at" header."""
+    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+    from tfhash.serving.client import ModelClient
+
+    target, _ = stack
+    far = np.full((1, DIM), 1e30, np.float32)
+    for address in target.search.values():
+        with SearchClient(address) as client, pytest.raises(ServingError) as err:
+            client.search(features=far, k=3)
+        assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT and "holds values outside [-1e+06, 1e+06]" in err.value.message
+    with ModelClient(target.model_server, "vectors") as client, pytest.raises(ServingError) as err:
+        client.encode_features(far)
+    assert "holds values outside" in err.value.message
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name, request.model_spec.signature_name = "vectors", "encode_features"
+    request.inputs["features"].CopyFrom(tensor_pb2.TensorProto(
+        dtype=types_pb2.DT_FLOAT, float_val=[float("nan")] * DIM,
+        tensor_shape=tensor_shape_pb2.TensorShapeProto(dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=s) for s in (1, DIM)])))  # fmt: skip
+    with grpc.insecure_channel(target.model_server) as channel, pytest.raises(grpc.RpcError) as err:
+        prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request, timeout=10)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "holds NaN or infinite values" in err.value.details()
