@@ -6,8 +6,11 @@ Signatures:
   the raw feature spec, transformed by the Transform graph (labels and id are not required), then
   encoded;
 * ``encode_features``: the transformed model input as a raw tensor -> encoded;
-* cross-modal models (two inputs) add ``serving_<modality>`` and ``encode_<modality>`` for each
-  modality; the two default signatures encode the first one.
+* ``encode_pixels`` when the input is an image: raw ``uint8`` pixels ``[None, *image shape]`` ->
+  encoded (the model resizes and preprocesses them itself);
+* cross-modal models (two inputs) add ``serving_<modality>`` and ``encode_<modality>`` (and
+  ``encode_pixels_<modality>`` for an image modality) for each modality; the default signatures
+  encode the first one.
 
 Both return ``codes`` (continuous float32), ``binary_codes`` (int8 +-1, sign(0) = +1) and
 ``packed_codes`` (uint8, big bit order; DESIGN.md s.2). TF Serving warmup records go to
@@ -50,6 +53,24 @@ def finite_features(parsed: dict) -> dict:
         return tf.debugging.check_numerics(tensor, message)
 
     return {name: check(name, tensor) for name, tensor in parsed.items()}
+
+
+def decode_images(encoded: tf.Tensor, shape: list[int]) -> tf.Tensor:
+    """Encoded images (PNG or JPEG bytes, ``(batch,)`` or ``(batch, 1)``) -> float32 pixels
+    ``(batch, *shape)`` in 0..255; an image of another size raises InvalidArgumentError naming
+    the size the model takes."""
+    channels = shape[2] if len(shape) == 3 else 1
+    expected = [int(shape[0]), int(shape[1]), channels]
+    described = "x".join(str(s) for s in expected)
+
+    def decode(one):
+        image = tf.io.decode_image(one, channels=channels, expand_animations=False)
+        check = tf.debugging.assert_equal(tf.shape(image), tf.constant(expected, tf.int32),
+                                          message=f"an image's height x width x channels is not {described}, the size the model takes")  # fmt: skip
+        with tf.control_dependencies([check]):
+            return tf.cast(tf.reshape(image, shape), tf.float32)
+
+    return tf.map_fn(decode, tf.reshape(encoded, [-1]), fn_output_signature=tf.TensorSpec(shape, tf.float32))
 
 
 def checked_input(features: tf.Tensor, name: str, shape: list, value_range: tuple) -> tf.Tensor:
@@ -99,9 +120,11 @@ class ServingModule:
     graph in the pipeline; any callable of stock TF ops for data that needs no Transform).
     ``inputs``: ``{input name: shape}``, one entry, or two for a cross-modal model (one tower per
     modality, :class:`tfhash.models.JCCHModel`).
-    ``value_ranges``: ``{input name: (low, high)}``, default +-:data:`DEFAULT_VALUE_BOUND`."""
+    ``value_ranges``: ``{input name: (low, high)}``, default +-:data:`DEFAULT_VALUE_BOUND`.
+    ``image_inputs``: the inputs that are images, which also get a ``uint8`` pixel signature."""
 
-    def __init__(self, model, tft_layer, raw_feature_spec: dict, inputs: dict, bits: int, value_ranges: dict | None = None):
+    def __init__(self, model, tft_layer, raw_feature_spec: dict, inputs: dict, bits: int, value_ranges: dict | None = None,
+                 image_inputs=()):  # fmt: skip
         self.model = model
         self.tft_layer = tft_layer
         self.bits = int(bits)
@@ -109,7 +132,10 @@ class ServingModule:
         self.value_ranges = {name: tuple((value_ranges or {}).get(name, (-DEFAULT_VALUE_BOUND, DEFAULT_VALUE_BOUND)))
                              for name in self.inputs}  # fmt: skip
         self.spec = {k: v for k, v in raw_feature_spec.items() if k not in NOT_SERVED}
-        self.serve, self.encode = {}, {}
+        self.serve, self.encode, self.pixels = {}, {}, {}
+        for name in image_inputs:
+            self.pixels[name] = tf.function(lambda pixels, name=name: self._encode(name, tf.cast(pixels, tf.float32)),
+                                            input_signature=[tf.TensorSpec([None, *self.inputs[name]], tf.uint8, name="pixels")])  # fmt: skip
         for name, shape in self.inputs.items():
             self.serve[name] = tf.function(lambda examples, name=name: self._encode(name, self._parse(examples)[name]),
                                            input_signature=[tf.TensorSpec([None], tf.string, name="examples")])  # fmt: skip
@@ -125,25 +151,31 @@ class ServingModule:
             codes = self.model(features, training=False)["codes"]
         else:
             codes = self.model.tower(name, features)["codes"]
-        return code_outputs(codes, self.bits)
+        return code_outputs(tf.cast(codes, tf.float32), self.bits)
 
     def signatures(self) -> dict:
-        """``serving_default`` / ``encode_features`` for the first input; with two inputs also
-        ``serving_<name>`` / ``encode_<name>`` for each."""
+        """``serving_default`` / ``encode_features`` (/ ``encode_pixels``) for the first input;
+        with two inputs also ``serving_<name>`` / ``encode_<name>`` (/ ``encode_pixels_<name>``)
+        for each."""
         first = next(iter(self.inputs))
         out = {"serving_default": self.serve[first], "encode_features": self.encode[first]}
+        if first in self.pixels:
+            out["encode_pixels"] = self.pixels[first]
         if len(self.inputs) > 1:
             for name in self.inputs:
                 out[f"serving_{name}"], out[f"encode_{name}"] = self.serve[name], self.encode[name]
+                if name in self.pixels:
+                    out[f"encode_pixels_{name}"] = self.pixels[name]
         return out
 
 
 def export_serving_model(model, tf_transform_output, inputs: dict, bits: int, path: str,
                          warmup_examples: list[bytes] | None = None, model_name: str = "tfhash",
-                         value_ranges: dict | None = None) -> None:  # fmt: skip
-    """Save ``model`` with the Transform graph as a SavedModel at ``path`` (see module docstring)."""
+                         value_ranges: dict | None = None, image_inputs=()) -> None:  # fmt: skip
+    """Save ``model`` with the Transform graph as a SavedModel at ``path`` (see module docstring);
+    ``image_inputs`` get an ``encode_pixels`` signature."""
     module = ServingModule(model, tf_transform_output.transform_features_layer(),
-                           tf_transform_output.raw_feature_spec(), inputs, bits, value_ranges)  # fmt: skip
+                           tf_transform_output.raw_feature_spec(), inputs, bits, value_ranges, image_inputs)  # fmt: skip
     save_serving_module(module, path, warmup_examples, model_name)
 
 
@@ -157,6 +189,19 @@ def export_feature_model(model, path: str, input_name: str, input_shape, bits: i
     spec = {input_name: tf.io.FixedLenFeature(list(input_shape), tf.float32)}
     module = ServingModule(model, lambda parsed: parsed, spec, {input_name: list(input_shape)}, bits,
                            {input_name: value_range} if value_range is not None else None)  # fmt: skip
+    save_serving_module(module, path, warmup_examples, model_name)
+
+
+def export_image_model(model, path: str, image_shape, bits: int, input_name: str = "image",
+                       warmup_examples: list[bytes] | None = None, model_name: str = "tfhash") -> None:  # fmt: skip
+    """Export a tfhash Keras image model outside the pipeline (its backbone resizes and
+    preprocesses, e.g. :func:`tfhash.models.image_backbone`): ``serving_default`` takes
+    tf.Examples whose ``input_name`` holds the encoded image (PNG or JPEG), ``encode_pixels`` raw
+    ``uint8`` pixels, ``encode_features`` float pixels; every image must be ``image_shape``."""
+    shape = [int(s) for s in image_shape]
+    spec = {input_name: tf.io.FixedLenFeature([], tf.string)}
+    module = ServingModule(model, lambda parsed: {input_name: decode_images(parsed[input_name], shape)}, spec,
+                           {input_name: shape}, bits, {input_name: IMAGE_RANGE}, image_inputs=[input_name])  # fmt: skip
     save_serving_module(module, path, warmup_examples, model_name)
 
 

@@ -2,7 +2,7 @@
 inputs of the tf.Examples written by ``tfhash data export``.
 
 ``custom_config``: ``{"num_classes": C, "modalities": {name: {"kind": "image"|"vector",
-"shape": [...]}}}`` (the export's metadata). Images are decoded from PNG to float pixels in
+"shape": [...]}}}`` (the export's metadata). Images are decoded (PNG or JPEG) to float pixels in
 0..255 (the Keras models rescale themselves, as in the library); vectors are z-scored with
 statistics of the analysed split (tft.scale_to_z_score, a full-pass Beam analyzer); labels become
 a dense multi-hot ``labels`` vector. The ``id`` is passed through. With ``jcch_anchors`` in the
@@ -19,6 +19,7 @@ from __future__ import annotations
 import tensorflow as tf
 import tensorflow_transform as tft
 from tfhash.components.compat import disable_tft_deep_copy
+from tfhash.components.export import decode_images
 
 # The Transform executor imports this module before it builds its Beam pipeline.
 disable_tft_deep_copy()
@@ -34,16 +35,6 @@ def multi_hot(labels, num_classes: int) -> tf.Tensor:
     dense = tf.reshape(dense, [tf.shape(dense)[0], -1])
     one_hot = tf.one_hot(dense, depth=num_classes, dtype=tf.float32)  # index -1 gives a zero row
     return tf.reduce_max(one_hot, axis=1)
-
-
-def decode_images(encoded: tf.Tensor, shape: list[int]) -> tf.Tensor:
-    """PNG bytes ``(batch, 1)`` -> float32 pixels ``(batch, *shape)`` in 0..255."""
-    channels = shape[2] if len(shape) == 3 else 1
-
-    def decode(one):
-        return tf.cast(tf.reshape(tf.io.decode_png(one, channels=channels), shape), tf.float32)
-
-    return tf.map_fn(decode, tf.reshape(encoded, [-1]), fn_output_signature=tf.TensorSpec(shape, tf.float32))
 
 
 def preprocessing_fn(inputs, custom_config):

@@ -56,16 +56,44 @@ def export_directory(serving_model_dir: str) -> str:
     return tempfile.mkdtemp(prefix="tfhash-worker-export-")
 
 
-def backbone_for(training: dict, shape, name: str = "backbone"):
-    """The configured backbone for inputs of ``shape``: small CNN (images) or MLP (vectors)."""
-    from tfhash.models import mlp, small_cnn
+def backbone_for(training: dict, shape, name: str = "backbone", data_root=None):
+    """The configured backbone for inputs of ``shape``: an image network or encoder
+    (:func:`tfhash.models.image_backbone`, fed the decoded images at their stored size), the small
+    CNN (images) or an MLP (vectors).
 
-    if training["backbone"] == "small_cnn":
+    Raises:
+        BackboneError: an image backbone for feature vectors, or as :func:`image_backbone` does.
+    """
+    from tfhash.fine_tuning import FineTuning
+    from tfhash.models import BackboneError, image_backbone, mlp, small_cnn
+
+    backbone = training["backbone"]
+    if backbone == "small_cnn":
         return small_cnn(tuple(shape), name=name)
-    return mlp(int(shape[0]), tuple(training["hidden"]), name=name)
+    if backbone == "mlp":
+        return mlp(int(shape[0]), tuple(training["hidden"]), name=name)
+    if len(shape) not in (2, 3):
+        raise BackboneError(f"backbone {backbone!r} takes images, but this input holds vectors of shape {list(shape)}; use mlp")
+    recipe = FineTuning.for_backbone(backbone, **training.get("fine_tuning", {}))
+    return image_backbone(backbone, shape, size=training.get("image_size"), weights=training.get("backbone_weights"),
+                          augment=recipe.augment, freeze_batch_norm=recipe.freeze_batch_norm, data_root=data_root,
+                          name=name)  # fmt: skip
 
 
-def build_model(training: dict, inputs: dict, num_classes: int, tag_statistics: tuple | None = None):
+def use_mixed_precision(training: dict) -> bool:
+    """``mixed_precision`` "on", or "auto" with a GPU present."""
+    setting = training.get("mixed_precision", "auto")
+    return setting == "on" or (setting == "auto" and bool(tf.config.list_physical_devices("GPU")))
+
+
+def batch_size(training: dict) -> int:
+    """``gpu_batch_size`` when a GPU is present and it is set, else ``batch_size``."""
+    if training.get("gpu_batch_size") and tf.config.list_physical_devices("GPU"):
+        return int(training["gpu_batch_size"])
+    return int(training["batch_size"])
+
+
+def build_model(training: dict, inputs: dict, num_classes: int, tag_statistics: tuple | None = None, data_root=None):
     """A library model from the run config's ``training`` section; ``inputs``: ``{name: shape}``
     (two entries for the cross-modal jcch: one tower each, shared centres).
 
@@ -81,11 +109,11 @@ def build_model(training: dict, inputs: dict, num_classes: int, tag_statistics: 
     from tfhash.proxies import cooccurrence_similarity, hclm_proxies
 
     if training["method"] == "jcch":
-        backbones = {name: backbone_for(training, shape, f"backbone_{name}") for name, shape in inputs.items()}
+        backbones = {name: backbone_for(training, shape, f"backbone_{name}", data_root) for name, shape in inputs.items()}
         return build_jcch(backbones, num_classes, int(training["bits"]), preset=training.get("preset"),
                           **dict(training.get("overrides", {})))  # fmt: skip
     (shape,) = inputs.values()
-    backbone = backbone_for(training, shape)
+    backbone = backbone_for(training, shape, data_root=data_root)
     method, bits, overrides = training["method"], int(training["bits"]), dict(training.get("overrides", {}))
     if method in ("scdh", "scdh-s"):
         return build_scdh(backbone, num_classes, bits, preset=training.get("preset"), ablation=method == "scdh-s", **overrides)
@@ -128,6 +156,11 @@ def targets(features: dict, label_coefficients: bool):
     return features[LABELS]
 
 
+def count_records(file_pattern) -> int:
+    """The number of records in the (GZIP) files of ``file_pattern``."""
+    return int(sum(1 for _ in tf.data.TFRecordDataset(_glob(file_pattern), compression_type="GZIP")))
+
+
 def _dataset(file_pattern, feature_spec, input_names: list[str], batch_size: int, shuffle: bool, seed: int,
              label_coefficients: bool = False):  # fmt: skip
     files = _glob(file_pattern)
@@ -164,22 +197,36 @@ def run_fn(fn_args) -> None:
     section), ``inputs`` (model input name -> shape), ``num_classes``, ``modalities`` and
     ``raw_examples_dir`` (the exported data, whose first usable training records become the TF
     Serving warmup requests)."""
+    from tfhash.fine_tuning import FineTuning, compile_fine_tuning
+    from tfhash.models.backbones import OTHER_BACKBONES
+
     config = fn_args.custom_config
     training = config["training"]
     keras.utils.set_random_seed(int(training["seed"]))
+    if use_mixed_precision(training):
+        keras.mixed_precision.set_global_policy("mixed_float16")
     transform_output = tft.TFTransformOutput(fn_args.transform_output)
     spec = transform_output.transformed_feature_spec()
     inputs = {name: list(shape) for name, shape in config["inputs"].items()}
-    train = _dataset(fn_args.train_files, spec, list(inputs), int(training["batch_size"]), True, int(training["seed"]),
+    batch = batch_size(training)
+    train = _dataset(fn_args.train_files, spec, list(inputs), batch, True, int(training["seed"]),
                      bool(training.get("label_coefficients")))  # fmt: skip
+    epochs = int(training["epochs"])
+    steps_per_epoch = max(1, -(-count_records(fn_args.train_files) // batch))
     strategy = make_strategy()
-    with strategy.scope():
-        statistics = read_transform_tag_statistics(transform_output, int(config["num_classes"])) if training["method"] in ("hclm", "shclm") else None
-        model = build_model(training, inputs, int(config["num_classes"]), statistics)
-        model.compile(optimizer=keras.optimizers.Adam(float(training["learning_rate"])))
-    callbacks = [keras.callbacks.TensorBoard(log_dir=fn_args.model_run_dir)] if fn_args.model_run_dir else []
-    model.fit(train, epochs=int(training["epochs"]), verbose=2, callbacks=callbacks)
+    try:
+        with strategy.scope():
+            statistics = read_transform_tag_statistics(transform_output, int(config["num_classes"])) if training["method"] in ("hclm", "shclm") else None
+            model = build_model(training, inputs, int(config["num_classes"]), statistics, config.get("data_root"))
+            recipe = FineTuning.for_backbone(training["backbone"], **training.get("fine_tuning", {}))
+            recipe = recipe.scaled_to_batch(batch / int(training["batch_size"]))
+            compile_fine_tuning(model, recipe, epochs, steps_per_epoch, pretrained=training["backbone"] not in OTHER_BACKBONES)
+        callbacks = [keras.callbacks.TensorBoard(log_dir=fn_args.model_run_dir)] if fn_args.model_run_dir else []
+        model.fit(train, epochs=epochs, verbose=2, callbacks=callbacks)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
     warmup = warmup_records(config) or None
     image_inputs = [name for name in inputs if config["modalities"][name]["kind"] == "image"]
     export_serving_model(model, transform_output, inputs, int(training["bits"]), export_directory(fn_args.serving_model_dir),
-                         warmup_examples=warmup, value_ranges={name: IMAGE_RANGE for name in image_inputs})  # fmt: skip
+                         warmup_examples=warmup, value_ranges={name: IMAGE_RANGE for name in image_inputs},
+                         image_inputs=image_inputs)  # fmt: skip

@@ -17,23 +17,56 @@ class TrainingConfig:
 
     method: str = "scdh"
     bits: int = 48
-    backbone: str = "small_cnn"  # small_cnn | mlp
+    # small_cnn | mlp | an ImageNet network of tfhash.models.IMAGE_NETWORKS | the path of an encoder
+    backbone: str = "small_cnn"
+    backbone_weights: str | None = "imagenet"  # image networks: "imagenet" (a local file), a weights file, or null
+    image_size: int | None = None  # the side an image network runs at (default: its own)
     hidden: list[int] = field(default_factory=lambda: [1024])
     preset: str | None = "cifar10"
     overrides: dict = field(default_factory=dict)  # e.g. {"lam": 0.01}
     epochs: int = 20
     batch_size: int = 64
-    learning_rate: float = 1e-3
+    # tfhash.fine_tuning.FineTuning settings over the backbone's defaults (optimizer, rates, schedule, ...)
+    fine_tuning: dict = field(default_factory=dict)
+    mixed_precision: str = "auto"  # "auto": mixed_float16 when a GPU is present; "on" | "off"
+    gpu_batch_size: int | None = None  # batch size when a GPU is present (default: batch_size)
     seed: int = 0
     label_coefficients: bool = False  # train with the JCCH q / u computed in Transform
 
     def __post_init__(self) -> None:
+        from tfhash.models.backbones import check_backbone_name
+
         if self.method not in METHODS:
             raise ValueError(f"unknown method {self.method!r}; choose one of {METHODS}")
         if self.bits <= 0 or self.bits % 8:
             raise ValueError("bits must be a positive multiple of 8 (packed codes)")
-        if self.backbone not in ("small_cnn", "mlp"):
-            raise ValueError(f"unknown backbone {self.backbone!r}; use small_cnn or mlp")
+        check_backbone_name(self.backbone)
+        if self.image_size is not None and not (isinstance(self.image_size, int) and 16 <= self.image_size <= 1024):
+            raise ValueError(f"image_size must be an integer side from 16 to 1024 pixels, got {self.image_size!r}")
+        if self.mixed_precision not in ("auto", "on", "off"):
+            raise ValueError(f"mixed_precision must be 'auto', 'on' or 'off', got {self.mixed_precision!r}")
+        self.recipe()  # raises ValueError on unknown or invalid fine-tuning settings
+
+    def recipe(self):
+        """The :class:`tfhash.fine_tuning.FineTuning` of this run: the backbone's defaults updated
+        by ``fine_tuning``."""
+        from tfhash.fine_tuning import FineTuning
+
+        return FineTuning.for_backbone(self.backbone, **self.fine_tuning)
+
+
+def resolve_training_paths(training: dict, base: Path) -> dict:
+    """``training`` with a relative encoder path (``backbone``) and weights file resolved against
+    ``base`` (the config file's folder)."""
+    from tfhash.models.backbones import IMAGENET, is_encoder_path
+
+    training = dict(training)
+    backbone, weights = training.get("backbone"), training.get("backbone_weights")
+    if isinstance(backbone, str) and is_encoder_path(backbone) and not os.path.isabs(backbone):
+        training["backbone"] = str((base / backbone).resolve())
+    if isinstance(weights, str) and weights not in (IMAGENET, "none") and not os.path.isabs(weights):
+        training["backbone_weights"] = str((base / weights).resolve())
+    return training
 
 
 @dataclass
@@ -103,8 +136,10 @@ class PipelineConfig:
         unknown = set(raw) - known
         if unknown:
             raise ValueError(f"{path}: unknown settings {sorted(unknown)}")
-        config = cls(**raw)
         base = path.resolve().parent
+        if isinstance(raw.get("training"), dict):
+            raw["training"] = resolve_training_paths(raw["training"], base)
+        config = cls(**raw)
         config.run_dir = str((base / config.run_dir).resolve()) if not os.path.isabs(config.run_dir) else config.run_dir
         for key in ("data_root", "data_dir"):
             value = getattr(config, key)

@@ -85,6 +85,7 @@ def create_pipeline(config: PipelineConfig, metadata: dict, metadata_connection=
             "inputs": inputs,
             "num_classes": num_classes,
             "raw_examples_dir": data_dir or where["data"],
+            "data_root": config.data_root,
             "modalities": metadata["modalities"],
         },
     )

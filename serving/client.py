@@ -31,6 +31,7 @@ from tfhash.serving.requests import check_examples, check_features
 
 EXAMPLES_SIGNATURE = "serving_default"
 FEATURES_SIGNATURE = "encode_features"
+PIXELS_SIGNATURE = "encode_pixels"
 
 
 @dataclass
@@ -101,6 +102,14 @@ class ModelClient(ChannelClient):
         if input_name is None:
             input_name = next(iter(self.signatures()[FEATURES_SIGNATURE]["inputs"]))
         return self._encoded(*self.predict({input_name: array}, FEATURES_SIGNATURE, timeout=timeout))
+
+    def encode_pixels(self, images, timeout: float | None = None) -> EncodedBatch:
+        """Encode raw ``uint8`` images (batch first, the size the model takes) with the
+        ``encode_pixels`` signature of an image model."""
+        array = np.asarray(images)
+        if array.dtype != np.uint8:
+            raise invalid(f"encode_pixels takes uint8 pixels, got {array.dtype}; decoded images are 0..255 uint8")
+        return self._encoded(*self.predict({"pixels": array}, PIXELS_SIGNATURE, timeout=timeout))
 
     def signature_defs(self, timeout: float | None = None) -> tuple[dict, int]:
         """``GetModelMetadata``: (signature name -> ``SignatureDef``, version)."""

@@ -1,6 +1,8 @@
 """Loaders for the real datasets and their standard retrieval splits (DESIGN.md s.5).
 
-``load_dataset(name, data_root=None, seed=0)`` returns a :class:`HashingDataset`.
+``load_dataset(name, data_root=None, seed=0)`` returns a :class:`HashingDataset` of a dataset
+under the data root; :func:`load_nuswide` and :func:`load_coco` read a user's copy of those sets
+(image list, labels, image folder).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from collections.abc import Callable
 
 from tfhash.data.cifar10 import load_cifar10
 from tfhash.data.dataset import DataFormatError, HashingDataset, one_hot
+from tfhash.data.image_lists import load_coco, load_nuswide, per_tag_split
 from tfhash.data.mirflickr import load_mirflickr25k
 from tfhash.data.mnist import load_mnist
 from tfhash.data.paths import ENV_VAR, DataNotFoundError, find_data_file
@@ -41,11 +44,14 @@ __all__ = [
     "find_data_file",
     "fixed_split",
     "load_cifar10",
+    "load_coco",
     "load_dataset",
     "load_mirflickr25k",
     "load_mnist",
+    "load_nuswide",
     "load_wiki",
     "one_hot",
     "per_class_split",
+    "per_tag_split",
     "random_split",
 ]

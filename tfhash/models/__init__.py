@@ -11,7 +11,14 @@ from collections.abc import Callable
 import keras
 import numpy as np
 
-from tfhash.models.backbones import mlp, small_cnn
+from tfhash.models.backbones import (
+    IMAGE_NETWORKS,
+    BackboneError,
+    image_backbone,
+    mlp,
+    small_cnn,
+    squeezenet,
+)
 from tfhash.models.jcch import JCCHModel
 from tfhash.models.pairwise import PairwiseHashModel
 from tfhash.models.presets import SCDH_PRESETS, resolve_preset
@@ -102,6 +109,10 @@ def build_softmax_codes(backbone: keras.Model, num_classes: int, bits: int, seed
 
 
 __all__ = [
+    "IMAGE_NETWORKS",
+    "BackboneError",
+    "image_backbone",
+    "squeezenet",
     "HCLMModel",
     "HyP2Model",
     "PairwiseHashModel",

@@ -1,10 +1,33 @@
-"""Small backbones for the real datasets (any Keras model mapping inputs to features works)."""
+"""Backbones: the networks that map an input to a feature vector, ahead of a tfhash head.
+
+* :func:`image_backbone` by name: ImageNet networks (SqueezeNet v1.1 with the shared weights, the
+  ``keras.applications`` families of :data:`IMAGE_NETWORKS`) or the path of a user's own encoder (a
+  ``.keras`` file or a SavedModel directory mapping images to a feature vector). The returned model
+  takes the images as stored (``uint8`` or float pixels in 0..255, any fixed size, grey or RGB) and
+  holds everything in between: optional training-time augmentation, resizing to the network's
+  input size and the network's own preprocessing, so an exported graph receives raw pixels.
+* :func:`small_cnn` (images, from scratch) and :func:`mlp` (feature vectors).
+
+Nothing is ever downloaded: ``weights="imagenet"`` resolves to a local file (SqueezeNet's shared
+weights) or fails with a message that says which file to fetch and where to pass it.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import keras
+
+#: ``weights`` value asking for the network's ImageNet weights (a local file; never a download).
+IMAGENET = "imagenet"
+SQUEEZENET_WEIGHTS = "weights/squeezenet_v1.1_notop_tf.h5"
+
+
+class BackboneError(ValueError):
+    """A backbone that cannot be built as asked: unknown name, unusable weights or encoder file,
+    or a network that does not end in a feature vector."""
 
 
 def small_cnn(input_shape: Sequence[int] = (28, 28), width: int = 32, features: int = 256, name: str = "small_cnn") -> keras.Model:
@@ -38,8 +61,8 @@ def mlp(input_dim: int, hidden: Sequence[int] = (1024,), dropout: float = 0.2, n
 
 @keras.saving.register_keras_serializable(package="tfhash")
 class CaffePreprocess(keras.layers.Layer):
-    """RGB uint8 pixels -> Caffe-style input: BGR order minus the ImageNet channel means
-    [103.939, 116.779, 123.68] (what the shared SqueezeNet weights expect)."""
+    """RGB pixels in 0..255 -> Caffe-style input: BGR order minus the ImageNet channel means
+    [103.939, 116.779, 123.68] (what the shared SqueezeNet weights and ResNet50 expect)."""
 
     MEAN_BGR = (103.939, 116.779, 123.68)
 
@@ -55,23 +78,12 @@ def _fire(x, index: int, squeeze: int, expand: int):
     return keras.layers.Concatenate(name=f"fire{index}_concat")([e1, e3])
 
 
-def squeezenet(input_shape: Sequence[int] = (128, 128, 3), weights: str | None = "shared", resize_from=None,
-               data_root=None, name: str = "squeezenet") -> keras.Model:  # fmt: skip
-    """SqueezeNet v1.1 without its classifier, global-average-pooled to 512 features.
-
-    Args:
-        input_shape: the shape the network runs at.
-        weights: ``"shared"`` loads the ImageNet weights of ``<data root>/weights/`` (legacy HDF5,
-            matched by layer order), a path loads that file, ``None`` keeps the random init.
-        resize_from: the shape of the raw input, resized to ``input_shape`` inside the model
-            (e.g. ``(32, 32, 3)`` for CIFAR-10 pixels).
-    """
-    inputs = keras.Input(shape=tuple(resize_from or input_shape), name="image")
-    x = inputs
-    if resize_from is not None:
-        x = keras.layers.Resizing(input_shape[0], input_shape[1], name="resize")(keras.ops.cast(x, "float32"))
-    x = CaffePreprocess(name="caffe_preprocess")(x)
-    x = keras.layers.Conv2D(64, 3, strides=2, activation="relu", name="conv1")(x)
+def squeezenet_network(input_shape: Sequence[int] = (224, 224, 3), weights: str | None = None, name: str = "squeezenet") -> keras.Model:
+    """SqueezeNet v1.1 without its classifier, global-average-pooled to 512 features, on
+    Caffe-preprocessed input (:class:`CaffePreprocess`). ``weights``: a weights file (the shared
+    ImageNet file matches by layer order) or None."""
+    inputs = keras.Input(shape=tuple(input_shape), name="image")
+    x = keras.layers.Conv2D(64, 3, strides=2, activation="relu", name="conv1")(inputs)
     x = keras.layers.MaxPooling2D(3, strides=2, name="pool1")(x)
     x = _fire(x, 2, 16, 64)
     x = _fire(x, 3, 16, 64)
@@ -83,10 +95,223 @@ def squeezenet(input_shape: Sequence[int] = (128, 128, 3), weights: str | None =
         x = _fire(x, index, squeeze, expand)
     x = keras.layers.GlobalAveragePooling2D(name="pool")(x)
     model = keras.Model(inputs, x, name=name)
-    if weights == "shared":
-        from tfhash.data import find_data_file
-
-        weights = str(find_data_file("weights/squeezenet_v1.1_notop_tf.h5", data_root))
     if weights is not None:
         model.load_weights(weights)
     return model
+
+
+def _application(constructor: str, **extra) -> Callable:
+    def build(input_shape, weights, name):
+        network = getattr(keras.applications, constructor)
+        return network(include_top=False, weights=weights, input_shape=tuple(input_shape), pooling="avg", name=name, **extra)
+
+    build.constructor = constructor
+    return build
+
+
+@dataclass(frozen=True)
+class ImageNetwork:
+    """An ImageNet network tfhash knows by name.
+
+    Attributes:
+        build: ``(input_shape, weights file or None, name) -> keras.Model`` ending in a vector.
+        size: the input side it was trained at (the default ``size`` of :func:`image_backbone`).
+        preprocess: ``"caffe"`` (:class:`CaffePreprocess` ahead of the network) or ``"included"``
+            (the network rescales 0..255 pixels itself, as MobileNetV3 and EfficientNet do).
+        imagenet_file: the shared data file holding its ImageNet weights, or None when only
+            ``keras.applications`` would have them (a download, which tfhash refuses).
+    """
+
+    build: Callable
+    size: int
+    preprocess: str
+    imagenet_file: str | None = None
+
+
+IMAGE_NETWORKS: dict[str, ImageNetwork] = {
+    "squeezenet": ImageNetwork(lambda shape, weights, name: squeezenet_network(shape, weights, name), 224, "caffe", SQUEEZENET_WEIGHTS),
+    "resnet50": ImageNetwork(_application("ResNet50"), 224, "caffe"),
+    "mobilenetv3small": ImageNetwork(_application("MobileNetV3Small", include_preprocessing=True), 224, "included"),
+    "mobilenetv3large": ImageNetwork(_application("MobileNetV3Large", include_preprocessing=True), 224, "included"),
+    **{f"efficientnetb{i}": ImageNetwork(_application(f"EfficientNetB{i}"), side, "included")
+       for i, side in enumerate((224, 240, 260, 300, 380, 456, 528, 600))},
+}  # fmt: skip
+#: Backbone names of the run config besides the image networks and encoder paths.
+OTHER_BACKBONES = ("small_cnn", "mlp")
+
+
+def is_encoder_path(backbone: str) -> bool:
+    """True when ``backbone`` names a file or folder (a user's encoder) rather than a network."""
+    return backbone not in IMAGE_NETWORKS and backbone not in OTHER_BACKBONES and (
+        os.sep in backbone or "/" in backbone or backbone.endswith((".keras", ".h5")) or os.path.exists(backbone))
+
+
+def check_backbone_name(backbone: str) -> None:
+    """Raise :class:`BackboneError` unless ``backbone`` is a known name or an existing encoder path."""
+    if backbone in IMAGE_NETWORKS or backbone in OTHER_BACKBONES:
+        return
+    if is_encoder_path(backbone):
+        if not os.path.exists(backbone):
+            raise BackboneError(f"backbone {backbone!r}: no such file or folder (a .keras file or a SavedModel directory)")
+        return
+    raise BackboneError(f"unknown backbone {backbone!r}; choose one of {sorted([*IMAGE_NETWORKS, *OTHER_BACKBONES])} "
+                        "or give the path of a .keras file or SavedModel directory that maps images to a feature vector")  # fmt: skip
+
+
+def resolve_weights(backbone: str, weights: str | None, data_root=None) -> str | None:
+    """The weights file an image network loads: None (random init), the shared ImageNet file for
+    ``"imagenet"`` where one exists, or the path given.
+
+    Raises:
+        BackboneError: ``"imagenet"`` for a network whose weights only ``keras.applications``
+            downloads, or a path that does not exist.
+    """
+    if weights is None or weights == "none":
+        return None
+    network = IMAGE_NETWORKS[backbone]
+    if weights == IMAGENET:
+        if network.imagenet_file is None:
+            constructor = network.build.constructor
+            raise BackboneError(
+                f"backbone {backbone!r}: ImageNet weights would be downloaded by keras.applications.{constructor}, and "
+                f"tfhash never downloads at run time. On a machine with internet run keras.applications.{constructor}("
+                "include_top=False, weights='imagenet') (it stores the file under ~/.keras/models/), copy that file "
+                "here and pass its path as weights; or pass weights=None to train from a random init")  # fmt: skip
+        from tfhash.data import find_data_file
+
+        return str(find_data_file(network.imagenet_file, data_root))
+    if not os.path.isfile(weights):
+        raise BackboneError(f"backbone {backbone!r}: weights file {weights!r} does not exist")
+    return weights
+
+
+def _network(backbone: str, side: int, weights: str | None, data_root) -> keras.Model:
+    path = resolve_weights(backbone, weights, data_root)
+    try:
+        return IMAGE_NETWORKS[backbone].build((side, side, 3), path, "network")
+    except (ValueError, KeyError, OSError) as err:
+        if path is None:
+            raise
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise BackboneError(f"backbone {backbone!r}: the weights in {path!r} do not fit its architecture "
+                            f"({first[:300]}); give weights saved from the same network, or weights=None") from err  # fmt: skip
+
+
+def load_encoder(path: str) -> keras.Model | keras.layers.Layer:
+    """A user's encoder: a ``.keras`` / ``.h5`` model file (fine-tuned with the rest), or a
+    SavedModel directory, wrapped as a :class:`keras.layers.TFSMLayer` on its ``serving_default``
+    signature and used frozen: Keras optimizers cannot make slots for the restored variables
+    (their names hold ``:0``), so save the encoder as a ``.keras`` file to fine-tune it.
+
+    Raises:
+        BackboneError: the path does not exist or holds neither.
+    """
+    if os.path.isdir(path):
+        try:
+            return keras.layers.TFSMLayer(path, call_endpoint="serving_default", trainable=False, name="network")
+        except Exception as err:  # TF raises many types for a folder that is not a SavedModel
+            raise BackboneError(f"{path}: not a SavedModel with a serving_default signature ({str(err).splitlines()[0][:300]})") from err
+    if not os.path.isfile(path):
+        raise BackboneError(f"backbone {path!r}: no such file or folder (a .keras file or a SavedModel directory)")
+    try:
+        return keras.saving.load_model(path, compile=False)
+    except Exception as err:  # Keras raises many types for a file that is not a model
+        raise BackboneError(f"{path}: not a Keras model file ({str(err).splitlines()[0][:300]})") from err
+
+
+def _encoder_input_side(encoder, path: str) -> int | None:
+    """The square input side a user's encoder declares, None when it takes any size."""
+    if isinstance(encoder, keras.layers.TFSMLayer):
+        specs = encoder.call_endpoint_fn.structured_input_signature
+        flat = [s for s in keras.tree.flatten(specs) if hasattr(s, "shape")]
+        shape = tuple(flat[0].shape) if len(flat) == 1 else None
+    else:
+        shape = tuple(encoder.inputs[0].shape) if len(encoder.inputs) == 1 else None
+    if shape is None or len(shape) != 4 or shape[-1] != 3:
+        raise BackboneError(f"{path}: an encoder must take one batch of RGB images (batch, height, width, 3); "
+                            f"it takes {shape if shape is not None else 'several inputs'}")  # fmt: skip
+    if shape[1] != shape[2]:
+        raise BackboneError(f"{path}: encoder input {shape[1]}x{shape[2]} is not square; tfhash resizes to a square side")
+    return None if shape[1] is None else int(shape[1])
+
+
+def _single_output(outputs, path: str):
+    if isinstance(outputs, dict):
+        if len(outputs) != 1:
+            raise BackboneError(f"{path}: the encoder returns several outputs {sorted(outputs)}; it must return one feature vector")
+        (outputs,) = outputs.values()
+    return outputs
+
+
+def image_backbone(backbone: str, image_shape: Sequence[int], size: int | None = None, weights: str | None = IMAGENET,
+                   augment: bool = False, freeze_batch_norm: bool = True, data_root=None,
+                   name: str = "backbone") -> keras.Model:  # fmt: skip
+    """An image backbone for images stored as ``image_shape`` (``(H, W)`` grey or ``(H, W, 3)``).
+
+    The model casts the pixels (0..255) to float, in training optionally augments them (random
+    shift by up to 1/8 of the side with reflected borders, the pad-and-crop of CIFAR training, and
+    a horizontal flip; both are identity at inference), repeats grey to three channels, resizes to
+    ``size`` x ``size`` (bilinear), applies the network's preprocessing and runs the network.
+
+    Args:
+        backbone: a name of :data:`IMAGE_NETWORKS` or the path of a user's encoder
+            (:func:`load_encoder`), which takes float RGB pixels in 0..255 and does its own
+            preprocessing.
+        size: the side the network runs at; default the network's own (an encoder's declared one).
+        weights: ``"imagenet"`` (a local file, see :func:`resolve_weights`), a weights file, or
+            None. Ignored for an encoder path (it carries its weights).
+        freeze_batch_norm: batch-norm layers keep their ImageNet statistics and scales (Keras runs a
+            non-trainable BatchNormalization in inference mode), the usual choice for fine-tuning
+            with small batches.
+
+    Raises:
+        BackboneError: an unknown name, unusable weights or encoder, a network whose output is a
+            feature map rather than a vector, or an image shape that is not grey or RGB.
+    """
+    check_backbone_name(backbone)
+    if backbone in OTHER_BACKBONES:
+        raise BackboneError(f"{backbone!r} is not an image network; use tfhash.models.{backbone} or one of {sorted(IMAGE_NETWORKS)}")
+    image_shape = tuple(int(s) for s in image_shape)
+    if len(image_shape) not in (2, 3) or (len(image_shape) == 3 and image_shape[-1] not in (1, 3)):
+        raise BackboneError(f"images of shape {image_shape} are neither grey (H, W) nor RGB (H, W, 3)")
+    if backbone in IMAGE_NETWORKS:
+        side = int(size or IMAGE_NETWORKS[backbone].size)
+        network, preprocess = _network(backbone, side, weights, data_root), IMAGE_NETWORKS[backbone].preprocess
+    else:
+        network, preprocess = load_encoder(backbone), "included"
+        declared = _encoder_input_side(network, backbone)
+        if size and declared and int(size) != declared:
+            raise BackboneError(f"{backbone}: the encoder takes {declared}x{declared} images, not size {size}")
+        side = int(size or declared or image_shape[0])
+    if freeze_batch_norm:
+        for layer in getattr(network, "layers", []):
+            if isinstance(layer, keras.layers.BatchNormalization):
+                layer.trainable = False
+    inputs = keras.Input(shape=image_shape, name="image")
+    x = keras.ops.cast(inputs, "float32")
+    if len(image_shape) == 2:
+        x = keras.layers.Reshape((*image_shape, 1), name="channel")(x)
+    if augment:
+        x = keras.layers.RandomTranslation(0.125, 0.125, fill_mode="reflect", name="random_shift")(x)
+        x = keras.layers.RandomFlip("horizontal", name="random_flip")(x)
+    if x.shape[-1] == 1:
+        x = keras.layers.Concatenate(name="grey_to_rgb")([x, x, x])
+    if image_shape[:2] != (side, side):
+        x = keras.layers.Resizing(side, side, name="resize")(x)
+    if preprocess == "caffe":
+        x = CaffePreprocess(name="caffe_preprocess")(x)
+    features = _single_output(network(x), backbone)
+    if len(features.shape) != 2:
+        raise BackboneError(f"backbone {backbone!r} outputs a feature map of shape {tuple(features.shape)}, not a feature "
+                            "vector: end the encoder with a pooling layer (e.g. keras.layers.GlobalAveragePooling2D)")  # fmt: skip
+    return keras.Model(inputs, features, name=name)
+
+
+def squeezenet(input_shape: Sequence[int] = (128, 128, 3), weights: str | None = "shared", resize_from=None,
+               data_root=None, name: str = "squeezenet") -> keras.Model:  # fmt: skip
+    """SqueezeNet v1.1 with the shared ImageNet weights (``weights="shared"``, or a file, or None)
+    running at ``input_shape``, on raw pixels of shape ``resize_from`` (default ``input_shape``):
+    :func:`image_backbone` without augmentation."""
+    image_shape = tuple(resize_from or input_shape)
+    return image_backbone("squeezenet", image_shape, size=int(input_shape[0]),
+                          weights=IMAGENET if weights == "shared" else weights, data_root=data_root, name=name)  # fmt: skip

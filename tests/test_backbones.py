@@ -1,0 +1,228 @@
+"""Image backbones by name or path, fine-tuning recipes, and their serving round trip (random
+weights: CI downloads nothing)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from PIL import Image
+from tfhash.components.export import export_image_model
+from tfhash.serving.client import ModelClient
+from tfhash.serving.deployment import model_config, models_config
+from tfhash.serving.errors import ServingError
+from tfhash.serving.model_server import DevModelServer
+
+from tfhash.fine_tuning import (
+    FINE_TUNING_DEFAULTS,
+    FineTuning,
+    compile_fine_tuning,
+    learning_rate_schedule,
+)
+from tfhash.models import IMAGE_NETWORKS, BackboneError, build_scdh, image_backbone
+
+SHAPE = (32, 32, 3)
+BITS = 16
+
+
+def pixels(n: int, seed: int = 0, shape=SHAPE) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (n, *shape), dtype=np.uint8)
+
+
+def png_example(image: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(image).save(buffer, format="PNG")
+    feature = {"image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[buffer.getvalue()]))}
+    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+
+def user_encoder(folder, kind: str, pooled: bool = True) -> str:
+    """A user's own encoder of 0..255 RGB pixels: a .keras file or a SavedModel directory."""
+    inputs = keras.Input((24, 24, 3))
+    x = keras.layers.Rescaling(1 / 255)(inputs)
+    x = keras.layers.Conv2D(8, 3, activation="relu")(x)
+    x = keras.layers.BatchNormalization()(x)
+    if pooled:
+        x = keras.layers.GlobalAveragePooling2D()(x)
+    model = keras.Model(inputs, x)
+    if kind == "keras":
+        path = str(folder / "encoder.keras")
+        model.save(path)
+    else:
+        path = str(folder / "encoder_savedmodel")
+        model.export(path, verbose=False)
+    return path
+
+
+def one_step_model(backbone_name: str, tmp_path, seed: int = 0):
+    keras.utils.set_random_seed(seed)
+    size = None if backbone_name.startswith("/") else 32  # an encoder runs at the size it declares
+    backbone = image_backbone(backbone_name, SHAPE, size=size, weights=None, augment=True)
+    model = build_scdh(backbone, 10, BITS)
+    x, y = pixels(16, seed), np.eye(10, dtype="float32")[np.arange(16) % 10]
+    compile_fine_tuning(model, FineTuning.for_backbone(backbone_name), epochs=1, steps_per_epoch=1)
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    return model
+
+
+FRESH_PROCESS = """
+import json, sys, numpy as np, tensorflow as tf
+model = tf.saved_model.load(sys.argv[1])
+images = np.load(sys.argv[2])
+out = model.signatures["encode_pixels"](pixels=tf.constant(images))
+print(json.dumps(out["packed_codes"].numpy().tolist()))
+"""
+
+
+@pytest.mark.parametrize("name", ["squeezenet", "resnet50", "mobilenetv3small", "mobilenetv3large", "efficientnetb0",
+                                  "encoder.keras", "encoder-savedmodel"])  # fmt: skip
+def test_backbone_round_trip(name, tmp_path):
+    """Build, train one step, export, load in a fresh process and in the development model server:
+    the same image gets the same code everywhere."""
+    backbone_name = {"encoder.keras": lambda: user_encoder(tmp_path, "keras"),
+                     "encoder-savedmodel": lambda: user_encoder(tmp_path, "savedmodel")}.get(name, lambda: name)()  # fmt: skip
+    model = one_step_model(backbone_name, tmp_path)
+    images = pixels(6, seed=1)
+    base = tmp_path / "models"
+    export_image_model(model, str(base / "1"), SHAPE, BITS)
+    keras_codes = np.asarray(model(images.astype("float32"), training=False)["codes"])
+    loaded = tf.saved_model.load(str(base / "1"))
+    by_pixels = loaded.signatures["encode_pixels"](pixels=tf.constant(images))
+    by_examples = loaded.signatures["serving_default"](examples=tf.constant([png_example(i) for i in images]))
+    np.testing.assert_allclose(by_pixels["codes"].numpy(), keras_codes, atol=1e-4)
+    np.testing.assert_array_equal(by_examples["packed_codes"].numpy(), by_pixels["packed_codes"].numpy())
+    np.save(tmp_path / "images.npy", images)
+    fresh = subprocess.run([sys.executable, "-c", FRESH_PROCESS, str(base / "1"), str(tmp_path / "images.npy")],
+                           capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}, check=True)  # fmt: skip
+    np.testing.assert_array_equal(np.asarray(json.loads(fresh.stdout.strip().splitlines()[-1]), np.uint8),
+                                  by_pixels["packed_codes"].numpy())  # fmt: skip
+    server = DevModelServer(models_config([model_config("images", str(base))]), poll_seconds=0.2).start()
+    try:
+        with ModelClient(server.address, "images") as client:
+            served = client.encode_pixels(images)
+            with pytest.raises(ServingError, match="uint8"):
+                client.encode_pixels(images.astype("float32"))
+    finally:
+        server.stop(0)
+    np.testing.assert_array_equal(served.packed_codes, by_pixels["packed_codes"].numpy())
+
+
+def test_images_of_another_size_are_refused_by_the_export(tmp_path):
+    model = one_step_model("squeezenet", tmp_path)
+    export_image_model(model, str(tmp_path / "m"), SHAPE, BITS)
+    loaded = tf.saved_model.load(str(tmp_path / "m"))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="not 32x32x3, the size the model takes"):
+        loaded.signatures["serving_default"](examples=tf.constant([png_example(pixels(1, shape=(40, 32, 3))[0])]))
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError)):
+        loaded.signatures["encode_pixels"](pixels=tf.constant(pixels(1, shape=(64, 64, 3))))
+
+
+def test_grey_images_feed_an_rgb_network():
+    backbone = image_backbone("squeezenet", (28, 28), size=32, weights=None)
+    assert backbone(np.zeros((2, 28, 28), "float32")).shape == (2, 512)
+
+
+def test_bad_backbones_are_clear_errors(tmp_path):
+    with pytest.raises(BackboneError, match="unknown backbone 'resnet5'.*resnet50"):
+        image_backbone("resnet5", SHAPE)
+    with pytest.raises(BackboneError, match="never downloads"):
+        image_backbone("resnet50", SHAPE)
+    for name, network in IMAGE_NETWORKS.items():  # every name without an offline file says so
+        if network.imagenet_file is None:
+            with pytest.raises(BackboneError, match=f"keras.applications.{network.build.constructor}"):
+                image_backbone(name, SHAPE)
+    weights = tmp_path / "squeezenet.weights.h5"
+    image_backbone("squeezenet", SHAPE, size=32, weights=None).get_layer("network").save_weights(str(weights))
+    with pytest.raises(BackboneError, match="do not fit its architecture"):
+        image_backbone("resnet50", SHAPE, size=32, weights=str(weights))
+    with pytest.raises(BackboneError, match="does not exist"):
+        image_backbone("resnet50", SHAPE, size=32, weights=str(tmp_path / "missing.h5"))
+    with pytest.raises(BackboneError, match="feature map of shape"):
+        image_backbone(user_encoder(tmp_path, "keras", pooled=False), SHAPE)
+    with pytest.raises(BackboneError, match="no such file"):
+        image_backbone(str(tmp_path / "nothing.keras"), SHAPE)
+    with pytest.raises(BackboneError, match="neither grey"):
+        image_backbone("squeezenet", (32, 32, 4), weights=None)
+
+
+def test_the_shared_squeezenet_weights_load():
+    backbone = image_backbone("squeezenet", SHAPE, size=64)
+    assert backbone(pixels(2).astype("float32")).shape == (2, 512)
+
+
+def test_backbone_rate_and_frozen_warmup():
+    """SGD without momentum: the backbone moves at backbone_learning_rate / learning_rate of the
+    rate it would move at alone, and not at all during frozen epochs; the head always moves."""
+    x, y = pixels(8).astype("float32"), np.eye(10, dtype="float32")[np.arange(8)]
+
+    def backbone_step(**recipe):
+        keras.utils.set_random_seed(0)
+        backbone = image_backbone("squeezenet", SHAPE, size=32, weights=None)
+        model = build_scdh(backbone, 10, BITS)
+        model(x[:1])
+        before = [v.numpy().copy() for v in backbone.trainable_variables]
+        head = model.hash_head.trainable_variables[0].numpy().copy()
+        settings = {"optimizer": "sgd", "momentum": 0.0, "weight_decay": 0.0, "augment": False, "schedule": "constant"}
+        compile_fine_tuning(model, FineTuning(**{**settings, **recipe}), epochs=1, steps_per_epoch=1)
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
+        moved = sum(float(np.abs(v.numpy() - b).sum()) for v, b in zip(backbone.trainable_variables, before, strict=True))
+        return moved, float(np.abs(model.hash_head.trainable_variables[0].numpy() - head).sum())
+
+    full, head_full = backbone_step(learning_rate=0.01)
+    tenth, head_tenth = backbone_step(learning_rate=0.01, backbone_learning_rate=0.001)
+    frozen, head_frozen = backbone_step(learning_rate=0.01, backbone_learning_rate=0.001, frozen_epochs=1)
+    assert full > 0 and tenth == pytest.approx(full / 10, rel=1e-3)
+    assert frozen == 0.0 and head_frozen == pytest.approx(head_full, rel=1e-5) and head_tenth == pytest.approx(head_full, rel=1e-5)
+
+
+def test_fine_tuning_recipes():
+    assert FineTuning.for_backbone("squeezenet").backbone_learning_rate == FINE_TUNING_DEFAULTS["pretrained"]["backbone_learning_rate"]
+    assert FineTuning.for_backbone("small_cnn") == FineTuning()
+    step = learning_rate_schedule(0.01, "step", epochs=8, steps_per_epoch=10, decay_epochs=[5, 7], decay_rate=0.2)
+    assert [float(step(s)) for s in (0, 49, 50, 69, 70)] == pytest.approx([0.01, 0.01, 0.002, 0.002, 0.0004])
+    cosine = learning_rate_schedule(0.01, "cosine", epochs=2, steps_per_epoch=5)
+    assert float(cosine(0)) == pytest.approx(0.01) and float(cosine(10)) == pytest.approx(0.0, abs=1e-9)
+    with pytest.raises(ValueError, match="unknown fine-tuning settings"):
+        FineTuning.for_backbone("squeezenet", learning_rat=0.1)
+    with pytest.raises(ValueError, match="learning rates must be finite"):
+        FineTuning(learning_rate=float("nan"))
+    with pytest.raises(ValueError, match="unknown optimizer"):
+        FineTuning(optimizer="rmsprop")
+    with pytest.raises(ValueError, match="unknown learning-rate schedule"):
+        FineTuning(schedule="linear")
+
+
+def test_fine_tuning_optimizer_is_serializable():
+    optimizer = FineTuning.for_backbone("squeezenet", frozen_epochs=2).make_optimizer(epochs=4, steps_per_epoch=3)
+    restored = keras.optimizers.deserialize(keras.optimizers.serialize(optimizer))
+    assert type(restored) is type(optimizer)
+    assert (restored.backbone_scale, restored.frozen_steps, restored.l2) == (0.1, 6, 5e-4)
+
+
+def test_pipeline_config_backbone_settings(tmp_path):
+    from tfhash.components.trainer import backbone_for
+    from tfhash.pipelines.config import PipelineConfig
+
+    encoder = user_encoder(tmp_path, "keras")
+    (tmp_path / "run.json").write_text(json.dumps({"name": "x", "training": {
+        "backbone": "encoder.keras", "fine_tuning": {"optimizer": "adam", "learning_rate": 1e-4}}}))  # fmt: skip
+    config = PipelineConfig.load(tmp_path / "run.json")
+    assert config.training.backbone == encoder  # relative to the config file
+    assert config.training.recipe().optimizer == "adam" and config.training.recipe().augment  # over the pretrained defaults
+    shipped = PipelineConfig.load(os.path.join(os.path.dirname(__file__), "..", "pipelines", "configs", "cifar10.json"))
+    assert shipped.training.backbone == "squeezenet" and shipped.training.bits == 48
+    for training, message in [({"backbone": "vgg16"}, "unknown backbone 'vgg16'"),
+                              ({"backbone": "squeezenet", "fine_tuning": {"lr": 1}}, "unknown fine-tuning settings"),
+                              ({"backbone": "squeezenet", "image_size": 8}, "image_size must be"),
+                              ({"backbone": "squeezenet", "mixed_precision": "yes"}, "mixed_precision must be")]:  # fmt: skip
+        with pytest.raises(ValueError, match=message):
+            PipelineConfig(name="x", training=training)
+    with pytest.raises(BackboneError, match="takes images, but this input holds vectors"):
+        backbone_for({"backbone": "squeezenet", "backbone_weights": None}, [128])
