@@ -157,20 +157,24 @@ def test_the_shared_squeezenet_weights_load():
     assert backbone(pixels(2).astype("float32")).shape == (2, 512)
 
 
-def test_backbone_rate_and_frozen_warmup():
+@pytest.mark.parametrize("distributed", [False, True])
+def test_backbone_rate_and_frozen_warmup(distributed):
     """SGD without momentum: the backbone moves at backbone_learning_rate / learning_rate of the
-    rate it would move at alone, and not at all during frozen epochs; the head always moves."""
+    rate it would move at alone, and not at all during frozen epochs; the head always moves. Also
+    under the Trainer's MirroredStrategy (distributed variables)."""
     x, y = pixels(8).astype("float32"), np.eye(10, dtype="float32")[np.arange(8)]
 
     def backbone_step(**recipe):
         keras.utils.set_random_seed(0)
-        backbone = image_backbone("squeezenet", SHAPE, size=32, weights=None)
-        model = build_scdh(backbone, 10, BITS)
-        model(x[:1])
-        before = [v.numpy().copy() for v in backbone.trainable_variables]
-        head = model.hash_head.trainable_variables[0].numpy().copy()
-        settings = {"optimizer": "sgd", "momentum": 0.0, "weight_decay": 0.0, "augment": False, "schedule": "constant"}
-        compile_fine_tuning(model, FineTuning(**{**settings, **recipe}), epochs=1, steps_per_epoch=1)
+        strategy = tf.distribute.MirroredStrategy() if distributed else tf.distribute.get_strategy()
+        with strategy.scope():
+            backbone = image_backbone("squeezenet", SHAPE, size=32, weights=None)
+            model = build_scdh(backbone, 10, BITS)
+            model(x[:1])
+            before = [v.numpy().copy() for v in backbone.trainable_variables]
+            head = model.hash_head.trainable_variables[0].numpy().copy()
+            settings = {"optimizer": "sgd", "momentum": 0.0, "weight_decay": 0.0, "augment": False, "schedule": "constant"}
+            compile_fine_tuning(model, FineTuning(**{**settings, **recipe}), epochs=1, steps_per_epoch=1)
         model.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
         moved = sum(float(np.abs(v.numpy() - b).sum()) for v, b in zip(backbone.trainable_variables, before, strict=True))
         return moved, float(np.abs(model.hash_head.trainable_variables[0].numpy() - head).sum())

@@ -179,8 +179,11 @@ FINE_TUNING_DEFAULTS: dict[str, dict] = {
 
 
 def backbone_variables(model) -> list:
-    """The pretrained variables of a tfhash model: those of ``model.backbone`` (or of every tower's
-    backbone of a cross-modal model)."""
+    """The pretrained variables of a tfhash model: those of ``model.backbone``, of every tower's
+    backbone of a cross-modal model, or of the student's backbone of MT-SCDH (its teacher is not
+    trained)."""
+    if hasattr(model, "student"):
+        model = model.student
     if hasattr(model, "backbones"):
         return [v for backbone in model.backbones.values() for v in backbone.trainable_variables]
     return list(model.backbone.trainable_variables)
