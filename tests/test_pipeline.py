@@ -35,7 +35,7 @@ def test_small_pipeline_end_to_end(small_pipeline_run):
     import tensorflow as tf
 
     loaded = tf.saved_model.load(summary["model_dir"])
-    assert set(loaded.signatures) == {"serving_default", "encode_features"}
+    assert set(loaded.signatures) == {"serving_default", "encode_features", "encode_pixels"}  # an image model
 
 
 def test_kubeflow_compile_names_image_and_components(tmp_path):
