@@ -64,7 +64,6 @@ def backbone_for(training: dict, shape, name: str = "backbone", data_root=None):
     Raises:
         BackboneError: an image backbone for feature vectors, or as :func:`image_backbone` does.
     """
-    from tfhash.fine_tuning import FineTuning
     from tfhash.models import BackboneError, image_backbone, mlp, small_cnn
 
     backbone = training["backbone"]
@@ -74,10 +73,18 @@ def backbone_for(training: dict, shape, name: str = "backbone", data_root=None):
         return mlp(int(shape[0]), tuple(training["hidden"]), name=name)
     if len(shape) not in (2, 3):
         raise BackboneError(f"backbone {backbone!r} takes images, but this input holds vectors of shape {list(shape)}; use mlp")
-    recipe = FineTuning.for_backbone(backbone, **training.get("fine_tuning", {}))
+    recipe = training_recipe(training)
     return image_backbone(backbone, shape, size=training.get("image_size"), weights=training.get("backbone_weights"),
                           augment=recipe.augment, freeze_batch_norm=recipe.freeze_batch_norm, data_root=data_root,
                           name=name)  # fmt: skip
+
+
+def training_recipe(training: dict):
+    """The run's :class:`tfhash.fine_tuning.FineTuning`: the backbone's defaults updated by the
+    config's ``fine_tuning``."""
+    from tfhash.fine_tuning import FineTuning
+
+    return FineTuning.for_backbone(training["backbone"], **training.get("fine_tuning", {}))
 
 
 def use_mixed_precision(training: dict) -> bool:
@@ -197,8 +204,7 @@ def run_fn(fn_args) -> None:
     section), ``inputs`` (model input name -> shape), ``num_classes``, ``modalities`` and
     ``raw_examples_dir`` (the exported data, whose first usable training records become the TF
     Serving warmup requests)."""
-    from tfhash.fine_tuning import FineTuning, compile_fine_tuning
-    from tfhash.models.backbones import OTHER_BACKBONES
+    from tfhash.fine_tuning import compile_fine_tuning
 
     config = fn_args.custom_config
     training = config["training"]
@@ -218,9 +224,8 @@ def run_fn(fn_args) -> None:
         with strategy.scope():
             statistics = read_transform_tag_statistics(transform_output, int(config["num_classes"])) if training["method"] in ("hclm", "shclm") else None
             model = build_model(training, inputs, int(config["num_classes"]), statistics, config.get("data_root"))
-            recipe = FineTuning.for_backbone(training["backbone"], **training.get("fine_tuning", {}))
-            recipe = recipe.scaled_to_batch(batch / int(training["batch_size"]))
-            compile_fine_tuning(model, recipe, epochs, steps_per_epoch, pretrained=training["backbone"] not in OTHER_BACKBONES)
+            recipe = training_recipe(training).scaled_to_batch(batch / int(training["batch_size"]))
+            compile_fine_tuning(model, recipe, epochs, steps_per_epoch)
         callbacks = [keras.callbacks.TensorBoard(log_dir=fn_args.model_run_dir)] if fn_args.model_run_dir else []
         model.fit(train, epochs=epochs, verbose=2, callbacks=callbacks)
     finally:

@@ -24,8 +24,7 @@ def nuswide_copy(tmp_path, n: int = 130, concepts: int = 5, seed: int = 0):
     labels = (rng.random((n, concepts)) < 0.45).astype(np.uint8)
     labels[:, 0] = 0
     labels[:3, 0] = 1  # the rare concept
-    labels[3:6] = 0
-    labels[3:6, 0] = 0  # rows without any label
+    labels[3:6] = 0  # rows without any label
     names = [f"c{i}" for i in range(concepts)]
     paths = [f"{names[i % concepts]}/{i:04d}_{i * 7}.jpg" for i in range(n)]
     write_images(tmp_path / "images", paths, seed)

@@ -18,7 +18,7 @@ optimizer's config: recompile with :func:`compile_fine_tuning` after loading a m
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 
 import keras
 from keras import ops
@@ -154,7 +154,7 @@ class FineTuning:
         if factor == 1:
             return self
         backbone = None if self.backbone_learning_rate is None else self.backbone_learning_rate * factor
-        return FineTuning(**{**self.to_dict(), "learning_rate": self.learning_rate * factor, "backbone_learning_rate": backbone})
+        return replace(self, learning_rate=self.learning_rate * factor, backbone_learning_rate=backbone)
 
     def make_optimizer(self, epochs: int, steps_per_epoch: int):
         """The optimizer of this recipe (backbone variables still to be registered)."""
@@ -189,14 +189,14 @@ def backbone_variables(model) -> list:
     return list(model.backbone.trainable_variables)
 
 
-def compile_fine_tuning(model, recipe: FineTuning, epochs: int, steps_per_epoch: int, pretrained: bool = True, **compile_kwargs):
-    """Compile ``model`` with ``recipe``; with ``pretrained`` its backbone variables take the
-    backbone rate. A step schedule without ``decay_epochs`` decays at 5/8 and 7/8 of ``epochs``
-    (SCDH's 100 and 140 of 160). Returns the optimizer."""
+def compile_fine_tuning(model, recipe: FineTuning, epochs: int, steps_per_epoch: int, **compile_kwargs):
+    """Compile ``model`` with ``recipe``; its backbone variables take the backbone rate (the same
+    rate when ``backbone_learning_rate`` is None, as for a backbone trained from scratch). A step
+    schedule without ``decay_epochs`` decays at 5/8 and 7/8 of ``epochs`` (SCDH's 100 and 140 of
+    160). Returns the optimizer."""
     if recipe.schedule == "step" and not recipe.decay_epochs:
-        recipe = FineTuning(**{**recipe.to_dict(), "decay_epochs": sorted({max(1, round(epochs * 5 / 8)), max(1, round(epochs * 7 / 8))})})
+        recipe = replace(recipe, decay_epochs=sorted({max(1, round(epochs * 5 / 8)), max(1, round(epochs * 7 / 8))}))
     optimizer = recipe.make_optimizer(epochs, steps_per_epoch)
     model.compile(optimizer=optimizer, **compile_kwargs)
-    if pretrained:
-        optimizer.set_backbone_variables(backbone_variables(model))
+    optimizer.set_backbone_variables(backbone_variables(model))
     return optimizer
