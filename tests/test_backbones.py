@@ -64,7 +64,7 @@ def user_encoder(folder, kind: str, pooled: bool = True) -> str:
 def one_step_model(backbone_name: str, tmp_path, seed: int = 0):
     keras.utils.set_random_seed(seed)
     size = None if backbone_name.startswith("/") else 32  # an encoder runs at the size it declares
-    backbone = image_backbone(backbone_name, SHAPE, size=size, weights=None, augment=True)
+    backbone = image_backbone(backbone_name, SHAPE, size=size, weights=None, augment=True, dropout=0.5)
     model = build_scdh(backbone, 10, BITS)
     x, y = pixels(16, seed), np.eye(10, dtype="float32")[np.arange(16) % 10]
     compile_fine_tuning(model, FineTuning.for_backbone(backbone_name), epochs=1, steps_per_epoch=1)
@@ -81,11 +81,11 @@ print(json.dumps(out["packed_codes"].numpy().tolist()))
 """
 
 
-@pytest.mark.parametrize("name", ["squeezenet", "resnet50", "mobilenetv3small", "mobilenetv3large", "efficientnetb0",
-                                  "encoder.keras", "encoder-savedmodel"])  # fmt: skip
+@pytest.mark.parametrize("name", [*sorted(IMAGE_NETWORKS), "encoder.keras", "encoder-savedmodel"])
 def test_backbone_round_trip(name, tmp_path):
-    """Build, train one step, export, load in a fresh process and in the development model server:
-    the same image gets the same code everywhere."""
+    """Every backbone name and both encoder kinds: build (with augmentation and feature dropout),
+    train one step, export, load in a fresh process and in the development model server: the same
+    image gets the same code everywhere."""
     backbone_name = {"encoder.keras": lambda: user_encoder(tmp_path, "keras"),
                      "encoder-savedmodel": lambda: user_encoder(tmp_path, "savedmodel")}.get(name, lambda: name)()  # fmt: skip
     model = one_step_model(backbone_name, tmp_path)
@@ -201,6 +201,9 @@ def test_fine_tuning_recipes():
         FineTuning(optimizer="rmsprop")
     with pytest.raises(ValueError, match="unknown learning-rate schedule"):
         FineTuning(schedule="linear")
+    for rate in (-0.1, 1.0, float("nan")):
+        with pytest.raises(ValueError, match="dropout must be in"):
+            FineTuning(dropout=rate)
 
 
 def test_fine_tuning_optimizer_is_serializable():

@@ -147,3 +147,33 @@ def test_cross_modal_wiki_pipeline_and_search(tmp_path):
     finally:
         server.stop(0)
     np.testing.assert_array_equal(np.stack(answer.ids), expected.ids)
+
+
+@pytest.mark.slow
+def test_pretrained_image_pipeline(tmp_path):
+    """The CIFAR-10 config's path on 200 images: JPEGs through ExampleGen, SqueezeNet with the shared
+    ImageNet weights fine-tuned (one epoch at 32x32), exported with both image signatures, indexed;
+    a query's encoded example and its raw pixels get the same code, and the index answers it."""
+    import numpy as np
+    import tensorflow as tf
+    from tfhash.pipelines.pipeline import paths
+    from tfhash.pipelines.runner import run_local
+
+    from tfhash.index import load_index
+
+    config = small_config(tmp_path, name="tiny-cifar10", dataset="cifar10", limit=200, map_threshold=0.0,
+                          training={"method": "scdh", "bits": 16, "backbone": "squeezenet", "backbone_weights": "imagenet",
+                                    "image_size": 32, "epochs": 1, "batch_size": 32,
+                                    "fine_tuning": {"backbone_learning_rate": 0.005, "dropout": 0.5}})  # fmt: skip
+    summary = run_local(config, log=lambda message: None)
+    assert summary["blessed"] is True and summary["metrics"]["bits"] == 16
+    loaded = tf.saved_model.load(summary["model_dir"])
+    assert {"serving_default", "encode_pixels"} <= set(loaded.signatures)
+    files = sorted(tf.io.gfile.glob(os.path.join(paths(config)["data"], "query", "*")))
+    queries = [r.numpy() for r in tf.data.TFRecordDataset(files, compression_type="GZIP").take(4)]
+    pixels = np.stack([tf.io.decode_image(tf.train.Example.FromString(q).features.feature["image"].bytes_list.value[0]).numpy()
+                       for q in queries])  # fmt: skip
+    by_example = loaded.signatures["serving_default"](examples=tf.constant(queries))["packed_codes"].numpy()
+    by_pixels = loaded.signatures["encode_pixels"](pixels=tf.constant(pixels))["packed_codes"].numpy()
+    np.testing.assert_array_equal(by_example, by_pixels)
+    assert load_index(summary["indexes"]["BFlat"]).search(by_pixels, 5).ids.shape == (4, 5)

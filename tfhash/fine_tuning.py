@@ -99,6 +99,9 @@ class FineTuning:
         freeze_batch_norm: keep the backbone's batch-norm statistics (see
             :func:`tfhash.models.backbones.image_backbone`).
         augment: random shift and flip of the training images.
+        dropout: dropout rate on the backbone's feature vector in training (the papers' AlexNet
+            feeds the hash layer through fc7's dropout of 0.5; SqueezeNet drops 0.5 before its
+            classifier).
     """
 
     optimizer: str = "adam"
@@ -112,6 +115,7 @@ class FineTuning:
     frozen_epochs: int = 0
     freeze_batch_norm: bool = True
     augment: bool = False
+    dropout: float = 0.0
 
     def __post_init__(self) -> None:
         if self.optimizer not in OPTIMIZERS:
@@ -123,6 +127,8 @@ class FineTuning:
             raise ValueError(f"learning rates must be finite, learning_rate > 0 and backbone_learning_rate >= 0; got {rates}")
         if self.weight_decay < 0 or self.frozen_epochs < 0 or not 0 <= self.momentum < 1:
             raise ValueError("weight_decay and frozen_epochs must be >= 0 and momentum in [0, 1)")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"dropout must be in [0, 1); got {self.dropout}")
 
     @classmethod
     def for_backbone(cls, backbone: str, **overrides) -> FineTuning:

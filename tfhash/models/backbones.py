@@ -244,7 +244,7 @@ def _single_output(outputs, path: str):
 
 
 def image_backbone(backbone: str, image_shape: Sequence[int], size: int | None = None, weights: str | None = IMAGENET,
-                   augment: bool = False, freeze_batch_norm: bool = True, data_root=None,
+                   augment: bool = False, freeze_batch_norm: bool = True, dropout: float = 0.0, data_root=None,
                    name: str = "backbone") -> keras.Model:  # fmt: skip
     """An image backbone for images stored as ``image_shape`` (``(H, W)`` grey or ``(H, W, 3)``).
 
@@ -263,6 +263,7 @@ def image_backbone(backbone: str, image_shape: Sequence[int], size: int | None =
         freeze_batch_norm: batch-norm layers keep their ImageNet statistics and scales (Keras runs a
             non-trainable BatchNormalization in inference mode), the usual choice for fine-tuning
             with small batches.
+        dropout: dropout rate on the feature vector, active in training only.
 
     Raises:
         BackboneError: an unknown name, unusable weights or encoder, a network whose output is a
@@ -304,6 +305,8 @@ def image_backbone(backbone: str, image_shape: Sequence[int], size: int | None =
     if len(features.shape) != 2:
         raise BackboneError(f"backbone {backbone!r} outputs a feature map of shape {tuple(features.shape)}, not a feature "
                             "vector: end the encoder with a pooling layer (e.g. keras.layers.GlobalAveragePooling2D)")  # fmt: skip
+    if dropout:
+        features = keras.layers.Dropout(float(dropout), name="feature_dropout")(features)
     return keras.Model(inputs, features, name=name)
 
 
