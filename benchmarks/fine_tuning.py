@@ -10,9 +10,10 @@ the epochs, random shift + flip), batch 64.
 ``--validation`` trains on 4,000 of the 5,000 training images and holds out the other 1,000 (100 per
 class): every ``--eval-every`` epochs (a divisor of ``--epochs``) 500 of them are scored against the
 other 500, images the network has not trained on, as the protocol's database mostly is. This curve
-chooses the recipe and the epoch count, without the queries. Without it the full protocol runs for ``--epochs`` epochs; the curve
-then scores the queries against a fixed seeded sample of 5,000 database images, to show whether
-training has converged (the reported numbers are the last epoch's, on the whole database).
+chooses the recipe and the epoch count, without the queries. Without it the full protocol runs for
+``--epochs`` epochs; the curve then scores the queries against a fixed seeded sample of 5,000
+database images, to show whether training has converged (the reported numbers are the last
+epoch's, on the whole database).
 
 Results accumulate in ``benchmarks/results/fine_tuning.{json,md}`` (one row per method, bits, size,
 mode and seed; a rerun replaces its row)::
@@ -49,8 +50,7 @@ GRID_BITS, GRID_SIZES = (16, 32, 48, 64), (224, 128)  # the evidence the results
 
 
 def build(method: str, bits: int, size: int, recipe: FineTuning, x_train, y_train, seed: int):
-    backbone = image_backbone("squeezenet", (32, 32, 3), size=size, augment=recipe.augment,
-                              freeze_batch_norm=recipe.freeze_batch_norm, dropout=recipe.dropout)  # fmt: skip
+    backbone = image_backbone("squeezenet", (32, 32, 3), size=size, **recipe.backbone_options())
     if method == "SCDH":
         return build_scdh(backbone, 10, bits, preset="cifar10")
     if method in ("HCLM", "sHCLM"):
@@ -160,6 +160,7 @@ def markdown(rows: list[dict]) -> str:
         points = ", ".join(f"{p['epoch']}: {p['mAP@all']:.3f}" for p in r["curve"])
         lines.append(f"- {r['mode']} {r['method']} {r['bits']} bits {r['size']}px, recipe {r['recipe label']}, seed {r['seed']}: {points}")
     return "\n".join(lines) + "\n"
+
 
 if __name__ == "__main__":
     main()

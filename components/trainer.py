@@ -75,8 +75,7 @@ def backbone_for(training: dict, shape, name: str = "backbone", data_root=None):
         raise BackboneError(f"backbone {backbone!r} takes images, but this input holds vectors of shape {list(shape)}; use mlp")
     recipe = training_recipe(training)
     return image_backbone(backbone, shape, size=training.get("image_size"), weights=training.get("backbone_weights"),
-                          augment=recipe.augment, freeze_batch_norm=recipe.freeze_batch_norm, dropout=recipe.dropout, data_root=data_root,
-                          name=name)  # fmt: skip
+                          data_root=data_root, name=name, **recipe.backbone_options())  # fmt: skip
 
 
 def training_recipe(training: dict):

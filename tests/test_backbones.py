@@ -201,6 +201,8 @@ def test_fine_tuning_recipes():
         FineTuning(optimizer="rmsprop")
     with pytest.raises(ValueError, match="unknown learning-rate schedule"):
         FineTuning(schedule="linear")
+    options = FineTuning.for_backbone("squeezenet", dropout=0.5).backbone_options()
+    assert image_backbone("squeezenet", SHAPE, size=32, weights=None, **options).get_layer("feature_dropout").rate == 0.5
     for rate in (-0.1, 1.0, float("nan")):
         with pytest.raises(ValueError, match="dropout must be in"):
             FineTuning(dropout=rate)

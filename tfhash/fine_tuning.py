@@ -154,6 +154,11 @@ class FineTuning:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def backbone_options(self) -> dict:
+        """The settings of this recipe that :func:`tfhash.models.image_backbone` takes, as its
+        keyword arguments (augmentation, batch-norm freeze, feature dropout)."""
+        return {"augment": self.augment, "freeze_batch_norm": self.freeze_batch_norm, "dropout": self.dropout}
+
     def scaled_to_batch(self, factor: float) -> FineTuning:
         """This recipe for a batch ``factor`` times larger: learning rates scaled linearly (the
         linear scaling rule of Goyal et al., 2017), the rest unchanged."""
