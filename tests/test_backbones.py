@@ -26,7 +26,7 @@ from tfhash.fine_tuning import (
     compile_fine_tuning,
     learning_rate_schedule,
 )
-from tfhash.models import IMAGE_NETWORKS, BackboneError, build_scdh, image_backbone
+from tfhash.models import AUGMENTATIONS, IMAGE_NETWORKS, BackboneError, build_scdh, image_backbone
 
 SHAPE = (32, 32, 3)
 BITS = 16
@@ -150,6 +150,20 @@ def test_bad_backbones_are_clear_errors(tmp_path):
         image_backbone(str(tmp_path / "nothing.keras"), SHAPE)
     with pytest.raises(BackboneError, match="neither grey"):
         image_backbone("squeezenet", (32, 32, 4), weights=None)
+
+
+@pytest.mark.parametrize("augment", [True, *AUGMENTATIONS])
+def test_augmentation_is_training_only(augment):
+    plain = image_backbone("squeezenet", SHAPE, size=32, weights=None)
+    augmented = image_backbone("squeezenet", SHAPE, size=32, weights=None, augment=augment)
+    augmented.get_layer("network").set_weights(plain.get_layer("network").get_weights())
+    x = pixels(4).astype("float32")
+    np.testing.assert_allclose(augmented(x), plain(x), rtol=1e-5, atol=1e-5)
+    assert not np.allclose(augmented(x, training=True), plain(x), rtol=1e-3, atol=1e-3)
+    with pytest.raises(BackboneError, match="unknown augmentation 'crop'.*zoom"):
+        image_backbone("squeezenet", SHAPE, weights=None, augment="crop")
+    with pytest.raises(ValueError, match="unknown augmentation 'crop'"):
+        FineTuning.for_backbone("squeezenet", augment="crop")
 
 
 def test_the_shared_squeezenet_weights_load():

@@ -98,7 +98,8 @@ class FineTuning:
         frozen_epochs: epochs at the start during which the backbone does not move.
         freeze_batch_norm: keep the backbone's batch-norm statistics (see
             :func:`tfhash.models.backbones.image_backbone`).
-        augment: random shift and flip of the training images.
+        augment: augmentation of the training images: False, True (random shift and flip) or a
+            policy of :data:`tfhash.models.backbones.AUGMENTATIONS`.
         dropout: dropout rate on the backbone's feature vector in training (the papers' AlexNet
             feeds the hash layer through fc7's dropout of 0.5; SqueezeNet drops 0.5 before its
             classifier).
@@ -114,7 +115,7 @@ class FineTuning:
     decay_rate: float = 0.2
     frozen_epochs: int = 0
     freeze_batch_norm: bool = True
-    augment: bool = False
+    augment: bool | str = False
     dropout: float = 0.0
 
     def __post_init__(self) -> None:
@@ -129,6 +130,9 @@ class FineTuning:
             raise ValueError("weight_decay and frozen_epochs must be >= 0 and momentum in [0, 1)")
         if not 0 <= self.dropout < 1:
             raise ValueError(f"dropout must be in [0, 1); got {self.dropout}")
+        from tfhash.models.backbones import augmentation_policy
+
+        augmentation_policy(self.augment)
 
     @classmethod
     def for_backbone(cls, backbone: str, **overrides) -> FineTuning:

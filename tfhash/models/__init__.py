@@ -12,6 +12,7 @@ import keras
 import numpy as np
 
 from tfhash.models.backbones import (
+    AUGMENTATIONS,
     IMAGE_NETWORKS,
     BackboneError,
     image_backbone,
@@ -109,6 +110,7 @@ def build_softmax_codes(backbone: keras.Model, num_classes: int, bits: int, seed
 
 
 __all__ = [
+    "AUGMENTATIONS",
     "IMAGE_NETWORKS",
     "BackboneError",
     "image_backbone",

@@ -22,6 +22,11 @@ import keras
 
 #: ``weights`` value asking for the network's ImageNet weights (a local file; never a download).
 IMAGENET = "imagenet"
+#: Training-time augmentation of :func:`image_backbone` (identity at inference), on the stored
+#: pixels before resizing: ``"shift"``, a random shift by up to 1/8 of the side with reflected
+#: borders (the pad-and-crop of CIFAR training) and a horizontal flip; ``"zoom"``, the same after a
+#: random zoom into 70-100% of the side (a cheap random-resized crop). ``True`` means ``"shift"``.
+AUGMENTATIONS = ("shift", "zoom")
 SQUEEZENET_WEIGHTS = "weights/squeezenet_v1.1_notop_tf.h5"
 
 
@@ -69,6 +74,37 @@ class CaffePreprocess(keras.layers.Layer):
     def call(self, images):
         images = keras.ops.cast(images, "float32")
         return images[..., ::-1] - keras.ops.convert_to_tensor(self.MEAN_BGR, dtype="float32")
+
+
+@keras.saving.register_keras_serializable(package="tfhash")
+class Augmentation(keras.layers.Layer):
+    """A policy of :data:`AUGMENTATIONS`, applied only when called with ``training=True`` (Keras's
+    random layers default to augmenting when a model is called without ``training``; a backbone
+    called on its own must encode, not augment)."""
+
+    def __init__(self, policy: str = "shift", seed: int | None = None, **kwargs):
+        super().__init__(**kwargs)
+        self.policy, self.seed = augmentation_policy(policy), seed
+        steps = [keras.layers.RandomZoom((-0.3, 0.0), fill_mode="reflect", seed=seed)] if self.policy == "zoom" else []
+        self.steps = [*steps, keras.layers.RandomTranslation(0.125, 0.125, fill_mode="reflect", seed=seed),
+                      keras.layers.RandomFlip("horizontal", seed=seed)]  # fmt: skip
+
+    def build(self, input_shape):
+        for step in self.steps:
+            step.build(input_shape)
+
+    def call(self, images, training=False):
+        if not training:
+            return images
+        for step in self.steps:
+            images = step(images, training=True)
+        return images
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        return {**super().get_config(), "policy": self.policy, "seed": self.seed}
 
 
 def _fire(x, index: int, squeeze: int, expand: int):
@@ -243,15 +279,29 @@ def _single_output(outputs, path: str):
     return outputs
 
 
+def augmentation_policy(augment: bool | str | None) -> str | None:
+    """The name of :data:`AUGMENTATIONS` that ``augment`` selects (None for no augmentation).
+
+    Raises:
+        BackboneError: an unknown name.
+    """
+    if augment is None or augment is False:
+        return None
+    if augment is True:
+        return "shift"
+    if augment not in AUGMENTATIONS:
+        raise BackboneError(f"unknown augmentation {augment!r}; choose false, true (= 'shift') or one of {AUGMENTATIONS}")
+    return augment
+
+
 def image_backbone(backbone: str, image_shape: Sequence[int], size: int | None = None, weights: str | None = IMAGENET,
-                   augment: bool = False, freeze_batch_norm: bool = True, dropout: float = 0.0, data_root=None,
+                   augment: bool | str = False, freeze_batch_norm: bool = True, dropout: float = 0.0, data_root=None,
                    name: str = "backbone") -> keras.Model:  # fmt: skip
     """An image backbone for images stored as ``image_shape`` (``(H, W)`` grey or ``(H, W, 3)``).
 
-    The model casts the pixels (0..255) to float, in training optionally augments them (random
-    shift by up to 1/8 of the side with reflected borders, the pad-and-crop of CIFAR training, and
-    a horizontal flip; both are identity at inference), repeats grey to three channels, resizes to
-    ``size`` x ``size`` (bilinear), applies the network's preprocessing and runs the network.
+    The model casts the pixels (0..255) to float, in training optionally augments them (a policy
+    of :data:`AUGMENTATIONS`), repeats grey to three channels, resizes to ``size`` x ``size``
+    (bilinear), applies the network's preprocessing and runs the network.
 
     Args:
         backbone: a name of :data:`IMAGE_NETWORKS` or the path of a user's encoder
@@ -260,6 +310,7 @@ def image_backbone(backbone: str, image_shape: Sequence[int], size: int | None =
         size: the side the network runs at; default the network's own (an encoder's declared one).
         weights: ``"imagenet"`` (a local file, see :func:`resolve_weights`), a weights file, or
             None. Ignored for an encoder path (it carries its weights).
+        augment: False, True (``"shift"``) or a name of :data:`AUGMENTATIONS`.
         freeze_batch_norm: batch-norm layers keep their ImageNet statistics and scales (Keras runs a
             non-trainable BatchNormalization in inference mode), the usual choice for fine-tuning
             with small batches.
@@ -270,6 +321,7 @@ def image_backbone(backbone: str, image_shape: Sequence[int], size: int | None =
             feature map rather than a vector, or an image shape that is not grey or RGB.
     """
     check_backbone_name(backbone)
+    policy = augmentation_policy(augment)
     if backbone in OTHER_BACKBONES:
         raise BackboneError(f"{backbone!r} is not an image network; use tfhash.models.{backbone} or one of {sorted(IMAGE_NETWORKS)}")
     image_shape = tuple(int(s) for s in image_shape)
@@ -292,9 +344,8 @@ def image_backbone(backbone: str, image_shape: Sequence[int], size: int | None =
     x = keras.ops.cast(inputs, "float32")
     if len(image_shape) == 2:
         x = keras.layers.Reshape((*image_shape, 1), name="channel")(x)
-    if augment:
-        x = keras.layers.RandomTranslation(0.125, 0.125, fill_mode="reflect", name="random_shift")(x)
-        x = keras.layers.RandomFlip("horizontal", name="random_flip")(x)
+    if policy:
+        x = Augmentation(policy, name="augmentation")(x)
     if x.shape[-1] == 1:
         x = keras.layers.Concatenate(name="grey_to_rgb")([x, x, x])
     if image_shape[:2] != (side, side):
