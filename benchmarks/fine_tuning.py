@@ -37,7 +37,7 @@ from benchmarks.common import RESULTS_DIR, markdown_table, write_results  # noqa
 from tfhash import proxies  # noqa: E402
 from tfhash.callbacks.retrieval_eval import RetrievalEvalCallback  # noqa: E402
 from tfhash.data import load_cifar10  # noqa: E402
-from tfhash.data.splits import per_class_split  # noqa: E402
+from tfhash.data.splits import validation_split  # noqa: E402
 from tfhash.fine_tuning import FineTuning, compile_fine_tuning  # noqa: E402
 from tfhash.metrics import evaluate_retrieval  # noqa: E402
 from tfhash.models import build_hclm, build_hyp2, build_scdh, image_backbone  # noqa: E402
@@ -81,11 +81,8 @@ def run(method: str, bits: int, size: int, epochs: int, seed: int, validation: b
     keras.utils.set_random_seed(seed)
     recipe = FineTuning.for_backbone("squeezenet", **recipe_overrides)
     if validation:
-        train_ids = labels[split.train].argmax(axis=1)
-        inner = per_class_split(train_ids, 100, 400, seed=seed)  # 100 held out + 400 training per class
-        held = split.train[inner.query]
-        halves = per_class_split(labels[held].argmax(axis=1), 50, 50, seed=seed)  # queries, database: both unseen
-        train, curve_q, curve_db = split.train[inner.train], held[halves.query], held[halves.train]
+        carved = validation_split(split.train, labels, held_out=100, queries=50, seed=seed)  # per class
+        train, curve_q, curve_db = carved.train, carved.query, carved.database
     else:
         train, curve_q = split.train, split.query
         curve_db = np.random.default_rng(seed).choice(split.database, 5000, replace=False)

@@ -78,13 +78,14 @@ def cifar_squeezenet(seed: int) -> FeatureData:
 
 
 def build_method(name: str, x_train: np.ndarray, y_train: np.ndarray, bits: int, seed: int,
-                 unlabelled: np.ndarray | None = None):  # fmt: skip
+                 unlabelled: np.ndarray | None = None, hidden=HIDDEN, dropout: float = 0.2):  # fmt: skip
     """The model and its ``fit`` inputs for one single-label method.
 
     Args:
         x_train, y_train: labelled training rows and their one-hot labels.
         unlabelled: extra unlabelled rows (MT-SCDH only; ``"MT-SCDH w=<w>"`` sets its consistency
             weight, 50 otherwise).
+        hidden, dropout: the shared head, :func:`tfhash.models.mlp`.
 
     Returns:
         ``(model, x, y)`` ready for ``model.fit(x, y)``.
@@ -94,7 +95,7 @@ def build_method(name: str, x_train: np.ndarray, y_train: np.ndarray, bits: int,
     labels = y_train.astype("float32")
 
     def head():
-        return mlp(dim, HIDDEN)
+        return mlp(dim, hidden, dropout=dropout)
 
     if name in ("SCDH", "SCDH-S"):
         return build_scdh(head(), num_classes, bits, preset="cifar10", ablation=name == "SCDH-S"), x_train, labels
@@ -123,6 +124,35 @@ def build_method(name: str, x_train: np.ndarray, y_train: np.ndarray, bits: int,
     raise ValueError(f"unknown method {name!r}; choose one of {SINGLE_LABEL_METHODS + MT_VARIANTS}")
 
 
+MULTI_LABEL_METHODS = ("SCDH multi-label", "SCDH + JCCH coefficients", "sHCLM (balanced BCE)", "HyP2")
+
+
+def build_multilabel_method(name: str, x_train: np.ndarray, y_train: np.ndarray, bits: int, seed: int,
+                            hidden=(1024,), dropout: float = 0.2):  # fmt: skip
+    """The model and its ``fit`` inputs for one multi-label method: SCDH's multi-label SCUL with
+    the ``"nuswide"`` preset (q = 1/|Y|, u = 1) or with JCCH's label coefficients
+    (:func:`tfhash.losses.jcch_coefficients`), sHCLM with tag co-occurrence proxies and the
+    frequency-balanced BCE, or HyP2. Returns ``(model, x, y)``."""
+    from tfhash.losses import jcch_coefficients
+
+    keras.utils.set_random_seed(seed)
+    dim, num_classes = x_train.shape[1], y_train.shape[1]
+    labels = y_train.astype("float32")
+    head = mlp(dim, hidden, dropout=dropout)
+    if name in ("SCDH multi-label", "SCDH + JCCH coefficients"):
+        model = build_scdh(head, num_classes, bits, preset="nuswide")
+        if name == "SCDH multi-label":
+            return model, x_train, labels
+        q, u = jcch_coefficients(y_train)
+        return model, x_train, {"labels": labels, "q": q.astype("float32"), "u": u.astype("float32")}
+    if name == "sHCLM (balanced BCE)":
+        codes = proxies.hclm_proxies(num_classes, bits, similarity=proxies.tag_cooccurrence_similarity(y_train), seed=seed)
+        return HCLMModel(head, codes, tag_frequencies=y_train.mean(axis=0)), x_train, labels
+    if name == "HyP2":
+        return build_hyp2(head, num_classes, bits), x_train, labels
+    raise ValueError(f"unknown multi-label method {name!r}; choose one of {MULTI_LABEL_METHODS}")
+
+
 def mean_teacher_rows(x_labelled, y_labelled, unlabelled, seed: int, labelled_share: float = 0.5):
     """Labelled rows repeated until they are about ``labelled_share`` of the rows, plus the
     unlabelled rows with all-zero labels (MT-SCDH's marker for "no label"). Mean Teacher keeps a
@@ -135,16 +165,22 @@ def mean_teacher_rows(x_labelled, y_labelled, unlabelled, seed: int, labelled_sh
     return x[order], y[order]
 
 
-def fit_and_score(model, x, y, query_x, query_y, db_x, db_y, epochs: int, seed: int) -> dict:
-    """Train, encode, evaluate (mAP@all, P@H<=2, P@1000) and time the training."""
-    model.compile(optimizer=keras.optimizers.Adam(1e-3))
+def fit_and_score(model, x, y, query_x, query_y, db_x, db_y, epochs: int, seed: int, map_at=(), optimizer=None,
+                  callbacks=(), precision_at: int | None = 1000) -> dict:  # fmt: skip
+    """Train (``optimizer`` default Adam 1e-3), encode, evaluate (mAP@all, P@H<=2, P@N for
+    ``precision_at`` unless None, and mAP@R for each R of ``map_at``) and time the training
+    (callbacks' time included)."""
+    model.compile(optimizer=optimizer or keras.optimizers.Adam(1e-3))
     start = time.perf_counter()
-    history = model.fit(x, y, epochs=epochs, batch_size=BATCH, verbose=0)
+    history = model.fit(x, y, epochs=epochs, batch_size=BATCH, verbose=0, callbacks=list(callbacks))
     seconds = time.perf_counter() - start
-    report = evaluate_retrieval(model.encode(query_x), model.encode(db_x), query_y, db_y, precision_at=[1000])
-    summary = report.summary()
-    row = {"mAP@all": summary["mAP@all"], "P@H<=2": summary["P@H<=2"], "P@1000": summary["P@1000"],
-           "train_s": round(seconds, 1), "epochs": epochs, "seed": seed}  # fmt: skip
+    query_codes, db_codes = model.encode(query_x), model.encode(db_x)
+    depths = [precision_at] if precision_at else []
+    summary = evaluate_retrieval(query_codes, db_codes, query_y, db_y, precision_at=depths).summary()
+    row = {"mAP@all": summary["mAP@all"], "P@H<=2": summary["P@H<=2"], "train_s": round(seconds, 1), "epochs": epochs,
+           "seed": seed, **{f"P@{n}": summary[f"P@{n}"] for n in depths}}  # fmt: skip
+    for depth in map_at:
+        row[f"mAP@{depth}"] = evaluate_retrieval(query_codes, db_codes, query_y, db_y, top_r=depth).mean_average_precision()
     if "quantization" in history.history:
         row["final l_q"] = float(history.history["quantization"][-1])
     return row

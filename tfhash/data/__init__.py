@@ -16,7 +16,7 @@ from tfhash.data.image_lists import load_coco, load_nuswide, per_tag_split
 from tfhash.data.mirflickr import load_mirflickr25k
 from tfhash.data.mnist import load_mnist
 from tfhash.data.paths import ENV_VAR, DataNotFoundError, find_data_file
-from tfhash.data.splits import Split, fixed_split, per_class_split, random_split
+from tfhash.data.splits import Split, fixed_split, per_class_split, random_split, validation_split
 from tfhash.data.wiki import load_wiki
 
 LOADERS: dict[str, Callable[..., HashingDataset]] = {
@@ -54,4 +54,5 @@ __all__ = [
     "per_class_split",
     "per_tag_split",
     "random_split",
+    "validation_split",
 ]

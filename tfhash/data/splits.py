@@ -98,3 +98,35 @@ def fixed_split(query: np.ndarray, database: np.ndarray, seed: int = 0) -> Split
         seed=seed,
         protocol="fixed: given queries, database trains",
     )
+
+
+def validation_split(train: np.ndarray, labels: np.ndarray, held_out: int, queries: int, seed: int = 0) -> Split:
+    """A validation split carved out of the training rows ``train`` (indices into ``labels``), for
+    choosing hyper-parameters and epochs without the protocol's queries.
+
+    ``held_out`` training rows leave training, per class when ``labels`` are class ids or one-hot
+    rows (single-label; training then keeps as many rows per class as the smallest class has
+    left), at random otherwise; ``queries`` of them (per class, or in total) are the
+    validation queries and the rest the validation database, so both sides are rows the model has
+    not trained on, as most of the protocol's database is. The returned split indexes ``labels``.
+
+    Raises:
+        ValueError: ``queries >= held_out``, or too few training rows (of a class).
+    """
+    train, labels = np.asarray(train), np.asarray(labels)
+    if not 0 < queries < held_out:
+        raise ValueError(f"queries must be in 1..held_out-1; got queries={queries}, held_out={held_out}")
+    single = labels.ndim == 1 or bool((labels.sum(axis=1) == 1).all())
+    if single:
+        ids = labels[train] if labels.ndim == 1 else labels[train].argmax(axis=1)
+        per_class = np.bincount(ids)[np.unique(ids)]
+        inner = per_class_split(ids, held_out, int(per_class.min()) - held_out, seed=seed)
+        held = train[inner.query]
+        halves = per_class_split(ids[inner.query], queries, held_out - queries, seed=seed)
+    else:
+        inner = random_split(train.size, held_out, train.size - held_out, seed=seed)
+        held = train[inner.query]
+        halves = random_split(held.size, queries, held_out - queries, seed=seed)
+    return Split(query=held[halves.query], database=held[halves.train], train=train[inner.train], seed=seed,
+                 protocol=f"validation: {held_out} held out of the training rows{' per class' if single else ''}, "
+                          f"{queries} of them queries")  # fmt: skip

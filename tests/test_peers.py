@@ -1,0 +1,81 @@
+"""The peer protocol's inputs (digest-checked, real files in ../shared/data), the validation
+split recipes are chosen on, and the peer benchmark's train-and-score on small data.
+(The benchmark's numbers come from `python -m benchmarks.peers`, not from tests.)"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from benchmarks import peer_data, peers
+from tfhash.data.splits import validation_split
+
+
+@pytest.mark.parametrize("name", ["mnist", "mirflickr"])
+def test_peer_inputs_match_the_protocol_digests(name):
+    data = peer_data.load_peer_data(name)
+    assert data.checks == {"labels": "digest", "split": "digest", "x": "digest"}
+    assert data.single_label == (name == "mnist")
+    assert np.isin(data.split.train, data.split.database).all() and not np.isin(data.split.query, data.split.database).any()
+
+
+def test_inputs_that_are_not_the_protocols_are_refused(monkeypatch):
+    monkeypatch.setitem(peer_data.DIGESTS, "mnist", {**peer_data.DIGESTS["mnist"], "split": "0000000000000000"})
+    with pytest.raises(peer_data.PeerDataError, match="mnist split: digest 9e2db8b1d3a3778a is not the protocol's"):
+        peer_data.load_peer_data("mnist")
+    with pytest.raises(ValueError, match="unknown protocol dataset 'cifar'"):
+        peer_data.load_peer_data("cifar")
+
+
+def test_validation_split_holds_out_training_rows_only():
+    rng = np.random.default_rng(0)
+    ids = rng.permutation(np.repeat(np.arange(4), 30))
+    train = np.concatenate([np.flatnonzero(ids == c)[:15] for c in range(4)])
+    carved = validation_split(train, np.eye(4)[ids], held_out=5, queries=2, seed=0)
+    assert len(carved.train) == 40 and len(carved.query) == 8 and len(carved.database) == 12
+    for part in (carved.train, carved.query, carved.database):
+        assert np.isin(part, train).all()
+    assert not (set(carved.train) & set(carved.query) or set(carved.train) & set(carved.database) or set(carved.query) & set(carved.database))
+    assert np.bincount(ids[carved.query]).tolist() == [2, 2, 2, 2]
+    again = validation_split(train, ids, held_out=5, queries=2, seed=0)  # class ids or one-hot: the same split
+    assert np.array_equal(again.query, carved.query) and np.array_equal(again.train, carved.train)
+    multi = (rng.random((200, 5)) < 0.3).astype(np.uint8)
+    carved = validation_split(np.arange(100), multi, held_out=20, queries=5, seed=1)
+    assert (len(carved.train), len(carved.query), len(carved.database)) == (80, 5, 15)
+    with pytest.raises(ValueError, match="queries must be in 1..held_out-1"):
+        validation_split(train, ids, held_out=5, queries=5)
+
+
+def small_peer_data(single: bool) -> peer_data.PeerData:
+    rng = np.random.default_rng(0)
+    n, classes = 1300, 4  # a multi-label database above 1,000 for mAP@1000
+    ids = rng.integers(0, classes, n)
+    labels = np.eye(classes, dtype=np.uint8)[ids]
+    if not single:
+        labels = np.maximum(labels, (rng.random((n, classes)) < 0.2).astype(np.uint8))
+    x = (labels @ rng.normal(size=(classes, 16)) + 0.5 * rng.normal(size=(n, 16))).astype("float32")
+    split = peer_data.single_label_split(ids, 10, 60) if single else peer_data.multi_label_split(n, 40, 200)
+    return peer_data.PeerData("small", x, labels, split, {})
+
+
+@pytest.mark.parametrize("single", [True, False])
+def test_peer_runs_score_the_protocol_and_the_validation_split(single, monkeypatch):
+    monkeypatch.setattr(peers, "VALIDATION", {"single": {"held_out": 20, "queries": 10}, "multi": {"held_out": 100, "queries": 40}})
+    data = small_peer_data(single)
+    method = "SCDH" if single else "SCDH + JCCH coefficients"
+    recipe = {"epochs": 4, "dropout": 0.2, "standardise": True, "schedule": "cosine", "weight_decay": 0.01}
+    test = peers.run(data, method, 16, seed=0, recipe=recipe)
+    assert test["mode"] == "test" and 0 < test["mAP@all"] <= 1 and ("mAP@1000" in test) != single
+    held = peers.run(data, method, 16, seed=0, recipe=recipe, validation=True, every=2)
+    assert [p["epoch"] for p in held["curve"]] == [2, 4]
+    assert held["curve"][-1]["mAP@all"] == pytest.approx(held["mAP@all"], abs=1e-6)  # the last epoch is what is reported
+    with pytest.raises(ValueError, match="unknown recipe settings \\['dropuot'\\]"):
+        peers.run(data, method, 16, seed=0, recipe={"dropuot": 0.5})
+
+
+def test_margins_take_each_cells_best_mean_over_seeds():
+    rows = [{"recipe label": "r", "dataset": "cifar10", "bits": 16, "method": m, "seed": s, "mAP@all": v}
+            for m, values in {"A": (0.60, 0.56), "B": (0.59, 0.59)}.items() for s, v in enumerate(values)]  # fmt: skip
+    (cell,) = peers.margins(rows)
+    assert cell["best tfhash"] == "B" and cell["mean"] == pytest.approx(0.59) and cell["seeds"] == 2
+    assert cell["margin"] == pytest.approx(0.59 - 0.5732) and cell["+0.01 met"] == "yes"
