@@ -78,7 +78,7 @@ def cifar_squeezenet(seed: int) -> FeatureData:
 
 
 def build_method(name: str, x_train: np.ndarray, y_train: np.ndarray, bits: int, seed: int,
-                 unlabelled: np.ndarray | None = None, hidden=HIDDEN, dropout: float = 0.2):  # fmt: skip
+                 unlabelled: np.ndarray | None = None, hidden=HIDDEN, dropout: float = 0.2, **options):  # fmt: skip
     """The model and its ``fit`` inputs for one single-label method.
 
     Args:
@@ -86,6 +86,8 @@ def build_method(name: str, x_train: np.ndarray, y_train: np.ndarray, bits: int,
         unlabelled: extra unlabelled rows (MT-SCDH only; ``"MT-SCDH w=<w>"`` sets its consistency
             weight, 50 otherwise).
         hidden, dropout: the shared head, :func:`tfhash.models.mlp`.
+        options: the model's own settings over its defaults (SCDH's lam / mu / alpha, HCLM's
+            triplet_weight / margin, HyP2's zeta / beta); other methods take none.
 
     Returns:
         ``(model, x, y)`` ready for ``model.fit(x, y)``.
@@ -98,7 +100,7 @@ def build_method(name: str, x_train: np.ndarray, y_train: np.ndarray, bits: int,
         return mlp(dim, hidden, dropout=dropout)
 
     if name in ("SCDH", "SCDH-S"):
-        return build_scdh(head(), num_classes, bits, preset="cifar10", ablation=name == "SCDH-S"), x_train, labels
+        return build_scdh(head(), num_classes, bits, preset="cifar10", ablation=name == "SCDH-S", **options), x_train, labels
     if name == "MT-SCDH" or name.startswith("MT-SCDH w="):
         if unlabelled is None:
             raise ValueError("MT-SCDH needs unlabelled rows")
@@ -113,9 +115,12 @@ def build_method(name: str, x_train: np.ndarray, y_train: np.ndarray, bits: int,
     if name in ("HCLM", "sHCLM", "sHCLM+triplet"):
         similarity = None if name == "HCLM" else proxies.class_mean_similarity(x_train, y_train.argmax(axis=1))
         codes = proxies.hclm_proxies(num_classes, bits, similarity=similarity, seed=seed)
-        return HCLMModel(head(), codes, triplet_weight=1.0 if name == "sHCLM+triplet" else 0.0), x_train, labels
+        options = {"triplet_weight": 1.0 if name == "sHCLM+triplet" else 0.0, **options}
+        return HCLMModel(head(), codes, **options), x_train, labels
     if name == "HyP2":
-        return build_hyp2(head(), num_classes, bits), x_train, labels
+        return build_hyp2(head(), num_classes, bits, **options), x_train, labels
+    if options:
+        raise ValueError(f"{name} takes no options; got {sorted(options)}")
     if name == "DPSH-style pairwise":
         model = build_pairwise(head(), num_classes, bits, num_train=len(x_train))
         return model, x_train, {"labels": labels, "index": np.arange(len(x_train))}
@@ -128,11 +133,12 @@ MULTI_LABEL_METHODS = ("SCDH multi-label", "SCDH + JCCH coefficients", "sHCLM (b
 
 
 def build_multilabel_method(name: str, x_train: np.ndarray, y_train: np.ndarray, bits: int, seed: int,
-                            hidden=(1024,), dropout: float = 0.2):  # fmt: skip
+                            hidden=(1024,), dropout: float = 0.2, **options):  # fmt: skip
     """The model and its ``fit`` inputs for one multi-label method: SCDH's multi-label SCUL with
     the ``"nuswide"`` preset (q = 1/|Y|, u = 1) or with JCCH's label coefficients
     (:func:`tfhash.losses.jcch_coefficients`), sHCLM with tag co-occurrence proxies and the
-    frequency-balanced BCE, or HyP2. Returns ``(model, x, y)``."""
+    frequency-balanced BCE, or HyP2; ``options`` as for :func:`build_method`. Returns
+    ``(model, x, y)``."""
     from tfhash.losses import jcch_coefficients
 
     keras.utils.set_random_seed(seed)
@@ -140,16 +146,16 @@ def build_multilabel_method(name: str, x_train: np.ndarray, y_train: np.ndarray,
     labels = y_train.astype("float32")
     head = mlp(dim, hidden, dropout=dropout)
     if name in ("SCDH multi-label", "SCDH + JCCH coefficients"):
-        model = build_scdh(head, num_classes, bits, preset="nuswide")
+        model = build_scdh(head, num_classes, bits, preset="nuswide", **options)
         if name == "SCDH multi-label":
             return model, x_train, labels
         q, u = jcch_coefficients(y_train)
         return model, x_train, {"labels": labels, "q": q.astype("float32"), "u": u.astype("float32")}
     if name == "sHCLM (balanced BCE)":
         codes = proxies.hclm_proxies(num_classes, bits, similarity=proxies.tag_cooccurrence_similarity(y_train), seed=seed)
-        return HCLMModel(head, codes, tag_frequencies=y_train.mean(axis=0)), x_train, labels
+        return HCLMModel(head, codes, tag_frequencies=y_train.mean(axis=0), **options), x_train, labels
     if name == "HyP2":
-        return build_hyp2(head, num_classes, bits), x_train, labels
+        return build_hyp2(head, num_classes, bits, **options), x_train, labels
     raise ValueError(f"unknown multi-label method {name!r}; choose one of {MULTI_LABEL_METHODS}")
 
 

@@ -15,7 +15,8 @@ over the seeds run and its margin over the best peer::
 
 ``--recipe`` trains with other settings than the protocol's (JSON over :data:`PROTOCOL_RECIPE`:
 head dropout, input standardisation with the training rows' statistics, Adam's weight decay
-(AdamW), learning rate, schedule, epochs), labelled by ``--label``. ``--validation`` chooses them
+(AdamW), learning rate, schedule, epochs), and ``--options`` with the methods' own settings over
+their defaults (e.g. HyP2's beta), both labelled by ``--label``. ``--validation`` chooses them
 honestly: it trains on the training rows minus a held-out part
 (:func:`tfhash.data.splits.validation_split`: 100 per class, 50 of them queries, single-label; 2,000
 at random, 500 queries, multi-label) and scores held-out queries against the held-out database every
@@ -81,9 +82,11 @@ class Curve(keras.callbacks.Callback):
             self.points.append({"epoch": epoch + 1, **{name: float(logs[name]) for name in self.names}})
 
 
-def run(data, method: str, bits: int, seed: int, recipe: dict, validation: bool = False, every: int = 10) -> dict:
-    """Train ``method`` with ``recipe`` and score it: on the protocol's queries and database, or
-    (``validation``) on a held-out part of the training rows, with the curve every ``every`` epochs."""
+def run(data, method: str, bits: int, seed: int, recipe: dict, validation: bool = False, every: int = 10,
+        options: dict | None = None) -> dict:  # fmt: skip
+    """Train ``method`` (with the model ``options`` over its defaults) with ``recipe`` and score it:
+    on the protocol's queries and database, or (``validation``) on a held-out part of the training
+    rows, with the curve every ``every`` epochs."""
     recipe = {**PROTOCOL_RECIPE, **recipe}
     unknown = set(recipe) - set(PROTOCOL_RECIPE)
     if unknown:
@@ -98,7 +101,7 @@ def run(data, method: str, bits: int, seed: int, recipe: dict, validation: bool 
         x = ((x - mean) / std).astype("float32")
     head = {"hidden": HIDDEN, "dropout": recipe["dropout"]}
     build = methods.build_method if data.single_label else methods.build_multilabel_method
-    model, fit_x, fit_y = build(method, x[split.train], labels[split.train], bits, seed, **head)
+    model, fit_x, fit_y = build(method, x[split.train], labels[split.train], bits, seed, **head, **(options or {}))
     depth = round(MAP_DEPTH * len(split.database) / len(data.split.database)) if validation else MAP_DEPTH
     map_at = () if data.single_label else (depth,)
     callbacks = []
@@ -114,7 +117,7 @@ def run(data, method: str, bits: int, seed: int, recipe: dict, validation: bool 
     if depth != MAP_DEPTH and f"mAP@{depth}" in scores:
         scores["mAP@1000"] = scores.pop(f"mAP@{depth}")  # the validation stand-in for mAP@1000
     row = {"dataset": data.name, "method": method, "bits": bits, "mode": "validation" if validation else "test",
-           "recipe": recipe, **scores}  # fmt: skip
+           "recipe": recipe, "options": options or {}, **scores}  # fmt: skip
     if validation:
         row["curve"] = [{"epoch": p["epoch"], "mAP@all": p["curve_all_map"],
                          **({"mAP@1000": p[f"curve_{depth}_map"]} if map_at else {})}
@@ -172,6 +175,7 @@ def main() -> None:
     parser.add_argument("--bits", nargs="+", type=int, default=[16, 32, 64])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--recipe", type=json.loads, default={}, help="settings over PROTOCOL_RECIPE, as JSON")
+    parser.add_argument("--options", type=json.loads, default={}, help="the methods' own settings (e.g. HyP2's beta), as JSON")
     parser.add_argument("--label", default="protocol", help="names the recipe in the results (rows are keyed by it)")
     parser.add_argument("--validation", action="store_true")
     parser.add_argument("--eval-every", type=int, default=10)
@@ -179,7 +183,7 @@ def main() -> None:
     parser.add_argument("--no-feature-check", action="store_true",
                         help="skip the CIFAR-10 feature digest (float rounding on another TF build or CPU)")
     args = parser.parse_args()
-    if args.recipe and args.label == "protocol":
+    if (args.recipe or args.options) and args.label == "protocol":
         parser.error("name a recipe other than the protocol's with --label")
     epochs = {**PROTOCOL_RECIPE, **args.recipe}["epochs"]
     if args.validation and epochs % args.eval_every:
@@ -195,9 +199,9 @@ def main() -> None:
         for method in names:
             for bits in args.bits:
                 for seed in args.seeds:
-                    row = run(data, method, bits, seed, args.recipe, args.validation, args.eval_every)
+                    row = run(data, method, bits, seed, args.recipe, args.validation, args.eval_every, args.options)
                     row["recipe label"] = args.label
-                    print(json.dumps({k: v for k, v in row.items() if k not in ("recipe", "curve")}), flush=True)
+                    print(json.dumps({k: v for k, v in row.items() if k not in ("recipe", "options", "curve")}), flush=True)
                     key = ("dataset", "method", "bits", "seed", "recipe label")
                     rows = [r for r in rows if tuple(r[k] for k in key) != tuple(row[k] for k in key)] + [row]
                     bar = {f"{d} {m}": c for (d, m), c in BAR.items()}

@@ -21,7 +21,7 @@ def np_cos(a, b):
     return a @ b.T
 
 
-def np_hyp2(labels, codes, prox, zeta, beta):
+def np_hyp2(labels, codes, prox, zeta, beta, least=2):
     cos = np_cos(codes, prox)
     pos = [(1 - cos[i, j]) for i in range(len(labels)) for j in range(labels.shape[1]) if labels[i, j]]
     neg = [max(0.0, cos[i, j] - zeta) for i in range(len(labels)) for j in range(labels.shape[1]) if not labels[i, j]]
@@ -30,7 +30,7 @@ def np_hyp2(labels, codes, prox, zeta, beta):
     pair_values = [
         max(0.0, cc[i, j] - zeta)
         for i in range(len(labels)) for j in range(len(labels))
-        if i != j and labels[i].sum() > 1 and labels[j].sum() > 1 and not (labels[i] * labels[j]).any()
+        if i != j and labels[i].sum() >= least and labels[j].sum() >= least and not (labels[i] * labels[j]).any()
     ]  # fmt: skip
     pair = sum(pair_values) / len(pair_values) if pair_values else 0.0
     return proxy + beta * pair, len(pair_values)
@@ -43,6 +43,11 @@ def test_hyp2_loss_matches_numpy_with_pairs_and_all_negative_rows():
     expected, pairs = np_hyp2(labels, codes, prox, 0.1, 0.7)
     assert pairs > 0  # rows 0 and 1 form irrelevant multi-label pairs
     assert float(losses.hyp2_loss(labels, codes, prox, 0.1, 0.7)) == pytest.approx(expected, rel=1e-5)
+    expected_labelled, more = np_hyp2(labels, codes, prox, 0.1, 0.7, least=1)
+    assert more > pairs  # row 2 (one label) joins; row 3 (none) never does
+    assert float(losses.hyp2_loss(labels, codes, prox, 0.1, 0.7, "labelled")) == pytest.approx(expected_labelled, rel=1e-5)
+    with pytest.raises(ValueError, match="unknown pair_scope 'all'"):
+        losses.hyp2_loss(labels, codes, prox, 0.1, 0.7, "all")
 
 
 def test_hyp2_pair_term_is_zero_without_irrelevant_multilabel_pairs():

@@ -47,17 +47,25 @@ def _cosine(a, b):
     return tf.matmul(tf.math.l2_normalize(a, axis=-1), tf.math.l2_normalize(b, axis=-1), transpose_b=True)
 
 
-def hyp2_loss(labels, codes, proxies, zeta: float, beta: float = 0.5) -> tf.Tensor:
+PAIR_SCOPES = ("multi-label", "labelled")
+
+
+def hyp2_loss(labels, codes, proxies, zeta: float, beta: float = 0.5, pair_scope: str = "multi-label") -> tf.Tensor:
     """HyP2 = L_proxy + beta * L_pair.
 
     L_proxy = sum_{Y_ij=1} (1 - cos_ij) / #{Y_ij=1} + sum_{Y_ij=0} relu(cos_ij - zeta) / #{Y_ij=0},
     cos_ij = cosine(F_i, p_j); L_pair = sum relu(cosine(F_i, F_j) - zeta) / #pairs over ordered
-    in-batch pairs i != j of examples that both have more than one label and share none (0 when
-    there is no such pair). Each sum is over the whole batch (the official code's normalisation).
+    in-batch pairs i != j of examples that share no label (0 when there is no such pair). Each sum
+    is over the whole batch (the official code's normalisation).
 
     Args:
         labels: ``(n, C)`` multi-hot; codes: ``(n, K)``; proxies: ``(C, K)``.
+        pair_scope: which examples form the irrelevant pairs: ``"multi-label"``, both have more
+            than one label (HyP2 Eq. 6, the paper's); ``"labelled"``, both have a label (ours: a
+            single-label example is pushed from the examples it shares nothing with as well).
     """
+    if pair_scope not in PAIR_SCOPES:
+        raise ValueError(f"unknown pair_scope {pair_scope!r}; choose one of {PAIR_SCOPES}")
     labels = tf.cast(labels, tf.float32)
     codes = tf.cast(codes, tf.float32)
     cos = _cosine(codes, tf.cast(proxies, tf.float32))
@@ -65,7 +73,7 @@ def hyp2_loss(labels, codes, proxies, zeta: float, beta: float = 0.5) -> tf.Tens
     proxy_term = tf.math.divide_no_nan(tf.reduce_sum(positive * (1.0 - cos)), tf.reduce_sum(positive)) + tf.math.divide_no_nan(
         tf.reduce_sum(negative * tf.nn.relu(cos - zeta)), tf.reduce_sum(negative)
     )
-    several = tf.cast(tf.reduce_sum(labels, axis=1) > 1.0, tf.float32)
+    several = tf.cast(tf.reduce_sum(labels, axis=1) > (1.0 if pair_scope == "multi-label" else 0.0), tf.float32)
     disjoint = tf.cast(tf.matmul(labels, labels, transpose_b=True) == 0.0, tf.float32)
     pairs = several[:, None] * several[None, :] * disjoint * (1.0 - tf.eye(tf.shape(labels)[0]))
     pair_term = tf.math.divide_no_nan(tf.reduce_sum(pairs * tf.nn.relu(_cosine(codes, codes) - zeta)), tf.reduce_sum(pairs))

@@ -74,9 +74,11 @@ class HyP2Model(NestedConfigMixin, EncoderMixin, keras.Model):
     Args:
         zeta: margin; default :func:`tfhash.losses.hyp2_zeta` of (C, K).
         beta: weight of the irrelevant-pair term (official default 0.5).
+        pair_scope: which examples form irrelevant pairs (:func:`tfhash.losses.hyp2_loss`).
     """
 
-    def __init__(self, backbone, num_classes: int, bits: int, zeta: float | None = None, beta: float = 0.5, **kwargs):
+    def __init__(self, backbone, num_classes: int, bits: int, zeta: float | None = None, beta: float = 0.5,
+                 pair_scope: str = "multi-label", **kwargs):  # fmt: skip
         super().__init__(**kwargs)
         from tfhash.losses.proxy import hyp2_zeta
 
@@ -84,6 +86,11 @@ class HyP2Model(NestedConfigMixin, EncoderMixin, keras.Model):
         self.num_classes, self.bits = int(num_classes), int(bits)
         self.zeta = float(hyp2_zeta(self.num_classes, self.bits) if zeta is None else zeta)
         self.beta = float(beta)
+        from tfhash.losses.proxy import PAIR_SCOPES
+
+        if pair_scope not in PAIR_SCOPES:
+            raise ValueError(f"unknown pair_scope {pair_scope!r}; choose one of {PAIR_SCOPES}")
+        self.pair_scope = pair_scope
         self.hash_head = HashHead(self.bits, name="hash_head")
         self.proxy_layer = LearnableProxies(self.num_classes, self.bits, name="proxies")
         self._trackers = loss_trackers(self, ())
@@ -94,9 +101,10 @@ class HyP2Model(NestedConfigMixin, EncoderMixin, keras.Model):
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
         labels, _, _ = unpack_targets(y)
-        return hyp2_loss(labels, y_pred["codes"], self.proxy_layer.proxies, self.zeta, self.beta)
+        return hyp2_loss(labels, y_pred["codes"], self.proxy_layer.proxies, self.zeta, self.beta, self.pair_scope)
 
     nested_keys = ("backbone",)
 
     def config_params(self) -> dict:
-        return {"num_classes": self.num_classes, "bits": self.bits, "zeta": self.zeta, "beta": self.beta}
+        return {"num_classes": self.num_classes, "bits": self.bits, "zeta": self.zeta, "beta": self.beta,
+                "pair_scope": self.pair_scope}  # fmt: skip
