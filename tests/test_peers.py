@@ -42,6 +42,9 @@ def test_validation_split_holds_out_training_rows_only():
     multi = (rng.random((200, 5)) < 0.3).astype(np.uint8)
     carved = validation_split(np.arange(100), multi, held_out=20, queries=5, seed=1)
     assert (len(carved.train), len(carved.query), len(carved.database)) == (80, 5, 15)
+    mixed = validation_split(np.arange(100), multi, held_out=20, queries=5, seed=1, train_in_database=0.5)
+    assert len(mixed.database) == 30 and np.isin(mixed.database, mixed.train).sum() == 15
+    assert not np.isin(mixed.query, mixed.train).any()
     with pytest.raises(ValueError, match="queries must be in 1..held_out-1"):
         validation_split(train, ids, held_out=5, queries=5)
 

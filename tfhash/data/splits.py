@@ -100,15 +100,19 @@ def fixed_split(query: np.ndarray, database: np.ndarray, seed: int = 0) -> Split
     )
 
 
-def validation_split(train: np.ndarray, labels: np.ndarray, held_out: int, queries: int, seed: int = 0) -> Split:
+def validation_split(train: np.ndarray, labels: np.ndarray, held_out: int, queries: int, seed: int = 0,
+                     train_in_database: float = 0.0) -> Split:  # fmt: skip
     """A validation split carved out of the training rows ``train`` (indices into ``labels``), for
     choosing hyper-parameters and epochs without the protocol's queries.
 
     ``held_out`` training rows leave training, per class when ``labels`` are class ids or one-hot
     rows (single-label; training then keeps as many rows per class as the smallest class has
     left), at random otherwise; ``queries`` of them (per class, or in total) are the
-    validation queries and the rest the validation database, so both sides are rows the model has
-    not trained on, as most of the protocol's database is. The returned split indexes ``labels``.
+    validation queries and the rest the validation database. ``train_in_database`` in [0, 1) adds
+    training rows, drawn at random, until they are that share of the validation database: the
+    protocols put the training rows in the database (8% of it on CIFAR-10, 55% on MIRFlickr), and
+    ranking them against unseen rows is part of what mAP@all measures. The returned split indexes
+    ``labels``.
 
     Raises:
         ValueError: ``queries >= held_out``, or too few training rows (of a class).
@@ -127,6 +131,11 @@ def validation_split(train: np.ndarray, labels: np.ndarray, held_out: int, queri
         inner = random_split(train.size, held_out, train.size - held_out, seed=seed)
         held = train[inner.query]
         halves = random_split(held.size, queries, held_out - queries, seed=seed)
-    return Split(query=held[halves.query], database=held[halves.train], train=train[inner.train], seed=seed,
+    if not 0 <= train_in_database < 1:
+        raise ValueError(f"train_in_database must be in [0, 1); got {train_in_database}")
+    database, kept = held[halves.train], train[inner.train]
+    extra = min(kept.size, int(round(database.size * train_in_database / (1 - train_in_database))))
+    database = np.concatenate([database, np.random.default_rng(seed).choice(kept, extra, replace=False)])
+    return Split(query=held[halves.query], database=database, train=kept, seed=seed,
                  protocol=f"validation: {held_out} held out of the training rows{' per class' if single else ''}, "
-                          f"{queries} of them queries")  # fmt: skip
+                          f"{queries} of them queries, {extra} training rows in the database")  # fmt: skip
