@@ -222,26 +222,3 @@ def test_shclm_multilabel_and_hyp2_train(tmp_path):
     assert history[-1] < history[0]
     hyp2.save(tmp_path / "hyp2.keras")
     np.testing.assert_array_equal(keras.saving.load_model(tmp_path / "hyp2.keras").encode(x), hyp2.encode(x))
-
-
-def test_batch_pair_likelihood_matches_numpy_and_ignores_the_code_scale():
-    rng = np.random.default_rng(3)
-    labels = np.array([[1, 0, 0], [1, 1, 0], [0, 0, 1], [0, 1, 0]], dtype=np.float32)
-    codes = rng.normal(size=(4, 8))
-    theta = 0.5 * 8 * np_cos(codes, codes)
-    share = (labels @ labels.T > 0).astype(float)
-    expected = np.mean([np.log1p(np.exp(theta[i, j])) - share[i, j] * theta[i, j] for i in range(4) for j in range(4) if i != j])
-    assert float(losses.batch_pair_likelihood(labels, codes)) == pytest.approx(expected, rel=1e-5)
-    assert float(losses.batch_pair_likelihood(labels, 10 * codes)) == pytest.approx(expected, rel=1e-5)
-
-
-def test_hyp2_with_the_likelihood_term_trains_and_round_trips(tmp_path):
-    model = build_hyp2(mlp(6, (8,)), 3, 16, beta=4.0, pair_scope="labelled", likelihood_weight=0.5)
-    x = np.random.default_rng(0).normal(size=(12, 6)).astype("float32")
-    y = np.eye(3, dtype="float32")[np.arange(12) % 3]
-    model.compile(optimizer="adam")
-    model.fit(x, y, epochs=1, batch_size=6, verbose=0)
-    model.save(tmp_path / "m.keras")
-    loaded = keras.saving.load_model(tmp_path / "m.keras")
-    assert (loaded.pair_scope, loaded.likelihood_weight) == ("labelled", 0.5)
-    np.testing.assert_allclose(loaded.predict(x, verbose=0)["codes"], model.predict(x, verbose=0)["codes"], atol=1e-5)

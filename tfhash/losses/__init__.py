@@ -12,11 +12,7 @@ from tfhash.losses.mean_teacher import (
     sigmoid_rampup,
     softmax_squared_distance,
 )
-from tfhash.losses.pairwise import (
-    batch_pair_likelihood,
-    pairwise_likelihood_loss,
-    pairwise_similarity,
-)
+from tfhash.losses.pairwise import pairwise_likelihood_loss, pairwise_similarity
 from tfhash.losses.proxy import (
     balanced_binary_cross_entropy,
     best_known_min_distance,
@@ -49,7 +45,6 @@ __all__ = [
     "jcch_coefficients",
     "label_weights",
     "mean_teacher_consistency",
-    "batch_pair_likelihood",
     "pairwise_likelihood_loss",
     "pairwise_similarity",
     "quantization_loss",

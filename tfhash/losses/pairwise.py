@@ -39,16 +39,3 @@ def pairwise_likelihood_loss(codes, other_codes, similarity, eta: float = 0.01):
     signs = tf.where(codes >= 0.0, 1.0, -1.0)
     quantization = tf.reduce_mean(tf.reduce_sum(tf.square(codes - signs), axis=-1))
     return likelihood + eta * quantization
-
-
-def batch_pair_likelihood(labels, codes):
-    """DPSH's pairwise likelihood (Eq. 3) over the ordered in-batch pairs i != j, on codes rescaled
-    to the norm of a +-1 code (sqrt(K) F / |F|), so that theta_ij = K cos(F_i, F_j) / 2 depends on
-    the codes' directions only (ours: the term tfhash adds to HyP2, whose codes are linear and
-    compared by cosine). s_ij = 1 when i and j share a label. 0 for a batch of one."""
-    codes = tf.cast(codes, tf.float32)
-    scaled = tf.math.l2_normalize(codes, axis=-1) * tf.sqrt(tf.cast(tf.shape(codes)[1], tf.float32))
-    theta = 0.5 * tf.matmul(scaled, scaled, transpose_b=True)
-    off_diagonal = 1.0 - tf.eye(tf.shape(codes)[0])
-    values = (tf.nn.softplus(theta) - pairwise_similarity(labels, labels) * theta) * off_diagonal
-    return tf.math.divide_no_nan(tf.reduce_sum(values), tf.reduce_sum(off_diagonal))

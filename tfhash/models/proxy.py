@@ -6,7 +6,6 @@ import keras
 import numpy as np
 
 from tfhash.layers import FixedProxies, HashHead, LearnableProxies
-from tfhash.losses.pairwise import batch_pair_likelihood
 from tfhash.losses.proxy import balanced_binary_cross_entropy, hamming_triplet_loss, hyp2_loss
 from tfhash.losses.semantic_cluster import classifier_cross_entropy
 from tfhash.models.base import EncoderMixin, NestedConfigMixin, loss_trackers, unpack_targets
@@ -76,12 +75,10 @@ class HyP2Model(NestedConfigMixin, EncoderMixin, keras.Model):
         zeta: margin; default :func:`tfhash.losses.hyp2_zeta` of (C, K).
         beta: weight of the irrelevant-pair term (official default 0.5).
         pair_scope: which examples form irrelevant pairs (:func:`tfhash.losses.hyp2_loss`).
-        likelihood_weight: weight of DPSH's pairwise likelihood over the batch's pairs
-            (:func:`tfhash.losses.batch_pair_likelihood`; ours, 0 = the paper's HyP2).
     """
 
     def __init__(self, backbone, num_classes: int, bits: int, zeta: float | None = None, beta: float = 0.5,
-                 pair_scope: str = "multi-label", likelihood_weight: float = 0.0, **kwargs):  # fmt: skip
+                 pair_scope: str = "multi-label", **kwargs):  # fmt: skip
         super().__init__(**kwargs)
         from tfhash.losses.proxy import hyp2_zeta
 
@@ -94,7 +91,6 @@ class HyP2Model(NestedConfigMixin, EncoderMixin, keras.Model):
         if pair_scope not in PAIR_SCOPES:
             raise ValueError(f"unknown pair_scope {pair_scope!r}; choose one of {PAIR_SCOPES}")
         self.pair_scope = pair_scope
-        self.likelihood_weight = float(likelihood_weight)
         self.hash_head = HashHead(self.bits, name="hash_head")
         self.proxy_layer = LearnableProxies(self.num_classes, self.bits, name="proxies")
         self._trackers = loss_trackers(self, ())
@@ -105,13 +101,10 @@ class HyP2Model(NestedConfigMixin, EncoderMixin, keras.Model):
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
         labels, _, _ = unpack_targets(y)
-        loss = hyp2_loss(labels, y_pred["codes"], self.proxy_layer.proxies, self.zeta, self.beta, self.pair_scope)
-        if self.likelihood_weight:
-            loss = loss + self.likelihood_weight * batch_pair_likelihood(labels, y_pred["codes"])
-        return loss
+        return hyp2_loss(labels, y_pred["codes"], self.proxy_layer.proxies, self.zeta, self.beta, self.pair_scope)
 
     nested_keys = ("backbone",)
 
     def config_params(self) -> dict:
         return {"num_classes": self.num_classes, "bits": self.bits, "zeta": self.zeta, "beta": self.beta,
-                "pair_scope": self.pair_scope, "likelihood_weight": self.likelihood_weight}  # fmt: skip
+                "pair_scope": self.pair_scope}  # fmt: skip
