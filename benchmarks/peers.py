@@ -60,12 +60,29 @@ BAR = {
 MARGIN = 0.01  # what issue 18 asks of tfhash over the best peer
 
 
+def checked_recipe(recipe: dict) -> dict:
+    """``recipe`` over :data:`PROTOCOL_RECIPE`, every value checked.
+
+    Raises:
+        ValueError: an unknown setting or a value out of range.
+    """
+    unknown = set(recipe) - set(PROTOCOL_RECIPE)
+    if unknown:
+        raise ValueError(f"unknown recipe settings {sorted(unknown)}; known: {sorted(PROTOCOL_RECIPE)}")
+    full = {**PROTOCOL_RECIPE, **recipe}
+    if full["schedule"] not in ("constant", "cosine"):
+        raise ValueError(f"unknown schedule {full['schedule']!r}; choose constant or cosine")
+    if not (isinstance(full["epochs"], int) and full["epochs"] > 0):
+        raise ValueError(f"epochs must be a positive integer; got {full['epochs']!r}")
+    if not (0 <= full["dropout"] < 1 and full["learning_rate"] > 0 and full["weight_decay"] >= 0):
+        raise ValueError(f"need dropout in [0, 1), learning_rate > 0, weight_decay >= 0; got {full}")
+    return full
+
+
 def optimizer(recipe: dict, steps_per_epoch: int):
     rate = recipe["learning_rate"]
     if recipe["schedule"] == "cosine":
         rate = keras.optimizers.schedules.CosineDecay(rate, recipe["epochs"] * steps_per_epoch)
-    elif recipe["schedule"] != "constant":
-        raise ValueError(f"unknown schedule {recipe['schedule']!r}; choose constant or cosine")
     if recipe["weight_decay"]:
         return keras.optimizers.AdamW(rate, weight_decay=recipe["weight_decay"])
     return keras.optimizers.Adam(rate)
@@ -88,10 +105,7 @@ def run(data, method: str, bits: int, seed: int, recipe: dict, validation: bool 
     """Train ``method`` (with the model ``options`` over its defaults) with ``recipe`` and score it:
     on the protocol's queries and database, or (``validation``) on a held-out part of the training
     rows, with the curve every ``every`` epochs."""
-    recipe = {**PROTOCOL_RECIPE, **recipe}
-    unknown = set(recipe) - set(PROTOCOL_RECIPE)
-    if unknown:
-        raise ValueError(f"unknown recipe settings {sorted(unknown)}; known: {sorted(PROTOCOL_RECIPE)}")
+    recipe = checked_recipe(recipe)
     split, labels = data.split, data.labels
     kind = "single" if data.single_label else "multi"
     if validation:
@@ -191,7 +205,10 @@ def main() -> None:
     args = parser.parse_args()
     if (args.recipe or args.options) and args.label == "protocol":
         parser.error("name a recipe other than the protocol's with --label")
-    epochs = {**PROTOCOL_RECIPE, **args.recipe}["epochs"]
+    try:
+        epochs = checked_recipe(args.recipe)["epochs"]
+    except (ValueError, TypeError) as err:
+        parser.error(f"--recipe: {err}")
     if args.validation and epochs % args.eval_every:
         parser.error(f"--eval-every {args.eval_every} must divide the recipe's {epochs} epochs (the last epoch is on the curve)")
     name = "peers_validation" if args.validation else "peers"
@@ -205,7 +222,10 @@ def main() -> None:
         for method in names:
             for bits in args.bits:
                 for seed in args.seeds:
-                    row = run(data, method, bits, seed, args.recipe, args.validation, args.eval_every, args.options)
+                    try:
+                        row = run(data, method, bits, seed, args.recipe, args.validation, args.eval_every, args.options)
+                    except TypeError as err:  # a model option its builder does not take
+                        parser.error(f"--options for {method}: {err}")
                     row["recipe label"] = args.label
                     print(json.dumps({k: v for k, v in row.items() if k not in ("recipe", "options", "curve")}), flush=True)
                     key = ("dataset", "method", "bits", "seed", "recipe label")

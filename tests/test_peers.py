@@ -74,6 +74,9 @@ def test_peer_runs_score_the_protocol_and_the_validation_split(single, monkeypat
     assert held["curve"][-1]["mAP@all"] == pytest.approx(held["mAP@all"], abs=1e-6)  # the last epoch is what is reported
     with pytest.raises(ValueError, match="unknown recipe settings \\['dropuot'\\]"):
         peers.run(data, method, 16, seed=0, recipe={"dropuot": 0.5})
+    for bad in ({"schedule": "linear"}, {"epochs": 0}, {"dropout": 1.0}):
+        with pytest.raises(ValueError):
+            peers.checked_recipe(bad)
 
 
 def test_margins_take_each_cells_best_mean_over_seeds():
