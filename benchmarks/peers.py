@@ -111,10 +111,7 @@ def run(data, method: str, bits: int, seed: int, recipe: dict, validation: bool 
     if validation:
         share = np.isin(split.database, split.train).mean()  # the protocol's share of training rows in the database
         split = validation_split(split.train, labels, seed=seed, train_in_database=float(share), **VALIDATION[kind])
-    x = data.x
-    if recipe["standardise"]:
-        mean, std = x[split.train].mean(axis=0), x[split.train].std(axis=0) + 1e-6
-        x = ((x - mean) / std).astype("float32")
+    x = methods.standardised(data.x, split.train) if recipe["standardise"] else data.x
     head = {"hidden": HIDDEN, "dropout": recipe["dropout"]}
     build = methods.build_method if data.single_label else methods.build_multilabel_method
     model, fit_x, fit_y = build(method, x[split.train], labels[split.train], bits, seed, **head, **(options or {}))
