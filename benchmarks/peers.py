@@ -16,7 +16,8 @@ over the seeds run and its margin over the best peer::
 ``--recipe`` trains with other settings than the protocol's (JSON over :data:`PROTOCOL_RECIPE`:
 head dropout, input standardisation with the training rows' statistics, Adam's weight decay
 (AdamW), learning rate, schedule, epochs), and ``--options`` with the methods' own settings over
-their defaults (e.g. HyP2's beta), both labelled by ``--label``. ``--validation`` chooses them
+their defaults (e.g. HyP2's beta), both labelled by ``--label``; ``--recommended`` runs each
+dataset's kind of data with :data:`tfhash.recipes.RECOMMENDED` (label ``recommended``). ``--validation`` chooses them
 honestly: it trains on the training rows minus a held-out part
 (:func:`tfhash.data.splits.validation_split`: 100 per class, 50 of them queries, single-label; 2,000
 at random, 500 queries, multi-label) and scores held-out queries against the held-out database every
@@ -41,6 +42,7 @@ from benchmarks.common import RESULTS_DIR, markdown_table, write_results  # noqa
 from benchmarks.peer_data import DATASETS, load_peer_data  # noqa: E402
 from tfhash.callbacks.retrieval_eval import RetrievalEvalCallback  # noqa: E402
 from tfhash.data.splits import validation_split  # noqa: E402
+from tfhash.recipes import RECOMMENDED, Recipe  # noqa: E402
 
 #: The protocol's training: no head dropout, raw inputs, Adam 1e-3 without weight decay, constant
 #: rate, 50 epochs.
@@ -80,12 +82,24 @@ def checked_recipe(recipe: dict) -> dict:
 
 
 def optimizer(recipe: dict, steps_per_epoch: int):
-    rate = recipe["learning_rate"]
-    if recipe["schedule"] == "cosine":
-        rate = keras.optimizers.schedules.CosineDecay(rate, recipe["epochs"] * steps_per_epoch)
-    if recipe["weight_decay"]:
-        return keras.optimizers.AdamW(rate, weight_decay=recipe["weight_decay"])
-    return keras.optimizers.Adam(rate)
+    settings = {k: recipe[k] for k in ("learning_rate", "weight_decay", "schedule", "epochs")}
+    return Recipe(method="any", **settings).optimizer(steps_per_epoch)
+
+
+#: The kind of data of each protocol dataset (a key of :data:`tfhash.recipes.RECOMMENDED`).
+KINDS = {"mnist": "single-label pixels", "cifar10": "single-label", "mirflickr": "multi-label"}
+#: The benchmark's name for a recipe's method (with its options, "shclm" is sHCLM+triplet).
+BENCHMARK_NAMES = {"scdh": "SCDH", "shclm": "sHCLM+triplet", "hyp2": "HyP2"}
+
+
+def recommended(dataset: str) -> tuple[str, dict, dict]:
+    """``(method, recipe, options)`` of tfhash's recommended recipe for ``dataset``'s kind of data."""
+    chosen = RECOMMENDED[KINDS[dataset]]
+    recipe = checked_recipe({"dropout": chosen.dropout, "weight_decay": chosen.weight_decay, "learning_rate": chosen.learning_rate,
+                             "schedule": chosen.schedule, "epochs": chosen.epochs})  # fmt: skip
+    if chosen.hidden != HIDDEN or chosen.input_dropout or chosen.batch_size != methods.BATCH:
+        raise ValueError(f"the {KINDS[dataset]} recipe changes the protocol's head or batch; this benchmark keeps them")
+    return BENCHMARK_NAMES[chosen.method], recipe, dict(chosen.options)
 
 
 class Curve(keras.callbacks.Callback):
@@ -194,12 +208,17 @@ def main() -> None:
     parser.add_argument("--recipe", type=json.loads, default={}, help="settings over PROTOCOL_RECIPE, as JSON")
     parser.add_argument("--options", type=json.loads, default={}, help="the methods' own settings (e.g. HyP2's beta), as JSON")
     parser.add_argument("--label", default="protocol", help="names the recipe in the results (rows are keyed by it)")
+    parser.add_argument("--recommended", action="store_true",
+                        help="tfhash.recipes.RECOMMENDED for each dataset's kind of data: its method, options and recipe, "
+                             "labelled 'recommended'")  # fmt: skip
     parser.add_argument("--validation", action="store_true")
     parser.add_argument("--eval-every", type=int, default=10)
     parser.add_argument("--cache", default="runs/cache", help="where the CIFAR-10 features are kept")
     parser.add_argument("--no-feature-check", action="store_true",
                         help="skip the CIFAR-10 feature digest (float rounding on another TF build or CPU)")
     args = parser.parse_args()
+    if args.recommended and (args.recipe or args.options or args.methods or args.label != "protocol"):
+        parser.error("--recommended sets the method, recipe, options and label itself")
     if (args.recipe or args.options) and args.label == "protocol":
         parser.error("name a recipe other than the protocol's with --label")
     try:
@@ -216,14 +235,18 @@ def main() -> None:
         data = load_peer_data(dataset, cache_dir=args.cache, check_features=not args.no_feature_check)
         checks[dataset] = data.checks
         names = args.methods or (SINGLE_LABEL if data.single_label else methods.MULTI_LABEL_METHODS)
+        recipe, options, label = args.recipe, args.options, args.label
+        if args.recommended:
+            method, recipe, options = recommended(dataset)
+            names, label = [method], "recommended"
         for method in names:
             for bits in args.bits:
                 for seed in args.seeds:
                     try:
-                        row = run(data, method, bits, seed, args.recipe, args.validation, args.eval_every, args.options)
+                        row = run(data, method, bits, seed, recipe, args.validation, args.eval_every, options)
                     except TypeError as err:  # a model option its builder does not take
                         parser.error(f"--options for {method}: {err}")
-                    row["recipe label"] = args.label
+                    row["recipe label"] = label
                     print(json.dumps({k: v for k, v in row.items() if k not in ("recipe", "options", "curve")}), flush=True)
                     key = ("dataset", "method", "bits", "seed", "recipe label")
                     rows = [r for r in rows if tuple(r[k] for k in key) != tuple(row[k] for k in key)] + [row]

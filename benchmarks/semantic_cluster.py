@@ -1,6 +1,6 @@
-"""Semantic-cluster family on real data (issue 3): SCDH / SCDH-S on MNIST, JCCH on Wiki, multi-label
-SCUL and JCCH coefficients vs JCCH-B on MIRFlickr-25K tags, and the O(n) cost of SCUL against an
-O(n^2) pairwise loss.
+"""Semantic-cluster family on real data: SCDH / SCDH-S on MNIST, multi-label SCUL and JCCH
+coefficients vs JCCH-B on MIRFlickr-25K tags, and the O(n) cost of SCUL against an O(n^2)
+pairwise loss (JCCH on Wiki: :mod:`benchmarks.wiki`).
 
     python -m benchmarks.semantic_cluster [--quick] [--seed 0]
 """
@@ -20,15 +20,9 @@ import tensorflow as tf  # noqa: E402
 from benchmarks.common import markdown_table, write_results  # noqa: E402
 from benchmarks.methods import fit_and_score  # noqa: E402
 from tfhash import losses  # noqa: E402
-from tfhash.data import load_mirflickr25k, load_wiki  # noqa: E402
-from tfhash.metrics import cross_modal_mean_average_precision  # noqa: E402
-from tfhash.models import build_jcch, build_scdh, mlp  # noqa: E402
+from tfhash.data import load_mirflickr25k  # noqa: E402
+from tfhash.models import build_scdh, mlp  # noqa: E402
 from tfhash.quickstart import train_scdh_mnist  # noqa: E402
-
-
-def standardise(train: np.ndarray, *others: np.ndarray) -> list[np.ndarray]:
-    mean, std = train.mean(axis=0), train.std(axis=0) + 1e-6
-    return [((a - mean) / std).astype("float32") for a in (train, *others)]
 
 
 def mnist_rows(bits_list, epochs, seed) -> list[dict]:
@@ -39,31 +33,6 @@ def mnist_rows(bits_list, epochs, seed) -> list[dict]:
             rows.append({"dataset": "MNIST", "method": summary["method"], "bits": bits, "mAP@all": summary["mAP@all"],
                          "P@H<=2": summary["P@H<=2"], "train_s": summary["train_seconds"], "seed": seed})  # fmt: skip
             print(rows[-1], flush=True)
-    return rows
-
-
-def wiki_rows(bits_list, epochs, seed) -> list[dict]:
-    ds = load_wiki(seed=seed)
-    (train, train_y), (query, query_y), (db, db_y) = ds.part("train"), ds.part("query"), ds.part("database")
-    img_tr, img_q, img_db = standardise(train["image"], query["image"], db["image"])
-    txt_tr, txt_q, txt_db = standardise(train["text"], query["text"], db["text"])
-    rows = []
-    for bits in bits_list:
-        keras.utils.set_random_seed(seed)
-        model = build_jcch({"image": mlp(128, (512,)), "text": mlp(10, (512,))}, ds.num_classes, bits,
-                           preset="cifar10", beta=0.1)  # fmt: skip
-        model.compile(optimizer=keras.optimizers.Adam(1e-3))
-        start = time.perf_counter()
-        model.fit({"image": img_tr, "text": txt_tr}, train_y.astype("float32"), epochs=epochs, batch_size=128, verbose=0)
-        seconds = time.perf_counter() - start
-        out = cross_modal_mean_average_precision(
-            {"image": model.encode(img_q, "image"), "text": model.encode(txt_q, "text")},
-            {"image": model.encode(img_db, "image"), "text": model.encode(txt_db, "text")},
-            query_y, db_y,
-        )  # fmt: skip
-        rows.append({"dataset": "Wiki", "method": "JCCH", "bits": bits, "I->T mAP@all": out["image->text"],
-                     "T->I mAP@all": out["text->image"], "train_s": round(seconds, 1), "seed": seed})  # fmt: skip
-        print(rows[-1], flush=True)
     return rows
 
 
@@ -129,15 +98,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer epochs and bit lengths (minutes)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--only", choices=["mnist", "wiki", "mirflickr", "cost"], action="append")
+    parser.add_argument("--only", choices=["mnist", "mirflickr", "cost"], action="append")
     args = parser.parse_args()
-    parts = set(args.only or ["mnist", "wiki", "mirflickr", "cost"])
+    parts = set(args.only or ["mnist", "mirflickr", "cost"])
     quick = args.quick
     results: dict = {"seed": args.seed, "quick": quick}
     if "cost" in parts:
         results["cost"] = cost_rows([1000, 2000, 4000, 8000] if quick else [1000, 2000, 4000, 8000, 16000], args.seed)
-    if "wiki" in parts:
-        results["wiki"] = wiki_rows([16, 32, 64], 30 if quick else 100, args.seed)
     if "mirflickr" in parts:
         results["mirflickr"] = mirflickr_rows([16, 32, 64], 5 if quick else 30, args.seed, anchors=None)
     if "mnist" in parts:
@@ -147,9 +114,6 @@ def main() -> None:
     if "mnist" in results:
         md += ["## MNIST (small CNN, 5,000 train / 1,000 queries / 69,000 database)\n",
                markdown_table(results["mnist"], ["method", "bits", "mAP@all", "P@H<=2", "train_s", "seed"]), ""]  # fmt: skip
-    if "wiki" in results:
-        md += ["## Wiki (JCCH, SIFT image MLP vs LDA text MLP, shared centres)\n",
-               markdown_table(results["wiki"], ["method", "bits", "I->T mAP@all", "T->I mAP@all", "train_s", "seed"]), ""]  # fmt: skip
     if "mirflickr" in results:
         md += ["## MIRFlickr-25K, tags -> codes (the image modality is not available offline)\n",
                markdown_table(results["mirflickr"], ["method", "bits", "mAP@all", "P@H<=2", "P@1000", "train_s", "anchors", "seed"]), ""]  # fmt: skip

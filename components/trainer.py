@@ -56,10 +56,11 @@ def export_directory(serving_model_dir: str) -> str:
     return tempfile.mkdtemp(prefix="tfhash-worker-export-")
 
 
-def backbone_for(training: dict, shape, name: str = "backbone", data_root=None):
+def backbone_for(training: dict, shape, name: str = "backbone", data_root=None, modality: str | None = None):
     """The configured backbone for inputs of ``shape``: an image network or encoder
     (:func:`tfhash.models.image_backbone`, fed the decoded images at their stored size), the small
-    CNN (images) or an MLP (vectors).
+    CNN (images) or an MLP (vectors; the fine-tuning recipe's dropout and ``modality``'s input
+    dropout).
 
     Raises:
         BackboneError: an image backbone for feature vectors, or as :func:`image_backbone` does.
@@ -69,11 +70,11 @@ def backbone_for(training: dict, shape, name: str = "backbone", data_root=None):
     backbone = training["backbone"]
     if backbone == "small_cnn":
         return small_cnn(tuple(shape), name=name)
+    recipe = training_recipe(training)
     if backbone == "mlp":
-        return mlp(int(shape[0]), tuple(training["hidden"]), name=name)
+        return mlp(int(shape[0]), tuple(training["hidden"]), name=name, **recipe.mlp_options(modality))
     if len(shape) not in (2, 3):
         raise BackboneError(f"backbone {backbone!r} takes images, but this input holds vectors of shape {list(shape)}; use mlp")
-    recipe = training_recipe(training)
     return image_backbone(backbone, shape, size=training.get("image_size"), weights=training.get("backbone_weights"),
                           data_root=data_root, name=name, **recipe.backbone_options())  # fmt: skip
 
@@ -115,11 +116,11 @@ def build_model(training: dict, inputs: dict, num_classes: int, tag_statistics: 
     from tfhash.proxies import cooccurrence_similarity, hclm_proxies
 
     if training["method"] == "jcch":
-        backbones = {name: backbone_for(training, shape, f"backbone_{name}", data_root) for name, shape in inputs.items()}
+        backbones = {name: backbone_for(training, shape, f"backbone_{name}", data_root, name) for name, shape in inputs.items()}
         return build_jcch(backbones, num_classes, int(training["bits"]), preset=training.get("preset"),
                           **dict(training.get("overrides", {})))  # fmt: skip
-    (shape,) = inputs.values()
-    backbone = backbone_for(training, shape, data_root=data_root)
+    ((name, shape),) = inputs.items()
+    backbone = backbone_for(training, shape, data_root=data_root, modality=name)
     method, bits, overrides = training["method"], int(training["bits"]), dict(training.get("overrides", {}))
     if method in ("scdh", "scdh-s"):
         return build_scdh(backbone, num_classes, bits, preset=training.get("preset"), ablation=method == "scdh-s", **overrides)

@@ -32,6 +32,9 @@ class TrainingConfig:
     gpu_batch_size: int | None = None  # batch size when a GPU is present (default: batch_size)
     seed: int = 0
     label_coefficients: bool = False  # train with the JCCH q / u computed in Transform
+    # a kind of data of tfhash.recipes.RECOMMENDED: its method, settings, MLP and optimizer, under
+    # whatever this section sets itself (see with_recipe)
+    recipe: str | None = None
 
     def __post_init__(self) -> None:
         from tfhash.models.backbones import check_backbone_name
@@ -45,14 +48,43 @@ class TrainingConfig:
             raise ValueError(f"image_size must be an integer side from 16 to 1024 pixels, got {self.image_size!r}")
         if self.mixed_precision not in ("auto", "on", "off"):
             raise ValueError(f"mixed_precision must be 'auto', 'on' or 'off', got {self.mixed_precision!r}")
-        self.recipe()  # raises ValueError on unknown or invalid fine-tuning settings
+        self.optimisation()  # raises ValueError on unknown or invalid fine-tuning settings
 
-    def recipe(self):
+    def optimisation(self):
         """The :class:`tfhash.fine_tuning.FineTuning` of this run: the backbone's defaults updated
         by ``fine_tuning``."""
         from tfhash.fine_tuning import FineTuning
 
         return FineTuning.for_backbone(self.backbone, **self.fine_tuning)
+
+
+def with_recipe(training: dict) -> dict:
+    """``training`` over the recommended recipe it names (``"recipe": kind``): the recipe's method,
+    its settings as ``overrides``, the MLP widths, epochs, batch and its optimizer as
+    ``fine_tuning``; a key the section sets wins, and ``overrides`` / ``fine_tuning`` merge key by
+    key. Without ``recipe``, ``training`` unchanged.
+
+    Raises:
+        ValueError: an unknown kind, or a backbone other than ``mlp`` (the recipes are for feature
+            vectors).
+    """
+    if training.get("recipe") is None:
+        return training
+    from tfhash.recipes import recommended
+
+    recipe = recommended(training["recipe"])
+    if training.get("backbone", "mlp") != "mlp":
+        raise ValueError(f"training.recipe {training['recipe']!r} trains an MLP on feature vectors; "
+                         f"drop it to use backbone {training['backbone']!r}")  # fmt: skip
+    optimizer = recipe.fine_tuning()
+    expanded = {"method": recipe.method, "backbone": "mlp", "hidden": list(recipe.hidden), "epochs": recipe.epochs,
+                "batch_size": recipe.batch_size, **training,
+                "overrides": {**recipe.options, **training.get("overrides", {})},
+                "fine_tuning": {"optimizer": optimizer.optimizer, "learning_rate": optimizer.learning_rate,
+                                "weight_decay": optimizer.weight_decay, "schedule": optimizer.schedule,
+                                "dropout": optimizer.dropout, "input_dropout": optimizer.input_dropout,
+                                **training.get("fine_tuning", {})}}  # fmt: skip
+    return expanded
 
 
 def resolve_training_paths(training: dict, base: Path) -> dict:
@@ -102,7 +134,7 @@ class PipelineConfig:
             unknown = set(self.training) - known
             if unknown:
                 raise ValueError(f"unknown training settings {sorted(unknown)}")
-            self.training = TrainingConfig(**self.training)
+            self.training = TrainingConfig(**with_recipe(self.training))
         if self.bad_records not in ("fail", "drop"):
             raise ValueError(f"bad_records must be 'fail' or 'drop', got {self.bad_records!r}")
         cross_modal = self.training.method in CROSS_MODAL_METHODS

@@ -238,7 +238,7 @@ def test_pipeline_config_backbone_settings(tmp_path):
         "backbone": "encoder.keras", "fine_tuning": {"optimizer": "adam", "learning_rate": 1e-4}}}))  # fmt: skip
     config = PipelineConfig.load(tmp_path / "run.json")
     assert config.training.backbone == encoder  # relative to the config file
-    assert config.training.recipe().optimizer == "adam" and config.training.recipe().augment  # over the pretrained defaults
+    assert config.training.optimisation().optimizer == "adam" and config.training.optimisation().augment  # over the pretrained defaults
     shipped = PipelineConfig.load(os.path.join(os.path.dirname(__file__), "..", "pipelines", "configs", "cifar10.json"))
     assert shipped.training.backbone == "squeezenet" and shipped.training.bits == 48
     for training, message in [({"backbone": "vgg16"}, "unknown backbone 'vgg16'"),

@@ -85,3 +85,17 @@ def test_margins_take_each_cells_best_mean_over_seeds():
     (cell,) = peers.margins(rows)
     assert cell["best tfhash"] == "B" and cell["mean"] == pytest.approx(0.59) and cell["seeds"] == 2
     assert cell["margin"] == pytest.approx(0.59 - 0.5732) and cell["+0.01 met"] == "yes"
+
+
+def test_reported_recommended_rows_used_the_current_recipes():
+    """The peer table's "recommended" rows were produced by tfhash.recipes as it stands: a changed
+    preset without a rerun fails here."""
+    import json
+
+    rows = json.loads((peers.RESULTS_DIR / "peers.json").read_text())["rows"]
+    for dataset in peers.KINDS:
+        method, recipe, options = peers.recommended(dataset)
+        mine = [r for r in rows if r["recipe label"] == "recommended" and r["dataset"] == dataset]
+        assert len(mine) == 9  # 16 / 32 / 64 bits x seeds 0-2
+        for row in mine:
+            assert (row["method"], row["recipe"], row["options"]) == (method, recipe, options)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 
+import keras
 import pytest
 from tfhash.components import trainer
 from tfhash.pipelines.config import PipelineConfig
@@ -104,6 +105,31 @@ def test_config_errors_are_clear(tmp_path):
     path.write_text(json.dumps({"name": "x", "bad_records": "ignore"}))
     with pytest.raises(ValueError, match="bad_records"):
         PipelineConfig.load(path)
+
+
+def test_a_recipe_fills_the_training_section_under_its_own_keys():
+    from tfhash.components.trainer import backbone_for
+
+    from tfhash.recipes import RECOMMENDED
+
+    config = PipelineConfig(name="x", dataset="wiki", modalities=["image", "text"],
+                            training={"recipe": "cross-modal", "bits": 16, "overrides": {"beta": 0.3},
+                                      "fine_tuning": {"learning_rate": 2e-3}})  # fmt: skip
+    recipe, training = RECOMMENDED["cross-modal"], config.training
+    assert (training.method, training.hidden, training.epochs) == (recipe.method, list(recipe.hidden), recipe.epochs)
+    assert training.overrides == {**recipe.options, "beta": 0.3} and training.bits == 16
+    optimisation = training.optimisation()
+    assert optimisation.learning_rate == 2e-3 and optimisation.dropout == recipe.dropout
+    assert PipelineConfig(**config.to_dict()).training == training  # expanding again changes nothing
+    towers = {m: backbone_for(config.to_dict()["training"], [8], f"tower_{m}", modality=m) for m in ("image", "text")}
+    dropouts = {m: [layer.rate for layer in t.layers if isinstance(layer, keras.layers.Dropout)] for m, t in towers.items()}
+    assert dropouts == {"image": [0.2, 0.5, 0.5], "text": [0.5, 0.5]}  # input dropout on the image tower only
+    hyp2 = PipelineConfig(name="x", training={"recipe": "multi-label"}).training.optimisation()
+    assert hyp2.optimizer == "adamw" and hyp2.weight_decay == RECOMMENDED["multi-label"].weight_decay
+    with pytest.raises(ValueError, match="unknown kind of data"):
+        PipelineConfig(name="x", training={"recipe": "audio"})
+    with pytest.raises(ValueError, match="trains an MLP on feature vectors"):
+        PipelineConfig(name="x", training={"recipe": "single-label", "backbone": "small_cnn"})
 
 
 @pytest.mark.parametrize("name", ["mnist", "cifar10", "mirflickr25k", "wiki"])

@@ -107,6 +107,37 @@ def test_jcch_two_towers_share_centres():
         model.encode(x, "audio")
 
 
+def test_jcch_fixed_centres_stay_put_and_round_trip(tmp_path):
+    keras.utils.set_random_seed(7)
+    x, labels, y = _toy(n=96)
+    model = build_jcch({"image": mlp(20, (16,)), "text": mlp(20, (), input_dropout=0.2)}, 4, 16, fixed_centres=0.5)
+    start = model.clusters.centres.numpy().copy()
+    np.testing.assert_array_equal(np.abs(start), 0.5)  # every coordinate +-scale: proxies, not N(0, 0.5^2)
+    model.compile(optimizer=keras.optimizers.Adam(1e-2))
+    model.fit({"image": x, "text": x}, labels, epochs=2, batch_size=32, verbose=0)
+    np.testing.assert_array_equal(model.clusters.centres.numpy(), start)
+    model.save(tmp_path / "fixed.keras")
+    restored = keras.saving.load_model(tmp_path / "fixed.keras")
+    np.testing.assert_array_equal(restored.clusters.centres.numpy(), start)
+    assert not restored.clusters.trainable_weights
+    np.testing.assert_array_equal(restored.encode(x, "image"), model.encode(x, "image"))
+    learned = build_jcch({"image": mlp(20, (8,)), "text": mlp(20, (8,))}, 4, 16)
+    assert learned.clusters.trainable_weights and learned.centres is None
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="fixed_centres"):
+            build_jcch({"image": mlp(20, (8,)), "text": mlp(20, (8,))}, 4, 16, fixed_centres=bad)
+
+
+def test_mlp_input_dropout_and_linear_tower():
+    x = np.ones((4, 6), "float32")
+    tower = mlp(6, (), input_dropout=0.5)
+    np.testing.assert_array_equal(tower(x, training=False), x)  # identity at inference
+    assert not np.array_equal(np.asarray(tower(x, training=True)), x)
+    assert mlp(6, ()).output_shape == (None, 6)
+    with pytest.raises(ValueError, match="dropout"):
+        mlp(6, (8,), input_dropout=1.0)
+
+
 def test_layers_and_losses_round_trip_config():
     for obj in (
         HashHead(32, activation="tanh"),

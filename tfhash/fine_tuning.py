@@ -10,7 +10,8 @@ The two rates live in one optimizer (:class:`BackboneRateSGD`, :class:`BackboneR
 optimizer's learning rate (a schedule) drives the new layers, and the variables registered with
 :meth:`~_BackboneRates.set_backbone_variables` move at ``backbone_scale`` times it, or not at all
 during the first ``frozen_steps`` (a frozen warm-up). Weight decay is the coupled L2 of the papers'
-frameworks (``gradient + weight_decay * variable``, as PyTorch's and Caffe's SGD apply it).
+frameworks (``gradient + weight_decay * variable``, as PyTorch's and Caffe's SGD apply it) for SGD
+and Adam, and AdamW's decoupled decay for ``"adamw"`` (:class:`BackboneRateAdamW`).
 Like Keras's ``exclude_from_weight_decay``, the registered variables are not part of the
 optimizer's config: recompile with :func:`compile_fine_tuning` after loading a model to resume.
 """
@@ -24,7 +25,7 @@ import keras
 from keras import ops
 
 SCHEDULES = ("constant", "step", "cosine")
-OPTIMIZERS = ("sgd", "adam")
+OPTIMIZERS = ("sgd", "adam", "adamw")
 
 
 def learning_rate_schedule(base: float, schedule: str, epochs: int, steps_per_epoch: int, decay_epochs=(),
@@ -84,16 +85,21 @@ class BackboneRateAdam(_BackboneRates, keras.optimizers.Adam):
     """Adam with a separate rate for the backbone (see module docstring)."""
 
 
+@keras.saving.register_keras_serializable(package="tfhash")
+class BackboneRateAdamW(_BackboneRates, keras.optimizers.AdamW):
+    """AdamW (decoupled weight decay) with a separate rate for the backbone (see module docstring)."""
+
+
 @dataclass
 class FineTuning:
     """A training recipe.
 
     Attributes:
-        optimizer: ``"sgd"`` (momentum) or ``"adam"``.
+        optimizer: ``"sgd"`` (momentum), ``"adam"`` or ``"adamw"``.
         learning_rate: the new layers' rate (hash head, centres, proxies, classifier).
         backbone_learning_rate: the pretrained layers' rate; None = ``learning_rate``.
         momentum: SGD momentum.
-        weight_decay: coupled L2 on every variable.
+        weight_decay: coupled L2 on every variable (sgd, adam); AdamW's decoupled decay (adamw).
         schedule, decay_epochs, decay_rate: see :func:`learning_rate_schedule`.
         frozen_epochs: epochs at the start during which the backbone does not move.
         freeze_batch_norm: keep the backbone's batch-norm statistics (see
@@ -102,7 +108,9 @@ class FineTuning:
             policy of :data:`tfhash.models.backbones.AUGMENTATIONS`.
         dropout: dropout rate on the backbone's feature vector in training (the papers' AlexNet
             feeds the hash layer through fc7's dropout of 0.5; SqueezeNet drops 0.5 before its
-            classifier).
+            classifier); for an MLP backbone, the dropout after each hidden layer.
+        input_dropout: MLP backbones: dropout on the input features, one rate or
+            ``{modality: rate}`` (0 for a modality not named).
     """
 
     optimizer: str = "adam"
@@ -117,6 +125,7 @@ class FineTuning:
     freeze_batch_norm: bool = True
     augment: bool | str = False
     dropout: float = 0.0
+    input_dropout: float | dict = 0.0
 
     def __post_init__(self) -> None:
         if self.optimizer not in OPTIMIZERS:
@@ -128,8 +137,9 @@ class FineTuning:
             raise ValueError(f"learning rates must be finite, learning_rate > 0 and backbone_learning_rate >= 0; got {rates}")
         if self.weight_decay < 0 or self.frozen_epochs < 0 or not 0 <= self.momentum < 1:
             raise ValueError("weight_decay and frozen_epochs must be >= 0 and momentum in [0, 1)")
-        if not 0 <= self.dropout < 1:
-            raise ValueError(f"dropout must be in [0, 1); got {self.dropout}")
+        inputs = self.input_dropout.values() if isinstance(self.input_dropout, dict) else [self.input_dropout]
+        if not all(isinstance(r, (int, float)) and 0 <= r < 1 for r in [self.dropout, *inputs]):
+            raise ValueError(f"dropout and input_dropout must be in [0, 1); got {self.dropout}, {self.input_dropout}")
         from tfhash.models.backbones import augmentation_policy
 
         augmentation_policy(self.augment)
@@ -163,6 +173,11 @@ class FineTuning:
         keyword arguments (augmentation, batch-norm freeze, feature dropout)."""
         return {"augment": self.augment, "freeze_batch_norm": self.freeze_batch_norm, "dropout": self.dropout}
 
+    def mlp_options(self, modality: str | None = None) -> dict:
+        """The settings of this recipe that :func:`tfhash.models.mlp` takes for ``modality``'s tower."""
+        rate = self.input_dropout.get(modality, 0.0) if isinstance(self.input_dropout, dict) else self.input_dropout
+        return {"dropout": self.dropout, "input_dropout": float(rate)}
+
     def scaled_to_batch(self, factor: float) -> FineTuning:
         """This recipe for a batch ``factor`` times larger: learning rates scaled linearly (the
         linear scaling rule of Goyal et al., 2017), the rest unchanged."""
@@ -178,18 +193,21 @@ class FineTuning:
         common = {"backbone_scale": scale, "frozen_steps": self.frozen_epochs * int(steps_per_epoch), "l2": self.weight_decay}
         if self.optimizer == "sgd":
             return BackboneRateSGD(learning_rate=rate, momentum=self.momentum, **common)
+        if self.optimizer == "adamw":
+            return BackboneRateAdamW(learning_rate=rate, weight_decay=self.weight_decay, **{**common, "l2": 0.0})
         return BackboneRateAdam(learning_rate=rate, **common)
 
 
 #: Default recipes. Pretrained networks: the SCDH recipe (SGD momentum 0.9, backbone 0.001, new
 #: layers 0.01) with HyP2's weight decay, step decay by 80% and augmentation; the decay epochs are
 #: set from the run's epochs by :func:`compile_fine_tuning` when not given. From scratch (small_cnn,
-#: mlp): Adam 1e-3, constant, no augmentation (tfhash's recipe before fine-tuning existed).
+#: mlp): Adam 1e-3, constant, no augmentation (tfhash's recipe before fine-tuning existed); the MLP
+#: keeps :func:`tfhash.models.mlp`'s dropout of 0.2.
 FINE_TUNING_DEFAULTS: dict[str, dict] = {
     "pretrained": {"optimizer": "sgd", "learning_rate": 0.01, "backbone_learning_rate": 0.001, "momentum": 0.9,
                    "weight_decay": 5e-4, "schedule": "step", "decay_rate": 0.2, "augment": True},
     "small_cnn": {},
-    "mlp": {},
+    "mlp": {"dropout": 0.2},
 }  # fmt: skip
 
 

@@ -66,10 +66,23 @@ def build_mt_scdh(backbone_fn: Callable[[], keras.Model], num_classes: int, bits
 
 
 def build_jcch(backbones: dict, num_classes: int, bits: int, preset: str | None = "cifar10",
-               beta: float = 0.1, **overrides) -> JCCHModel:  # fmt: skip
-    """JCCH with two towers sharing the semantic cluster centres."""
+               beta: float = 0.1, fixed_centres: float | None = None, seed: int = 0, **overrides) -> JCCHModel:  # fmt: skip
+    """JCCH with two towers sharing the semantic cluster centres.
+
+    ``fixed_centres`` (ours): instead of learning the centres, hold them at this scale times the
+    hash-consistent proxies of :func:`tfhash.proxies.hclm_proxies` (``seed``), so every centre
+    coordinate has the same magnitude and a code near its centre has the centre's signs. On Wiki
+    it lifts image->text mAP (see the README); None learns them (the paper).
+    """
     params = {k: v for k, v in resolve_preset(preset, overrides).items() if k not in _WARMUP_KEYS}
-    return JCCHModel(backbones, num_classes, bits, beta=beta, **params)
+    centres = None
+    if fixed_centres is not None:
+        from tfhash.proxies import hclm_proxies
+
+        if not (np.isfinite(fixed_centres) and fixed_centres > 0):
+            raise ValueError(f"fixed_centres must be a positive scale; got {fixed_centres}")
+        centres = float(fixed_centres) * hclm_proxies(num_classes, bits, seed=seed).astype("float32")
+    return JCCHModel(backbones, num_classes, bits, beta=beta, centres=centres, **params)
 
 
 def build_hclm(backbone: keras.Model, num_classes: int, bits: int, similarity: np.ndarray | None = None,

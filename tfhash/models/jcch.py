@@ -23,10 +23,13 @@ class JCCHModel(NestedConfigMixin, keras.Model):
         backbones: ``{modality: keras model}`` for exactly two modalities.
         num_classes, bits: C and K.
         lam, mu, alpha: SCDH weights, per tower; beta: weight of 1 - cos(F1, F2) (0 if unpaired).
+        centres: ``None`` (the paper: centres learned from N(0, 0.5^2)), or a fixed ``(C, K)``
+            array the centres are held at (ours; :func:`tfhash.models.build_jcch` makes them from
+            hash-consistent proxies).
     """
 
     def __init__(self, backbones: dict, num_classes: int, bits: int, lam: float = 0.005, mu: float = 0.2,
-                 alpha: float = 0.05, beta: float = 0.1, p: float = 3.0, **kwargs):  # fmt: skip
+                 alpha: float = 0.05, beta: float = 0.1, p: float = 3.0, centres=None, **kwargs):  # fmt: skip
         super().__init__(**kwargs)
         if len(backbones) != 2:
             raise ValueError("JCCHModel needs exactly two modalities")
@@ -40,7 +43,12 @@ class JCCHModel(NestedConfigMixin, keras.Model):
                                   name=f"classifier_{m}")  # fmt: skip
             for m in self.modalities
         }
-        self.clusters = SemanticClusters(self.num_classes, self.bits, name="clusters")
+        self.centres = None if centres is None else np.asarray(centres, dtype="float32")
+        if self.centres is not None and (self.centres.shape != (self.num_classes, self.bits) or not np.isfinite(self.centres).all()):
+            raise ValueError(f"centres must be a finite ({self.num_classes}, {self.bits}) array; got shape {self.centres.shape}")
+        fixed = None if self.centres is None else keras.initializers.Constant(self.centres.tolist())
+        self.clusters = SemanticClusters(self.num_classes, self.bits, centre_initializer=fixed, trainable=fixed is None,
+                                         name="clusters")  # fmt: skip
         self._trackers = loss_trackers(self, ("scul", "classifier", "quantization", "alignment"))
 
     def tower(self, modality: str, x, training=False) -> dict:
@@ -75,4 +83,5 @@ class JCCHModel(NestedConfigMixin, keras.Model):
 
     def config_params(self) -> dict:
         return {"num_classes": self.num_classes, "bits": self.bits, "lam": self.lam, "mu": self.mu,
-                "alpha": self.alpha, "beta": self.beta, "p": self.p}  # fmt: skip
+                "alpha": self.alpha, "beta": self.beta, "p": self.p,
+                "centres": None if self.centres is None else self.centres.tolist()}  # fmt: skip

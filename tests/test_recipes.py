@@ -1,0 +1,72 @@
+"""Recommended recipes (tfhash.recipes) and the Wiki benchmark that reads them.
+
+(The benchmark's numbers come from `python -m benchmarks.wiki`, not from tests.)"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import keras
+import numpy as np
+import pytest
+
+from benchmarks import wiki
+from tfhash.recipes import DATA_KINDS, RECOMMENDED, Recipe, recommended
+
+
+def test_every_kind_has_a_checked_recipe_with_its_evidence():
+    assert set(RECOMMENDED) == set(DATA_KINDS)
+    for kind in DATA_KINDS:
+        recipe = recommended(kind)
+        assert recipe.chosen.startswith("python -m benchmarks.")  # the command that chose it
+    with pytest.raises(ValueError, match="unknown kind"):
+        recommended("audio")
+
+
+@pytest.mark.parametrize("bad", [{"schedule": "step"}, {"epochs": 0}, {"epochs": 2.5}, {"dropout": 1.0},
+                                 {"input_dropout": -0.1}, {"input_dropout": {"image": 1.5}}, {"learning_rate": 0.0},
+                                 {"weight_decay": -1.0}])  # fmt: skip
+def test_recipe_values_are_checked(bad):
+    with pytest.raises(ValueError):
+        Recipe(method="scdh", **bad)
+
+
+def test_optimizer_follows_weight_decay_and_schedule():
+    plain = Recipe(method="scdh").optimizer(10)
+    assert isinstance(plain, keras.optimizers.Adam) and not isinstance(plain, keras.optimizers.AdamW)
+    assert float(plain.learning_rate) == pytest.approx(1e-3) and plain.l2 == 0.0
+    decayed = Recipe(method="hyp2", weight_decay=0.05, schedule="cosine", epochs=4).optimizer(10)
+    assert isinstance(decayed, keras.optimizers.AdamW) and decayed.weight_decay == 0.05
+    schedule = decayed._learning_rate
+    assert float(schedule(0)) == pytest.approx(1e-3) and float(schedule(40)) == pytest.approx(0.0, abs=1e-9)
+
+
+def test_wiki_recipe_parsing():
+    assert wiki.parse_recipe("recommended") == ("recommended", RECOMMENDED["cross-modal"])
+    label, recipe = wiki.parse_recipe('{"hidden": [64], "epochs": 3}')
+    assert recipe.hidden == (64,) and recipe.epochs == 3 and recipe.options == RECOMMENDED["cross-modal"].options
+    assert label == '{"epochs": 3, "hidden": [64]}'
+    for bad in ('{"hiden": [64]}', "[1, 2]", "fast", '{"method": "scdh"}'):
+        with pytest.raises(ValueError):
+            wiki.parse_recipe(bad)
+    with pytest.raises(ValueError, match="cross-modal"):
+        wiki.run(dataclasses.replace(RECOMMENDED["cross-modal"], method="scdh"), 16, 0)
+
+
+def test_wiki_validation_holds_out_training_pairs_and_scores_both_directions():
+    (train, train_y), (query, query_y), (database, _) = wiki.wiki_data(seed=0, validation=True)
+    assert len(query_y) == wiki.VALIDATION_QUERIES and len(train_y) == 2173 - wiki.VALIDATION_QUERIES
+    np.testing.assert_array_equal(database["image"], train["image"])  # the protocol: the database is the training set
+    np.testing.assert_allclose(train["image"].mean(axis=0), 0.0, atol=1e-4)  # standardised on the training rows
+    recipe = dataclasses.replace(RECOMMENDED["cross-modal"], hidden=(32,), epochs=2)
+    row = wiki.run(recipe, 16, seed=0, validation=True, every=1)
+    assert [p["epoch"] for p in row["curve"]] == [1, 2] and row["curve"][-1]["I->T"] == row["I->T"]
+    assert 0.0 < row["I->T"] <= 1.0 and 0.0 < row["T->I"] <= 1.0 and row["mode"] == "validation"
+
+
+def test_ranking_codes_order_classes_by_score():
+    scores = np.random.default_rng(0).random((50, 10))
+    queries, classes = wiki.ranking_codes(scores)
+    assert queries.shape[1] % 8 == 0 and set(np.unique(queries)) == {-1, 1}
+    distances = (queries[:, None, :] != classes[None]).sum(axis=-1)
+    np.testing.assert_array_equal(np.argsort(distances, axis=1), np.argsort(-scores, axis=1))
