@@ -7,6 +7,7 @@ import json
 import os
 
 import keras
+import numpy as np
 import pytest
 from tfhash.components import trainer
 from tfhash.pipelines.config import PipelineConfig
@@ -110,6 +111,7 @@ def test_config_errors_are_clear(tmp_path):
 def test_a_recipe_fills_the_training_section_under_its_own_keys():
     from tfhash.components.trainer import backbone_for
 
+    from tfhash.fine_tuning import compile_fine_tuning
     from tfhash.recipes import RECOMMENDED
 
     config = PipelineConfig(name="x", dataset="wiki", modalities=["image", "text"],
@@ -124,8 +126,15 @@ def test_a_recipe_fills_the_training_section_under_its_own_keys():
     towers = {m: backbone_for(config.to_dict()["training"], [8], f"tower_{m}", modality=m) for m in ("image", "text")}
     dropouts = {m: [layer.rate for layer in t.layers if isinstance(layer, keras.layers.Dropout)] for m, t in towers.items()}
     assert dropouts == {"image": [0.2, 0.5, 0.5], "text": [0.5, 0.5]}  # input dropout on the image tower only
-    hyp2 = PipelineConfig(name="x", training={"recipe": "multi-label"}).training.optimisation()
-    assert hyp2.optimizer == "adamw" and hyp2.weight_decay == RECOMMENDED["multi-label"].weight_decay
+    hyp2 = PipelineConfig(name="x", modality="text", training={"recipe": "multi-label", "bits": 16}).to_dict()["training"]
+    model = trainer.build_model(hyp2, {"text": [12]}, 5)
+    assert (model.beta, model.pair_scope) == (4.0, "labelled")
+    optimizer = compile_fine_tuning(model, trainer.training_recipe(hyp2), epochs=2, steps_per_epoch=1)
+    assert isinstance(optimizer, keras.optimizers.AdamW) and optimizer.weight_decay == RECOMMENDED["multi-label"].weight_decay
+    rng = np.random.default_rng(0)
+    history = model.fit(rng.normal(size=(32, 12)).astype("float32"), (rng.random((32, 5)) < 0.4).astype("float32"),
+                        epochs=2, batch_size=16, verbose=0)  # fmt: skip
+    assert np.isfinite(history.history["loss"]).all()
     with pytest.raises(ValueError, match="unknown kind of data"):
         PipelineConfig(name="x", training={"recipe": "audio"})
     with pytest.raises(ValueError, match="trains an MLP on feature vectors"):
