@@ -11,6 +11,14 @@ from pathlib import Path
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a positive integer."""
+    value = int(text)
+    if value <= 0:
+        raise ValueError(text)
+    return value
+
+
 def environment() -> dict:
     import numpy as np
 

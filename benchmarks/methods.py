@@ -84,10 +84,12 @@ def build_method(name: str, x_train: np.ndarray, y_train: np.ndarray, bits: int,
     Args:
         x_train, y_train: labelled training rows and their one-hot labels.
         unlabelled: extra unlabelled rows (MT-SCDH only; ``"MT-SCDH w=<w>"`` sets its consistency
-            weight, 50 otherwise).
+            weight, 50 otherwise; input noise 0.3 and a ramp-up over two passes over the rows
+            unless ``options`` set ``noise_stddev`` / ``rampup_steps``).
         hidden, dropout: the shared head, :func:`tfhash.models.mlp`.
-        options: the model's own settings over its defaults (SCDH's lam / mu / alpha, HCLM's
-            triplet_weight / margin, HyP2's zeta / beta); other methods take none.
+        options: the model's own settings over its defaults (SCDH's lam / mu / alpha, MT-SCDH's
+            too and :func:`tfhash.models.build_mt_scdh`'s, HCLM's triplet_weight / margin, HyP2's
+            zeta / beta); other methods take none.
 
     Returns:
         ``(model, x, y)`` ready for ``model.fit(x, y)``.
@@ -109,9 +111,8 @@ def build_method(name: str, x_train: np.ndarray, y_train: np.ndarray, bits: int,
         except ValueError:
             raise ValueError(f"{name!r}: the consistency weight after 'w=' must be a number") from None
         x, y = mean_teacher_rows(x_train, labels, unlabelled, seed)
-        model = build_mt_scdh(head, num_classes, bits, x[:2], preset="cifar10", consistency=consistency,
-                              noise_stddev=0.3, rampup_steps=max(1, len(x) // BATCH * 2))  # fmt: skip
-        return model, x, y
+        settings = {"consistency": consistency, "noise_stddev": 0.3, "rampup_steps": max(1, len(x) // BATCH * 2), **options}
+        return build_mt_scdh(head, num_classes, bits, x[:2], preset="cifar10", **settings), x, y
     if name in ("HCLM", "sHCLM", "sHCLM+triplet"):
         similarity = None if name == "HCLM" else proxies.class_mean_similarity(x_train, y_train.argmax(axis=1))
         codes = proxies.hclm_proxies(num_classes, bits, similarity=similarity, seed=seed)

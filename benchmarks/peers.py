@@ -17,7 +17,10 @@ over the seeds run and its margin over the best peer::
 head dropout, input standardisation with the training rows' statistics, Adam's weight decay
 (AdamW), learning rate, schedule, epochs), and ``--options`` with the methods' own settings over
 their defaults (e.g. HyP2's beta), both labelled by ``--label``; ``--recommended`` runs each
-dataset's kind of data with :data:`tfhash.recipes.RECOMMENDED` (label ``recommended``). ``--validation`` chooses them
+dataset's kind of data with :data:`tfhash.recipes.RECOMMENDED` (label ``recommended``);
+``--semi-supervised`` runs MT-SCDH (``--methods MT-SCDH``: it also trains on the database rows
+outside the training rows, unlabelled) with :data:`tfhash.recipes.MEAN_TEACHER` (label
+``semi-supervised``), reported against SCDH with the same recipe, not against the bar. ``--validation`` chooses them
 honestly: it trains on the training rows minus a held-out part
 (:func:`tfhash.data.splits.validation_split`: 100 per class, 50 of them queries, single-label; 2,000
 at random, 500 queries, multi-label) and scores held-out queries against the held-out database every
@@ -38,11 +41,11 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks import methods  # noqa: E402
-from benchmarks.common import RESULTS_DIR, markdown_table, write_results  # noqa: E402
+from benchmarks.common import RESULTS_DIR, markdown_table, positive_int, write_results  # noqa: E402
 from benchmarks.peer_data import DATASETS, load_peer_data  # noqa: E402
 from tfhash.callbacks.retrieval_eval import RetrievalEvalCallback  # noqa: E402
 from tfhash.data.splits import validation_split  # noqa: E402
-from tfhash.recipes import RECOMMENDED, Recipe  # noqa: E402
+from tfhash.recipes import MEAN_TEACHER, RECOMMENDED, Recipe  # noqa: E402
 
 #: The protocol's training: no head dropout, raw inputs, Adam 1e-3 without weight decay, constant
 #: rate, 50 epochs.
@@ -52,6 +55,9 @@ HIDDEN = (1024,)
 VALIDATION = {"single": {"held_out": 100, "queries": 50}, "multi": {"held_out": 2000, "queries": 500}}
 MAP_DEPTH = 1000  # MIRFlickr's mAP@1000 on the 18,015-item database
 SINGLE_LABEL = ("SCDH", "HCLM", "sHCLM", "sHCLM+triplet", "HyP2")
+#: Semi-supervised, on request only (``--methods MT-SCDH``): it also sees the database unlabelled,
+#: so it is compared with SCDH, not with the bar's peers, which see only the training rows.
+MT_SCDH = "MT-SCDH"
 #: The bar: best peer per cell, seed 0 (dataset, metric) -> bits -> (value, peer).
 BAR = {
     ("mnist", "mAP@all"): {16: (0.9237, "OrthoHash"), 32: (0.9244, "softmax-K"), 64: (0.9375, "OrthoHash")},
@@ -102,6 +108,16 @@ def recommended(dataset: str) -> tuple[str, dict, dict]:
     return BENCHMARK_NAMES[chosen.method], recipe, dict(chosen.options)
 
 
+def mean_teacher_inputs(data, x: np.ndarray, split, options: dict) -> dict:
+    """MT-SCDH's unlabelled rows: the protocol's database rows outside its training rows (54,000 on
+    CIFAR-10, 64,000 on MNIST; never a query, and in validation never a held-out row). Its
+    ``noise`` option, the input noise as a share of the training rows' standard deviation, becomes
+    the model's ``noise_stddev`` (in place in ``options``)."""
+    if "noise" in options:
+        options["noise_stddev"] = float(options.pop("noise")) * float(x[split.train].std())
+    return {"unlabelled": x[np.setdiff1d(data.split.database, data.split.train)]}
+
+
 class Curve(keras.callbacks.Callback):
     """Records the validation scores the retrieval callbacks placed before it log."""
 
@@ -127,8 +143,15 @@ def run(data, method: str, bits: int, seed: int, recipe: dict, validation: bool 
         split = validation_split(split.train, labels, seed=seed, train_in_database=float(share), **VALIDATION[kind])
     x = methods.standardised(data.x, split.train) if recipe["standardise"] else data.x
     head = {"hidden": HIDDEN, "dropout": recipe["dropout"]}
+    options = dict(options or {})
+    epochs, extra = recipe["epochs"], {}
+    if method == MT_SCDH:
+        extra = mean_teacher_inputs(data, x, split, options)
     build = methods.build_method if data.single_label else methods.build_multilabel_method
-    model, fit_x, fit_y = build(method, x[split.train], labels[split.train], bits, seed, **head, **(options or {}))
+    model, fit_x, fit_y = build(method, x[split.train], labels[split.train], bits, seed, **head, **extra, **options)
+    if method == MT_SCDH:  # as many passes over the labelled rows as the recipe's epochs
+        epochs = max(1, round(epochs * len(split.train) / int((fit_y.sum(axis=1) > 0).sum())))
+        every = 1
     depth = round(MAP_DEPTH * len(split.database) / len(data.split.database)) if validation else MAP_DEPTH
     map_at = () if data.single_label else (depth,)
     callbacks = []
@@ -137,14 +160,16 @@ def run(data, method: str, bits: int, seed: int, recipe: dict, validation: bool 
         callbacks = [RetrievalEvalCallback(*q, *db, frequency=every, prefix="curve_all_")]
         callbacks += [RetrievalEvalCallback(*q, *db, top_r=r, frequency=every, prefix=f"curve_{r}_") for r in map_at]
         callbacks.append(Curve(["curve_all_map"] + [f"curve_{r}_map" for r in map_at]))
-    steps = int(np.ceil(len(fit_x) / methods.BATCH))
+    steps = int(np.ceil(len(fit_x) / methods.BATCH)) * epochs / recipe["epochs"]  # the schedule spans the whole run
     scores = methods.fit_and_score(model, fit_x, fit_y, x[split.query], labels[split.query], x[split.database],
-                                   labels[split.database], recipe["epochs"], seed, map_at=map_at,
+                                   labels[split.database], epochs, seed, map_at=map_at,
                                    optimizer=optimizer(recipe, steps), callbacks=callbacks, precision_at=None)  # fmt: skip
+    if extra:
+        scores["unlabelled rows"] = len(extra["unlabelled"])
     if depth != MAP_DEPTH and f"mAP@{depth}" in scores:
         scores["mAP@1000"] = scores.pop(f"mAP@{depth}")  # the validation stand-in for mAP@1000
     row = {"dataset": data.name, "method": method, "bits": bits, "mode": "validation" if validation else "test",
-           "recipe": recipe, "options": options or {}, **scores}  # fmt: skip
+           "recipe": recipe, "options": options, **scores}  # fmt: skip
     if validation:
         row["curve"] = [{"epoch": p["epoch"], "mAP@all": p["curve_all_map"],
                          **({"mAP@1000": p[f"curve_{depth}_map"]} if map_at else {})}
@@ -158,7 +183,8 @@ def margins(rows: list[dict]) -> list[dict]:
     for label in sorted({r["recipe label"] for r in rows}):
         for (dataset, metric), cells in BAR.items():
             for bits, (bar, peer) in cells.items():
-                mine = [r for r in rows if (r["recipe label"], r["dataset"], r["bits"]) == (label, dataset, bits)]
+                mine = [r for r in rows if (r["recipe label"], r["dataset"], r["bits"]) == (label, dataset, bits)
+                        and r["method"] != MT_SCDH]  # fmt: skip
                 values: dict = {}
                 for r in mine:
                     values.setdefault(r["method"], []).append(r[metric])
@@ -173,6 +199,44 @@ def margins(rows: list[dict]) -> list[dict]:
     return out
 
 
+def semi_supervised(rows: list[dict]) -> list[dict]:
+    """MT-SCDH against SCDH trained with the same recipe and SCDH's defaults (under the label with the
+    most seeds in common), per MT-SCDH label, dataset and bits: means over the seeds both ran."""
+    out = []
+    for label, dataset, bits in sorted({(r["recipe label"], r["dataset"], r["bits"]) for r in rows if r["method"] == MT_SCDH}):
+        cell = [r for r in rows if (r["dataset"], r["bits"]) == (dataset, bits)]
+        mt = {r["seed"]: r for r in cell if (r["method"], r["recipe label"]) == (MT_SCDH, label)}
+        recipe = next(iter(mt.values()))["recipe"]
+        same = [r for r in cell if r["method"] == "SCDH" and r["recipe"] == recipe and not r["options"]]
+        runs: dict = {}
+        for r in same:
+            runs.setdefault(r["recipe label"], {})[r["seed"]] = r["mAP@all"]
+        if not runs:
+            continue
+        base = min(runs, key=lambda label: (-len(set(runs[label]) & set(mt)), label))  # most seeds in common
+        scdh = runs[base]
+        seeds = sorted(set(mt) & set(scdh))
+        if not seeds:
+            continue
+        gains = [mt[s]["mAP@all"] - scdh[s] for s in seeds]
+        out.append({"MT-SCDH label": label, "SCDH label": base, "dataset": dataset, "bits": bits, "seeds": len(seeds),
+                    "MT-SCDH": float(np.mean([mt[s]["mAP@all"] for s in seeds])), "SCDH": float(np.mean([scdh[s] for s in seeds])),
+                    "gain": float(np.mean(gains)), "gain std": float(np.std(gains)),
+                    "MT-SCDH ahead": "yes" if np.mean(gains) > 0 else "no"})  # fmt: skip
+    return out
+
+
+def semi_supervised_lines(rows: list[dict]) -> list[str]:
+    table = semi_supervised(rows)
+    if not table:
+        return []
+    return ["## MT-SCDH (the unlabelled database too) against SCDH (the training rows only)", "",
+            "MT-SCDH makes as many passes over the labelled rows as the recipe's epochs; its curve's epochs are passes",
+            "over its whole input (labelled rows repeated to half of it, plus the unlabelled rows).", "",
+            markdown_table(table, ["MT-SCDH label", "SCDH label", "dataset", "bits", "seeds", "MT-SCDH", "SCDH", "gain",
+                                   "gain std", "MT-SCDH ahead"]), ""]  # fmt: skip
+
+
 def markdown(rows: list[dict], checks: dict, validation: bool) -> str:
     title = "# tfhash on the peer protocol (python -m benchmarks.peers" + (" --validation)" if validation else ")")
     checked = "; ".join(f"{d}: " + ", ".join(f"{part} {how}" for part, how in sorted(c.items())) for d, c in sorted(checks.items()))
@@ -184,7 +248,7 @@ def markdown(rows: list[dict], checks: dict, validation: bool) -> str:
         lines += ["Held-out training rows scored against held-out training rows (mAP@1000: R scaled to the", "database's share).", "",
                   markdown_table(sorted(rows, key=lambda r: (r["dataset"], r["bits"], r["method"], r["recipe label"], r["seed"])),
                                  ["dataset", "method", "bits", "recipe label", "seed", "mAP@all", "mAP@1000", "train_s"]),
-                  "", "## Curves", ""]  # fmt: skip
+                  "", *semi_supervised_lines(rows), "## Curves", ""]  # fmt: skip
         for r in rows:
             points = ", ".join(f"{p['epoch']}: {p['mAP@all']:.3f}" + (f"/{p['mAP@1000']:.3f}" if "mAP@1000" in p else "")
                                for p in r["curve"])  # fmt: skip
@@ -193,6 +257,8 @@ def markdown(rows: list[dict], checks: dict, validation: bool) -> str:
     lines += ["## Margin over the best peer (mean over the seeds run)", "",
               markdown_table(margins(rows), ["recipe", "dataset", "metric", "bits", "best peer", "best tfhash", "mean", "std",
                                              "seeds", "margin", "+0.01 met"]), "",
+              "MT-SCDH rows are left out of the margins: they also see the database, unlabelled.", "",
+              *semi_supervised_lines(rows),
               "## Every run", "",
               markdown_table(sorted(rows, key=lambda r: (r["recipe label"], r["dataset"], r["method"], r["bits"], r["seed"])),
                              ["recipe label", "dataset", "method", "bits", "seed", "mAP@all", "mAP@1000", "train_s"])]  # fmt: skip
@@ -201,7 +267,7 @@ def markdown(rows: list[dict], checks: dict, validation: bool) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=DATASETS)
+    parser.add_argument("--datasets", nargs="+", choices=DATASETS, help="default: all (the single-label ones with --semi-supervised)")
     parser.add_argument("--methods", nargs="+", help="default: every method for the dataset's label type")
     parser.add_argument("--bits", nargs="+", type=int, default=[16, 32, 64])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
@@ -211,22 +277,32 @@ def main() -> None:
     parser.add_argument("--recommended", action="store_true",
                         help="tfhash.recipes.RECOMMENDED for each dataset's kind of data: its method, options and recipe, "
                              "labelled 'recommended'")  # fmt: skip
+    parser.add_argument("--semi-supervised", action="store_true",
+                        help="MT-SCDH with tfhash.recipes.MEAN_TEACHER for each single-label dataset's kind of data and "
+                             "the protocol's recipe, labelled 'semi-supervised' (compared with SCDH, not the bar)")  # fmt: skip
     parser.add_argument("--validation", action="store_true")
-    parser.add_argument("--eval-every", type=int, default=10)
+    parser.add_argument("--eval-every", type=positive_int, default=10)
     parser.add_argument("--cache", default="runs/cache", help="where the CIFAR-10 features are kept")
     parser.add_argument("--no-feature-check", action="store_true",
                         help="skip the CIFAR-10 feature digest (float rounding on another TF build or CPU)")
     args = parser.parse_args()
-    if args.recommended and (args.recipe or args.options or args.methods or args.label != "protocol"):
-        parser.error("--recommended sets the method, recipe, options and label itself")
+    if args.recommended and args.semi_supervised:
+        parser.error("choose --recommended or --semi-supervised")
+    if (args.recommended or args.semi_supervised) and (args.recipe or args.options or args.methods or args.label != "protocol"):
+        parser.error("--recommended and --semi-supervised set the method, recipe, options and label themselves")
+    single = [d for d in DATASETS if KINDS[d] in MEAN_TEACHER]
+    if args.semi_supervised and not set(args.datasets or single) <= set(single):
+        parser.error(f"--semi-supervised is for the single-label datasets ({', '.join(single)})")
+    args.datasets = args.datasets or (single if args.semi_supervised else list(DATASETS))
     if (args.recipe or args.options) and args.label == "protocol":
         parser.error("name a recipe other than the protocol's with --label")
     try:
-        epochs = checked_recipe(args.recipe)["epochs"]
+        epochs = [recommended(d)[1]["epochs"] for d in args.datasets] if args.recommended else [checked_recipe(args.recipe)["epochs"]]
     except (ValueError, TypeError) as err:
         parser.error(f"--recipe: {err}")
-    if args.validation and epochs % args.eval_every:
-        parser.error(f"--eval-every {args.eval_every} must divide the recipe's {epochs} epochs (the last epoch is on the curve)")
+    uneven = [e for e in epochs if e % args.eval_every]
+    if args.validation and uneven and not args.semi_supervised:  # MT-SCDH's curve is every pass (see run)
+        parser.error(f"--eval-every {args.eval_every} must divide the recipe's {uneven[0]} epochs (the last epoch is on the curve)")
     name = "peers_validation" if args.validation else "peers"
     path = RESULTS_DIR / f"{name}.json"
     previous = json.loads(path.read_text()) if path.is_file() else {"rows": [], "checks": {}}
@@ -239,6 +315,8 @@ def main() -> None:
         if args.recommended:
             method, recipe, options = recommended(dataset)
             names, label = [method], "recommended"
+        if args.semi_supervised:
+            names, options, label = [MT_SCDH], dict(MEAN_TEACHER[KINDS[dataset]]["options"]), "semi-supervised"
         for method in names:
             for bits in args.bits:
                 for seed in args.seeds:

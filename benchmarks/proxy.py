@@ -21,11 +21,11 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks.common import markdown_table, write_results  # noqa: E402
-from benchmarks.methods import fit_and_score  # noqa: E402
+from benchmarks.methods import build_multilabel_method, fit_and_score  # noqa: E402
 from tfhash import proxies  # noqa: E402
 from tfhash.data import load_cifar10, load_mirflickr25k  # noqa: E402
 from tfhash.losses import best_known_min_distance  # noqa: E402
-from tfhash.models import HCLMModel, build_hyp2, mlp  # noqa: E402
+from tfhash.models import HCLMModel, mlp  # noqa: E402
 from tfhash.models.backbones import squeezenet  # noqa: E402
 
 SETTINGS = [(10, 16), (10, 32), (10, 64), (21, 32), (38, 48), (100, 16), (100, 64), (1000, 128)]
@@ -104,23 +104,12 @@ def cifar_rows(seed: int, bits_list, epochs: int) -> list[dict]:
 def mirflickr_rows(seed: int, bits_list, epochs: int) -> list[dict]:
     ds = load_mirflickr25k(seed=seed)
     (train, train_y), (query, query_y), (db, db_y) = ds.part("train"), ds.part("query"), ds.part("database")
-    similarity = proxies.tag_cooccurrence_similarity(train_y)
-    frequencies = train_y.mean(axis=0)
     rows = []
     for bits in bits_list:
-        keras.utils.set_random_seed(seed)
-        methods = {
-            "HyP2": build_hyp2(mlp(1386, (1024,)), ds.num_classes, bits),
-            "sHCLM (balanced BCE)": HCLMModel(
-                mlp(1386, (1024,)),
-                proxies.hclm_proxies(ds.num_classes, bits, similarity=similarity, seed=seed),
-                tag_frequencies=frequencies,
-            ),
-        }
-        for name, model in methods.items():
+        for name in ("HyP2", "sHCLM (balanced BCE)"):
+            model, x, y = build_multilabel_method(name, train["text"], train_y, bits, seed)
             row = {"dataset": "MIRFlickr-25K tags", "method": name, "bits": bits}
-            row.update(fit_and_score(model, train["text"], train_y.astype("float32"), query["text"], query_y,
-                                       db["text"], db_y, epochs, seed))  # fmt: skip
+            row.update(fit_and_score(model, x, y, query["text"], query_y, db["text"], db_y, epochs, seed))
             rows.append(row)
             print(row, flush=True)
     return rows

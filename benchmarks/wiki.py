@@ -1,4 +1,4 @@
-"""JCCH on Wiki (cross-modal), beside the published anchors of ``../shared/peers/README.md``.
+"""JCCH on Wiki (cross-modal), beside the published values of SDMCH and DCH on the same split.
 
 The fixed protocol: the 693 test pairs are the queries, the 2,173 training pairs the database and
 the training set; 128-d SIFT words (image) and 10-d LDA topics (text), each standardised with the
@@ -30,14 +30,14 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-from benchmarks.common import RESULTS_DIR, markdown_table, write_results  # noqa: E402
+from benchmarks.common import RESULTS_DIR, markdown_table, positive_int, write_results  # noqa: E402
 from benchmarks.methods import standardised  # noqa: E402
 from tfhash.data import load_wiki  # noqa: E402
 from tfhash.metrics import cross_modal_mean_average_precision, mean_average_precision  # noqa: E402
 from tfhash.models import build_jcch, mlp  # noqa: E402
 from tfhash.recipes import PAPER_LIKE, RECOMMENDED, Recipe  # noqa: E402
 
-#: ../shared/peers/README.md, "Published anchors": (I->T, T->I) by bits.
+#: Published mAP on Wiki's fixed split (the project's peer bar quotes them), (I->T, T->I) by bits.
 PUBLISHED = {
     "SDMCH (IJCAI 2018)": {32: (0.3843, 0.7670), 64: (0.3924, 0.7701)},
     "DCH": {32: (0.3589, 0.7097), 64: (0.3777, 0.7216)},
@@ -113,6 +113,8 @@ def run(recipe: Recipe, bits: int, seed: int, validation: bool = False, every: i
         raise ValueError(f"Wiki is cross-modal: the recipe's method must be jcch, got {recipe.method!r}")
     train, query, database = wiki_data(seed, validation)
     keras.utils.set_random_seed(seed)
+    if isinstance(recipe.input_dropout, dict) and set(recipe.input_dropout) - set(train[0]):
+        raise ValueError(f"input_dropout names {sorted(set(recipe.input_dropout) - set(train[0]))}; Wiki's towers are {sorted(train[0])}")
     towers = {m: mlp(x.shape[1], recipe.hidden, recipe.dropout, f"mlp_{m}", recipe.input_dropout_of(m)) for m, x in train[0].items()}
     model = build_jcch(towers, train[1].shape[1], bits, seed=seed, **recipe.options)
     model.compile(optimizer=recipe.optimizer(int(np.ceil(len(train[1]) / recipe.batch_size))))
@@ -213,7 +215,7 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--recipe", default="recommended", help=f"{sorted(NAMED)} or JSON settings over the recommended recipe")
     parser.add_argument("--validation", action="store_true")
-    parser.add_argument("--eval-every", type=int, default=50)
+    parser.add_argument("--eval-every", type=positive_int, default=50)
     parser.add_argument("--ceiling", action="store_true",
                         help="only the image features' ceiling on the validation split (logistic regression) -> wiki_ceiling.md")  # fmt: skip
     args = parser.parse_args()

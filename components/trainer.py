@@ -118,7 +118,7 @@ def build_model(training: dict, inputs: dict, num_classes: int, tag_statistics: 
     if training["method"] == "jcch":
         backbones = {name: backbone_for(training, shape, f"backbone_{name}", data_root, name) for name, shape in inputs.items()}
         return build_jcch(backbones, num_classes, int(training["bits"]), preset=training.get("preset"),
-                          **dict(training.get("overrides", {})))  # fmt: skip
+                          seed=int(training.get("seed", 0)), **dict(training.get("overrides", {})))  # fmt: skip
     ((name, shape),) = inputs.items()
     backbone = backbone_for(training, shape, data_root=data_root, modality=name)
     method, bits, overrides = training["method"], int(training["bits"]), dict(training.get("overrides", {}))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import asdict, dataclass, field, fields
@@ -49,6 +50,11 @@ class TrainingConfig:
         if self.mixed_precision not in ("auto", "on", "off"):
             raise ValueError(f"mixed_precision must be 'auto', 'on' or 'off', got {self.mixed_precision!r}")
         self.optimisation()  # raises ValueError on unknown or invalid fine-tuning settings
+        if self.recipe is not None:
+            recipe = pipeline_recipe(self.recipe)
+            if (self.method, self.backbone) != (recipe.method, "mlp"):
+                raise ValueError(f"training.recipe {self.recipe!r} is expanded from a config section: build the "
+                                 "section with TrainingConfig(**with_recipe(section)), as PipelineConfig does")  # fmt: skip
 
     def optimisation(self):
         """The :class:`tfhash.fine_tuning.FineTuning` of this run: the backbone's defaults updated
@@ -68,23 +74,43 @@ def with_recipe(training: dict) -> dict:
         ValueError: an unknown kind, or a backbone other than ``mlp`` (the recipes are for feature
             vectors).
     """
-    if training.get("recipe") is None:
+    kind = training.get("recipe")
+    if kind is None:
         return training
+    recipe = pipeline_recipe(kind)
+    if training.get("backbone", "mlp") != "mlp":
+        raise ValueError(f"training.recipe {kind!r} trains an MLP on feature vectors; "
+                         f"drop it to use backbone {training['backbone']!r}")  # fmt: skip
+    if training.get("method", recipe.method) != recipe.method:
+        raise ValueError(f"training.recipe {kind!r} trains {recipe.method!r}; drop method {training['method']!r} or the recipe")
+    tuning = dict(training.get("fine_tuning", {}))
+    # the section's own rates etc. go through the recipe, so its optimizer follows them (AdamW when decayed)
+    tuned = dataclasses.replace(recipe, **{k: tuning[k] for k in RECIPE_TRAINING_KEYS if k in tuning})
+    return {"method": recipe.method, "backbone": "mlp", "hidden": list(recipe.hidden), "epochs": recipe.epochs,
+            "batch_size": recipe.batch_size, **training, "overrides": {**recipe.options, **training.get("overrides", {})},
+            "fine_tuning": {**tuned.fine_tuning_settings(), **tuning}}  # fmt: skip
+
+
+#: The recipes' kinds of data the pipeline trains: the single-label recipes are for fixed feature
+#: vectors (benchmarks.peers), while the pipeline's single-label datasets are images.
+PIPELINE_RECIPES = ("multi-label", "cross-modal")
+#: Recipe fields a section's ``fine_tuning`` may set over the recipe's.
+RECIPE_TRAINING_KEYS = ("learning_rate", "weight_decay", "schedule", "dropout", "input_dropout")
+
+
+def pipeline_recipe(kind: str):
+    """The recommended recipe of ``kind`` for a pipeline run.
+
+    Raises:
+        ValueError: an unknown kind, or one the pipeline does not train.
+    """
     from tfhash.recipes import recommended
 
-    recipe = recommended(training["recipe"])
-    if training.get("backbone", "mlp") != "mlp":
-        raise ValueError(f"training.recipe {training['recipe']!r} trains an MLP on feature vectors; "
-                         f"drop it to use backbone {training['backbone']!r}")  # fmt: skip
-    optimizer = recipe.fine_tuning()
-    expanded = {"method": recipe.method, "backbone": "mlp", "hidden": list(recipe.hidden), "epochs": recipe.epochs,
-                "batch_size": recipe.batch_size, **training,
-                "overrides": {**recipe.options, **training.get("overrides", {})},
-                "fine_tuning": {"optimizer": optimizer.optimizer, "learning_rate": optimizer.learning_rate,
-                                "weight_decay": optimizer.weight_decay, "schedule": optimizer.schedule,
-                                "dropout": optimizer.dropout, "input_dropout": optimizer.input_dropout,
-                                **training.get("fine_tuning", {})}}  # fmt: skip
-    return expanded
+    recipe = recommended(kind)
+    if kind not in PIPELINE_RECIPES:
+        raise ValueError(f"training.recipe {kind!r} is for fixed feature vectors (python -m benchmarks.peers); the "
+                         f"pipeline takes {PIPELINE_RECIPES}: for single-label images set method and backbone instead")  # fmt: skip
+    return recipe
 
 
 def resolve_training_paths(training: dict, base: Path) -> dict:
@@ -146,6 +172,13 @@ class PipelineConfig:
             raise ValueError("training.label_coefficients needs jcch_anchors (the Transform computes q and u)")
         if self.training.label_coefficients and self.training.method not in ("scdh", "scdh-s", "jcch"):
             raise ValueError("JCCH label coefficients apply to the semantic-cluster methods (scdh, scdh-s, jcch)")
+        input_dropout = self.training.optimisation().input_dropout
+        rates = input_dropout if isinstance(input_dropout, dict) else {name: input_dropout for name in self.inputs}
+        if set(rates) - set(self.inputs):
+            raise ValueError(f"training.fine_tuning.input_dropout names {sorted(set(rates) - set(self.inputs))}; "
+                             f"this run's inputs are {self.inputs}")  # fmt: skip
+        if any(rates.values()) and self.training.backbone != "mlp":
+            raise ValueError(f"training.fine_tuning.input_dropout is for the mlp backbone, not {self.training.backbone!r}")
 
     @property
     def inputs(self) -> list[str]:

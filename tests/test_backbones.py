@@ -200,6 +200,21 @@ def test_backbone_rate_and_frozen_warmup(distributed):
     assert frozen == 0.0 and head_frozen == pytest.approx(head_full, rel=1e-5) and head_tenth == pytest.approx(head_full, rel=1e-5)
 
 
+def test_adamw_decays_the_backbone_at_its_own_rate_and_not_while_frozen():
+    """Zero gradients, so every change is AdamW's decoupled decay: rate x weight_decay per step for
+    the head, backbone rate x weight_decay for the backbone once it is no longer frozen."""
+    optimizer = FineTuning(optimizer="adamw", learning_rate=0.1, backbone_learning_rate=0.01, weight_decay=0.5,
+                           frozen_epochs=1).make_optimizer(epochs=2, steps_per_epoch=1)  # fmt: skip
+    head, backbone = keras.Variable(np.ones(3, "float32")), keras.Variable(np.ones(3, "float32"))
+    optimizer.build([head, backbone])
+    optimizer.set_backbone_variables([backbone])
+    zeros = [np.zeros(3, "float32")] * 2
+    optimizer.apply_gradients(zip(zeros, [head, backbone], strict=True))
+    assert np.allclose(head.numpy(), 0.95) and np.allclose(backbone.numpy(), 1.0)  # frozen: no decay either
+    optimizer.apply_gradients(zip(zeros, [head, backbone], strict=True))
+    assert np.allclose(head.numpy(), 0.95 * 0.95) and np.allclose(backbone.numpy(), 1.0 - 0.01 * 0.5)
+
+
 def test_fine_tuning_recipes():
     assert FineTuning.for_backbone("squeezenet").backbone_learning_rate == FINE_TUNING_DEFAULTS["pretrained"]["backbone_learning_rate"]
     assert FineTuning.for_backbone("small_cnn") == FineTuning()

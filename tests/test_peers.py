@@ -79,6 +79,37 @@ def test_peer_runs_score_the_protocol_and_the_validation_split(single, monkeypat
             peers.checked_recipe(bad)
 
 
+def test_mt_scdh_sees_the_unlabelled_database_and_is_compared_with_scdh_only(monkeypatch):
+    monkeypatch.setattr(peers, "VALIDATION", {"single": {"held_out": 20, "queries": 10}, "multi": {"held_out": 100, "queries": 40}})
+    data = small_peer_data(True)
+    seen = {}
+    build = peers.methods.build_method
+
+    def spy(name, x, y, bits, seed, unlabelled=None, **options):
+        seen.update(unlabelled=unlabelled, options=options)
+        return build(name, x, y, bits, seed, unlabelled=unlabelled, **options)
+
+    monkeypatch.setattr(peers.methods, "build_method", spy)
+    recipe = {"epochs": 6}
+    row = peers.run(data, "MT-SCDH", 16, seed=0, recipe=recipe, validation=True, options={"consistency": 5.0, "noise": 0.5})
+    outside = np.setdiff1d(data.split.database, data.split.train)  # never a query, never a training row
+    assert row["unlabelled rows"] == len(outside) and np.array_equal(seen["unlabelled"], data.x[outside])
+    share = np.isin(data.split.database, data.split.train).mean()
+    carved = validation_split(data.split.train, data.labels, seed=0, train_in_database=share, held_out=20, queries=10)
+    assert seen["options"]["noise_stddev"] == pytest.approx(0.5 * data.x[carved.train].std(), rel=1e-5)  # its training rows
+    assert row["options"] == {"consistency": 5.0, "noise_stddev": seen["options"]["noise_stddev"]}
+    # labelled rows repeated to half of the input: 6 passes over them take fewer passes over the input
+    assert 1 <= row["epochs"] < 6 and [p["epoch"] for p in row["curve"]] == list(range(1, row["epochs"] + 1))
+    rows = [{"recipe label": label, "dataset": "mnist", "bits": 16, "method": m, "seed": s, "mAP@all": v,
+             "recipe": {"epochs": 50}, "options": opts}
+            for label, m, opts, values in [("a", "SCDH", {}, (0.90,)), ("b", "SCDH", {}, (0.92, 0.93)),
+                                           ("mt", "MT-SCDH", {"consistency": 5}, (0.93, 0.95)), ("tuned", "SCDH", {"lam": 0.1}, (0.99, 0.99))]
+            for s, v in enumerate(values)]  # fmt: skip
+    (cell,) = peers.semi_supervised(rows)  # SCDH with the same recipe, defaults, and the most seeds in common
+    assert (cell["SCDH label"], cell["seeds"]) == ("b", 2) and cell["gain"] == pytest.approx(0.015)
+    assert {c["best tfhash"] for c in peers.margins(rows)} == {"SCDH"}  # MT-SCDH never counts against the bar
+
+
 def test_margins_take_each_cells_best_mean_over_seeds():
     rows = [{"recipe label": "r", "dataset": "cifar10", "bits": 16, "method": m, "seed": s, "mAP@all": v}
             for m, values in {"A": (0.60, 0.56), "B": (0.59, 0.59)}.items() for s, v in enumerate(values)]  # fmt: skip
@@ -99,3 +130,20 @@ def test_reported_recommended_rows_used_the_current_recipes():
         assert len(mine) == 9  # 16 / 32 / 64 bits x seeds 0-2
         for row in mine:
             assert (row["method"], row["recipe"], row["options"]) == (method, recipe, options)
+
+
+def test_reported_semi_supervised_rows_used_the_current_settings():
+    """The MT-SCDH rows labelled "semi-supervised" were produced with tfhash.recipes.MEAN_TEACHER as
+    it stands, for every single-label dataset, bit length and seed."""
+    import json
+
+    rows = json.loads((peers.RESULTS_DIR / "peers.json").read_text())["rows"]
+    for dataset, kind in peers.KINDS.items():
+        if kind not in peers.MEAN_TEACHER:
+            continue
+        mine = [r for r in rows if r["recipe label"] == "semi-supervised" and r["dataset"] == dataset]
+        assert sorted((r["bits"], r["seed"]) for r in mine) == [(b, s) for b in (16, 32, 64) for s in (0, 1, 2)]
+        settings = dict(peers.MEAN_TEACHER[kind]["options"])
+        for row in mine:
+            assert row["method"] == "MT-SCDH" and row["recipe"] == peers.checked_recipe({})
+            assert row["options"]["consistency"] == settings["consistency"] and "noise_stddev" in row["options"]

@@ -10,7 +10,7 @@ import keras
 import numpy as np
 import pytest
 from tfhash.components import trainer
-from tfhash.pipelines.config import PipelineConfig
+from tfhash.pipelines.config import PipelineConfig, TrainingConfig
 
 from tests.pipeline_fixtures import small_config
 
@@ -138,7 +138,22 @@ def test_a_recipe_fills_the_training_section_under_its_own_keys():
     with pytest.raises(ValueError, match="unknown kind of data"):
         PipelineConfig(name="x", training={"recipe": "audio"})
     with pytest.raises(ValueError, match="trains an MLP on feature vectors"):
-        PipelineConfig(name="x", training={"recipe": "single-label", "backbone": "small_cnn"})
+        PipelineConfig(name="x", modality="text", training={"recipe": "multi-label", "backbone": "small_cnn"})
+    for kind in ("single-label", "single-label pixels"):  # fixed feature vectors only; the pipeline's are images
+        with pytest.raises(ValueError, match="is for fixed feature vectors"):
+            PipelineConfig(name="x", training={"recipe": kind})
+    with pytest.raises(ValueError, match="trains 'hyp2'; drop method 'scdh'"):
+        PipelineConfig(name="x", modality="text", training={"recipe": "multi-label", "method": "scdh"})
+    with pytest.raises(ValueError, match="is expanded from a config section"):
+        TrainingConfig(recipe="multi-label")
+    wiki = {"name": "x", "dataset": "wiki", "modalities": ["image", "text"]}
+    with pytest.raises(ValueError, match="input_dropout names \\['imgae'\\]"):
+        PipelineConfig(**wiki, training={"recipe": "cross-modal", "fine_tuning": {"input_dropout": {"imgae": 0.2}}})
+    decayed = PipelineConfig(**wiki, training={"recipe": "cross-modal", "fine_tuning": {"weight_decay": 0.01}}).training
+    assert (decayed.optimisation().optimizer, decayed.optimisation().weight_decay) == ("adamw", 0.01)  # follows the decay
+    centres = [trainer.build_model({**config.to_dict()["training"], "seed": seed}, {"image": [8], "text": [4]}, 10).centres
+               for seed in (0, 1)]  # fmt: skip
+    assert not np.array_equal(*centres)  # the fixed centres follow the run's seed
 
 
 @pytest.mark.parametrize("name", ["mnist", "cifar10", "mirflickr25k", "wiki"])

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from benchmarks import wiki
-from tfhash.recipes import DATA_KINDS, RECOMMENDED, Recipe, recommended
+from tfhash.recipes import DATA_KINDS, MEAN_TEACHER, RECOMMENDED, Recipe, recommended
 
 
 def test_every_kind_has_a_checked_recipe_with_its_evidence():
@@ -21,6 +21,13 @@ def test_every_kind_has_a_checked_recipe_with_its_evidence():
         assert recipe.chosen.startswith("python -m benchmarks.")  # the command that chose it
     with pytest.raises(ValueError, match="unknown kind"):
         recommended("audio")
+
+
+def test_mean_teacher_settings_name_single_label_kinds_and_their_evidence():
+    assert set(MEAN_TEACHER) == {"single-label", "single-label pixels"}
+    for settings in MEAN_TEACHER.values():
+        assert set(settings["options"]) == {"consistency", "noise"} and settings["chosen"].startswith("python -m benchmarks.")
+        assert settings["options"]["consistency"] >= 0 and settings["options"]["noise"] > 0
 
 
 @pytest.mark.parametrize("bad", [{"schedule": "step"}, {"epochs": 0}, {"epochs": 2.5}, {"dropout": 1.0},
@@ -70,3 +77,16 @@ def test_ranking_codes_order_classes_by_score():
     assert queries.shape[1] % 8 == 0 and set(np.unique(queries)) == {-1, 1}
     distances = (queries[:, None, :] != classes[None]).sum(axis=-1)
     np.testing.assert_array_equal(np.argsort(distances, axis=1), np.argsort(-scores, axis=1))
+
+
+def test_reported_wiki_rows_used_the_current_recipes():
+    """The "recommended" and "paper-like" rows of benchmarks/results/wiki.json were trained with the
+    recipes as they stand: a changed recipe without a rerun fails here."""
+    import json
+
+    rows = json.loads((wiki.RESULTS_DIR / "wiki.json").read_text())["rows"]
+    for label, recipe in wiki.NAMED.items():
+        expected = json.loads(json.dumps({k: v for k, v in dataclasses.asdict(recipe).items() if k != "chosen"}))
+        mine = [r for r in rows if r["recipe label"] == label]
+        assert sorted((r["bits"], r["seed"]) for r in mine) == [(b, s) for b in (16, 32, 64) for s in (0, 1, 2)]
+        assert all(r["recipe"] == expected for r in mine)

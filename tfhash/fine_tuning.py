@@ -69,7 +69,11 @@ class _BackboneRates:
         if self._var_key(variable) in self._backbone_keys:
             scale = ops.where(ops.less(self.iterations, self.frozen_steps), 0.0, self.backbone_scale)
             learning_rate = ops.multiply(ops.cast(learning_rate, "float32"), scale)
+            self._decay_backbone(variable, learning_rate)
         return super().update_step(gradient, variable, learning_rate)
+
+    def _decay_backbone(self, variable, learning_rate) -> None:
+        """Decoupled weight decay of a backbone variable at its own rate (AdamW only)."""
 
     def get_config(self):
         return {**super().get_config(), "backbone_scale": self.backbone_scale, "frozen_steps": self.frozen_steps, "l2": self.l2}
@@ -87,7 +91,18 @@ class BackboneRateAdam(_BackboneRates, keras.optimizers.Adam):
 
 @keras.saving.register_keras_serializable(package="tfhash")
 class BackboneRateAdamW(_BackboneRates, keras.optimizers.AdamW):
-    """AdamW (decoupled weight decay) with a separate rate for the backbone (see module docstring)."""
+    """AdamW (decoupled weight decay) with a separate rate for the backbone (see module docstring):
+    a backbone variable decays at the backbone's rate, not at all while it is frozen."""
+
+    def _use_weight_decay(self, variable):
+        # Keras decays every variable at the global rate before the step; the backbone's decay is
+        # applied in update_step instead, at its own rate.
+        return self._var_key(variable) not in self._backbone_keys and super()._use_weight_decay(variable)
+
+    def _decay_backbone(self, variable, learning_rate) -> None:
+        if self.weight_decay and super()._use_weight_decay(variable):
+            rate = ops.multiply(ops.cast(learning_rate, variable.dtype), ops.cast(self.weight_decay, variable.dtype))
+            variable.assign(ops.subtract(variable, ops.multiply(variable, rate)))
 
 
 @dataclass
