@@ -322,7 +322,7 @@ def main() -> None:
                 for seed in args.seeds:
                     try:
                         row = run(data, method, bits, seed, recipe, args.validation, args.eval_every, options)
-                    except TypeError as err:  # a model option its builder does not take
+                    except (TypeError, ValueError) as err:  # a model option its builder does not take, or a bad value
                         parser.error(f"--options for {method}: {err}")
                     row["recipe label"] = label
                     print(json.dumps({k: v for k, v in row.items() if k not in ("recipe", "options", "curve")}), flush=True)

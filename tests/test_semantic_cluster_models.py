@@ -87,6 +87,10 @@ def test_mean_teacher_trains_on_unlabelled_rows_and_tracks_student():
     assert model.encode(x).shape == (128, 16)
     # a batch with no labelled row at all still trains
     model.fit(x[64:], labels[64:], epochs=1, batch_size=32, verbose=0)
+    for bad in ({"consistency": -1.0}, {"consistency": float("nan")}, {"noise_stddev": -0.1}, {"ema_decay": 1.5},
+                {"rampup_steps": -1}):  # fmt: skip
+        with pytest.raises(ValueError, match="MT-SCDH needs"):
+            build_mt_scdh(lambda: mlp(20, (16,)), 4, 16, sample_input=x[:2], **bad)
 
 
 def test_jcch_two_towers_share_centres():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from tfhash.layers import HashHead, SemanticClusters
@@ -94,6 +95,10 @@ class MeanTeacherSCDH(NestedConfigMixin, EncoderMixin, keras.Model):
         self.rampup_steps = int(rampup_steps)
         self.ema_decay = float(ema_decay)
         self.noise_stddev = float(noise_stddev)
+        if not (np.isfinite(self.consistency) and self.consistency >= 0 and np.isfinite(self.noise_stddev)
+                and self.noise_stddev >= 0 and self.rampup_steps >= 0 and 0.0 <= self.ema_decay <= 1.0):  # fmt: skip
+            raise ValueError(f"MT-SCDH needs consistency >= 0, noise_stddev >= 0, rampup_steps >= 0 and ema_decay in "
+                             f"[0, 1]; got {consistency!r}, {noise_stddev!r}, {rampup_steps!r}, {ema_decay!r}")  # fmt: skip
         self._trackers = loss_trackers(self, ("scul", "classifier", "quantization", "consistency"))
 
     def _perturb(self, x, training):
