@@ -1,4 +1,4 @@
-"""Dataset loaders against DESIGN.md s.5 and the data README (real files in ../shared/data)."""
+"""Dataset loaders against docs/design.md s.5 and the data README (real files in ../shared/data)."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def test_splits_are_deterministic_and_shuffled():
     c = data.per_class_split(labels, 100, 500, seed=8)
     np.testing.assert_array_equal(a.database, b.database)
     assert not np.array_equal(a.database, c.database)
-    # the database is not stored in label order (DESIGN.md s.3)
+    # the database is not stored in label order (docs/design.md s.3)
     assert np.mean(np.diff(labels[a.database]) == 0) < 0.5
 
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,13 +13,18 @@ import tensorflow as tf
 
 from tfhash.codes import pack_codes
 from tfhash.index import (
+    INDEX_TYPES,
+    RANGE_SEARCH,
+    TRAIN,
     BinaryIndex,
-    IndexError_,
+    HashIndexError,
     IndexFormatError,
     index_factory,
     load_index,
     read_manifest,
 )
+from tfhash.index.base import BACKEND_EXTRA, BACKEND_PACKAGES
+from tfhash.index.factory import FORMAT_TAGS
 from tfhash.index.tf_search import HammingTopK, export_hamming_search
 
 
@@ -105,24 +113,24 @@ def test_remove_and_upsert():
         assert index.ntotal == 48
         hit = index.search(far, 1)
         assert hit.ids[0, 0] == 105 and hit.distances[0, 0] == 0
-        with pytest.raises(IndexError_, match="already in the index"):
+        with pytest.raises(HashIndexError, match="already in the index"):
             index.add(db[:1], [110])
 
 
 def test_bad_arguments_are_clear_errors():
     index = BinaryIndex(32)
     index.add(np.ones((5, 32), np.int8))
-    with pytest.raises(IndexError_, match="larger than the 5 items"):
+    with pytest.raises(HashIndexError, match="larger than the 5 items"):
         index.search(np.ones((1, 32), np.int8), 6)
-    with pytest.raises(IndexError_, match=">= 1"):
+    with pytest.raises(HashIndexError, match=">= 1"):
         index.search(np.ones((1, 32), np.int8), 0)
-    with pytest.raises(IndexError_, match="bits"):
+    with pytest.raises(HashIndexError, match="bits"):
         index.search(np.ones((1, 16), np.int8), 1)
-    with pytest.raises(IndexError_, match="unique"):
+    with pytest.raises(HashIndexError, match="unique"):
         index.add(np.ones((2, 32), np.int8), [7, 7])
-    with pytest.raises(IndexError_, match="unknown index description"):
+    with pytest.raises(HashIndexError, match="unknown index type"):
         index_factory(32, "HNSW32")
-    with pytest.raises(IndexError_, match="multiple of 8"):
+    with pytest.raises(HashIndexError, match="multiple of 8"):
         BinaryIndex(12)
 
 
@@ -173,6 +181,108 @@ def test_corrupt_and_unknown_indexes_are_refused(tmp_path):
         load_index(path)
     with pytest.raises(IndexFormatError, match="no manifest.json"):
         load_index(tmp_path)
+
+
+def _written(row) -> str:
+    """How a user writes the table row ``row`` (a small number where it takes one)."""
+    return f"{row.name}8" if row.size_param else row.name
+
+
+# The format tags and method params keys of format version 1, as written on disk by every
+# tfhash since; they must not change, or saved indexes stop loading.
+FORMAT_1 = {"BFlat": ("binary-flat", "kind"), "BIVF": ("binary-ivf", "kind"), "BMultiHash": ("binary-multihash", "kind"),
+            "ScaNN": ("scann-ah", "mode"), "ScaNNBrute": ("scann-brute", "mode")}  # fmt: skip
+
+
+def test_one_type_table_for_factory_and_loader(tmp_path):
+    assert set(INDEX_TYPES) == set(FORMAT_1)
+    assert len(FORMAT_TAGS) == len(INDEX_TYPES)  # one format tag per index type
+    codes = _codes(np.random.default_rng(8), 40, 32)
+    for name, row in INDEX_TYPES.items():
+        index = index_factory(32, _written(row))
+        assert type(index) is row.cls and index.method == row.method and index.format_tag == row.format_tag
+        index.add(codes, np.arange(40) + 1000)
+        index.save(tmp_path / name)
+        manifest = read_manifest(tmp_path / name)
+        tag, method_key = FORMAT_1[name]
+        assert manifest["kind"] == tag and manifest["params"][method_key] == row.method
+        loaded = load_index(tmp_path / name)
+        assert type(loaded) is row.cls and loaded.format_tag == tag and loaded.params() == index.params()
+        np.testing.assert_array_equal(loaded.ids(), index.ids())
+    manifest = json.loads((tmp_path / "BFlat" / "manifest.json").read_text())
+    manifest["kind"] = "binary-hnsw"
+    (tmp_path / "BFlat" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(IndexFormatError, match="unknown index format tag 'binary-hnsw'.*binary-flat"):
+        load_index(tmp_path / "BFlat")
+
+
+def test_index_type_spelling_errors_name_the_fix():
+    with pytest.raises(HashIndexError, match="BIVF needs its nlist after the name, e.g. BIVF16"):
+        index_factory(32, "BIVF")
+    with pytest.raises(HashIndexError, match="BFlat takes no number"):
+        index_factory(32, "BFlat8")
+    with pytest.raises(HashIndexError, match=r"unknown index type 'IVF-PQ'; use BFlat, BIVF<nlist>"):
+        index_factory(32, "IVF-PQ")
+    with pytest.raises(HashIndexError, match="unknown BinaryIndex method 'hnsw'; choose one of flat, ivf, multihash"):
+        BinaryIndex(32, "hnsw")
+
+
+def test_capabilities_are_declared_and_refused_clearly():
+    codes = _codes(np.random.default_rng(9), 30, 16)
+    binary, scann = index_factory(16, "BFlat"), index_factory(16, "ScaNNBrute")
+    assert binary.supports(TRAIN) and binary.supports(RANGE_SEARCH)
+    assert not scann.supports(TRAIN) and not scann.supports(RANGE_SEARCH)
+    for row in INDEX_TYPES.values():  # every index of a class declares the class's capabilities
+        assert row.cls.capabilities <= {TRAIN, RANGE_SEARCH}
+    binary.add(codes)
+    binary.train(codes)  # a flat index needs no training: accepted, nothing changes
+    assert len(binary.range_search(codes[:2], 0)) == 2
+    scann.add(codes)
+    with pytest.raises(HashIndexError, match=r"scann-brute index \(ScannIndex\) has no range_search capability \(it has: none\)"):
+        scann.range_search(codes[:2], 3)
+    with pytest.raises(HashIndexError, match="has no train capability.*index.supports\\('train'\\)"):
+        scann.train(codes)
+    with pytest.raises(HashIndexError, match="radius must be >= 0, got -1"):
+        binary.range_search(codes[:2], -1)
+
+
+@pytest.mark.parametrize("name", list(INDEX_TYPES))
+def test_automatic_ids_and_duplicates_for_every_index_type(name):
+    codes = _codes(np.random.default_rng(10), 300, 32)  # enough for the ScaNN tree's training
+    index = index_factory(32, _written(INDEX_TYPES[name]))
+    index.add(codes[:200])  # automatic ids 0..199
+    index.add(codes[200:202], [500, 250])
+    index.add(codes[202:204])  # automatic ids continue after the largest: 501, 502
+    assert index.ids().tolist() == [*range(200), 500, 250, 501, 502]
+    with pytest.raises(HashIndexError, match=r"ids \[250\] are already in the index; use upsert"):
+        index.add(codes[204:206], [600, 250])
+    with pytest.raises(HashIndexError, match=r"ids must be unique; repeated: \[7\]"):
+        index.add(codes[204:206], [7, 7])
+    with pytest.raises(HashIndexError, match="expected 2 ids"):
+        index.add(codes[204:206], [1])
+    assert index.ntotal == 204  # a refused add leaves the index as it was
+    assert index.remove([502, 501]) == 2
+    index.add(codes[204:205])
+    assert index.ids()[-1] == 501
+    hit = index.search(codes[204:205], 1)
+    assert hit.distances[0, 0] == 0
+
+
+def test_missing_backend_names_the_extra(monkeypatch):
+    extras = Path(__file__).resolve().parents[1].joinpath("pyproject.toml").read_text()
+    line = next(x for x in extras.splitlines() if x.startswith(f"{BACKEND_EXTRA} = ["))
+    assert all(package in line for package in BACKEND_PACKAGES.values())
+    for module, name in (("faiss", "BFlat"), ("scann", "ScaNN")):
+        with monkeypatch.context() as patch:
+            patch.setitem(sys.modules, module, None)  # what Python does for a module that is not installed
+            with pytest.raises(ImportError, match=rf'needs the optional package {BACKEND_PACKAGES[module]} .*pip install "tfhash\[index\]"'):
+                index_factory(16, name)
+    # and `import tfhash.index` itself needs neither back-end
+    script = ("import sys; sys.modules['faiss'] = sys.modules['scann'] = None\n"
+              "import tfhash, tfhash.index\n"
+              "try:\n    tfhash.index.index_factory(16, 'BFlat')\nexcept ImportError as err:\n    print(err)")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert 'pip install "tfhash[index]"' in out.stdout
 
 
 def test_scann_brute_force_on_signs_is_exact_hamming():

@@ -1,5 +1,5 @@
 """Retrieval metrics against an independent brute-force implementation written here: plain Python
-loops over a full sort with the conventions of DESIGN.md s.3."""
+loops over a full sort with the conventions of docs/design.md s.3."""
 
 from __future__ import annotations
 
@@ -166,7 +166,7 @@ def test_tie_aware_map_matches_exhaustive_expectation(multi_label):
 
 
 def test_tie_aware_is_immune_to_class_sorted_database():
-    """DESIGN.md s.3: collapsed codes on a class-sorted database flatter the stable-order mAP."""
+    """docs/design.md s.3: collapsed codes on a class-sorted database flatter the stable-order mAP."""
     labels = np.repeat(np.arange(10), 50)
     db = np.ones((500, 16), dtype=np.int8)
     q = np.ones((10, 16), dtype=np.int8)

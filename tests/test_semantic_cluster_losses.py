@@ -208,7 +208,7 @@ def test_triplet_loss_is_bounded_by_scul_terms(seed, num_classes, per_class, bit
 
 
 def np_jcch(labels, anchors, rescale=True):
-    """JCCH Algorithm 1 with explicit loops (DESIGN.md s.4)."""
+    """JCCH Algorithm 1 with explicit loops (docs/design.md s.4)."""
     y = (labels > 0).astype(int)
     n_all, c = y.shape
     lab = [i for i in range(n_all) if y[i].sum() > 0]

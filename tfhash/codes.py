@@ -1,4 +1,4 @@
-"""Binary codes: sign, packing and Hamming distance (DESIGN.md s.2).
+"""Binary codes: sign, packing and Hamming distance (docs/design.md s.2).
 
 Conventions used everywhere in tfhash:
 
@@ -18,7 +18,7 @@ POPCOUNT_TABLE = np.array([bin(i).count("1") for i in range(256)], dtype=np.uint
 
 
 def sign_codes(values: np.ndarray) -> np.ndarray:
-    """Return the +-1 ``int8`` code of continuous values, with sign(0) = +1 (DESIGN.md s.2)."""
+    """Return the +-1 ``int8`` code of continuous values, with sign(0) = +1 (docs/design.md s.2)."""
     values = np.asarray(values)
     if values.ndim < 1:
         raise ValueError("codes need at least one dimension (the K bits)")

@@ -227,14 +227,10 @@ FINE_TUNING_DEFAULTS: dict[str, dict] = {
 
 
 def backbone_variables(model) -> list:
-    """The pretrained variables of a tfhash model: those of ``model.backbone``, of every tower's
-    backbone of a cross-modal model, or of the student's backbone of MT-SCDH (its teacher is not
-    trained)."""
-    if hasattr(model, "student"):
-        model = model.student
-    if hasattr(model, "backbones"):
-        return [v for backbone in model.backbones.values() for v in backbone.trainable_variables]
-    return list(model.backbone.trainable_variables)
+    """The pretrained variables of a tfhash model: those of the backbone that training updates for
+    each of its modalities (``model.modality_backbone``: every tower of a cross-modal model, the
+    student's of MT-SCDH, whose teacher is not trained)."""
+    return [v for modality in model.modalities for v in model.modality_backbone(modality).trainable_variables]
 
 
 def compile_fine_tuning(model, recipe: FineTuning, epochs: int, steps_per_epoch: int, **compile_kwargs):

@@ -1,4 +1,4 @@
-"""Hash-consistent large-margin proxies (HCLM, Morgado et al., IJCV 2020, Sec. 4; DESIGN.md s.4).
+"""Hash-consistent large-margin proxies (HCLM, Morgado et al., IJCV 2020, Sec. 4; docs/design.md s.4).
 
 Construction of C binary proxies of K bits, each step a small NumPy function:
 
@@ -8,7 +8,7 @@ Construction of C binary proxies of K bits, each step a small NumPy function:
 2. :func:`itq_rotation`: the rotation that makes them as binary as possible (ITQ: alternate
    B = sign(W R) and the orthogonal Procrustes solution until the quantization error stops falling).
 3. sign.
-4. :func:`improve_min_distance` (our addition, see issue 4): a bit-flip local search on the signed
+4. :func:`improve_min_distance` (not in the paper; docs/design.md s.4): a bit-flip local search on the signed
    codes that raises the minimum Hamming distance, and then lowers the number of pairs at it.
 
 :func:`hclm_proxies` runs this from several starts (Tammes restarts, and the Hadamard rows when K

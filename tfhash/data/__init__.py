@@ -1,4 +1,4 @@
-"""Loaders for the real datasets and their standard retrieval splits (DESIGN.md s.5).
+"""Loaders for the real datasets and their standard retrieval splits (docs/design.md s.5).
 
 ``load_dataset(name, data_root=None, seed=0)`` returns a :class:`HashingDataset` of a dataset
 under the data root; :func:`load_nuswide` and :func:`load_coco` read a user's copy of those sets

@@ -22,9 +22,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from tfhash.artifacts import ID, IMAGE, LABELS, SPLITS, VECTOR
 from tfhash.data.dataset import HashingDataset
-
-SPLITS = ("train", "query", "database")
 
 
 def _png_bytes(image: np.ndarray) -> bytes:
@@ -35,7 +34,7 @@ def _png_bytes(image: np.ndarray) -> bytes:
 
 def modality_kind(array: np.ndarray) -> str:
     """``"image"`` for uint8 arrays of 2-D (grey) or 3-D (colour) items, else ``"vector"``."""
-    return "image" if array.dtype == np.uint8 and array.ndim in (3, 4) else "vector"
+    return IMAGE if array.dtype == np.uint8 and array.ndim in (3, 4) else VECTOR
 
 
 def to_example(inputs: dict[str, np.ndarray], labels: np.ndarray, example_id: int):
@@ -43,11 +42,11 @@ def to_example(inputs: dict[str, np.ndarray], labels: np.ndarray, example_id: in
     import tensorflow as tf
 
     feature = {
-        "id": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(example_id)])),
-        "labels": tf.train.Feature(int64_list=tf.train.Int64List(value=np.flatnonzero(labels).tolist())),
+        ID: tf.train.Feature(int64_list=tf.train.Int64List(value=[int(example_id)])),
+        LABELS: tf.train.Feature(int64_list=tf.train.Int64List(value=np.flatnonzero(labels).tolist())),
     }
     for name, value in inputs.items():
-        if modality_kind(value[None]) == "image":
+        if modality_kind(value[None]) == IMAGE:
             feature[name] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[_png_bytes(value)]))
         else:
             values = np.asarray(value, dtype=np.float32).ravel()

@@ -1,5 +1,5 @@
 """Multi-label image sets users bring: NUS-WIDE and MS-COCO, read from an image list, a label
-matrix and a folder of images, with the hashing papers' splits (DESIGN.md s.5).
+matrix and a folder of images, with the hashing papers' splits (docs/design.md s.5).
 
 Neither set can be had offline, so nothing here is downloaded: point the loaders at your copy.
 

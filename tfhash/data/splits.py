@@ -1,7 +1,7 @@
-"""Standard retrieval splits (DESIGN.md s.5), deterministic from a seed.
+"""Standard retrieval splits (docs/design.md s.5), deterministic from a seed.
 
 Every split shuffles with ``numpy.random.default_rng(seed)`` so that no part is stored in label
-order (DESIGN.md s.3 explains why that matters for tie order) and records the seed it used.
+order (docs/design.md s.3 explains why that matters for tie order) and records the seed it used.
 """
 
 from __future__ import annotations

@@ -7,27 +7,28 @@ checksummed persistence.
     result = index.search(queries, k=10)
     index.save("runs/index", model_version="3")
     index = load_index("runs/index", expected_model_version="3")
+
+An index type (``BFlat``, ``BIVF1024``, ...) names a class and its search method (``flat``,
+``ivf``, ...); :data:`INDEX_TYPES` is the one table of them. FAISS and ScaNN (the ``index``
+extra) are needed only when an index of theirs is created.
 """
 
-from tfhash.index.base import HashIndex, IndexError_, SearchResult
+from tfhash.index.base import RANGE_SEARCH, TRAIN, HashIndex, HashIndexError, SearchResult
 from tfhash.index.binary import BinaryIndex
-from tfhash.index.factory import index_factory
-from tfhash.index.persistence import (
-    FORMAT_VERSION,
-    IndexFormatError,
-    load_index,
-    read_manifest,
-    save_index,
-    verify_files,
-)
+from tfhash.index.factory import INDEX_TYPES, IndexType, index_factory, load_index, read_manifest
+from tfhash.index.persistence import FORMAT_VERSION, IndexFormatError, save_index, verify_files
 from tfhash.index.scann_index import ScannIndex
 
 __all__ = [
     "FORMAT_VERSION",
+    "INDEX_TYPES",
+    "RANGE_SEARCH",
+    "TRAIN",
     "BinaryIndex",
     "HashIndex",
-    "IndexError_",
+    "HashIndexError",
     "IndexFormatError",
+    "IndexType",
     "ScannIndex",
     "SearchResult",
     "index_factory",

@@ -1,17 +1,56 @@
-"""The small abstract index every tfhash index implements (add / search / save / load)."""
+"""The abstract index every tfhash index implements (add / search / save / load).
+
+Words used across :mod:`tfhash.index`:
+
+* **index type**: the name a user writes to ask for an index, ``BFlat``, ``BIVF1024``, ``ScaNN``
+  (the table in :mod:`tfhash.index.factory`);
+* **method**: the search method inside one index class, ``flat`` / ``ivf`` / ``multihash`` for
+  :class:`~tfhash.index.binary.BinaryIndex`, ``ah`` / ``brute`` for
+  :class:`~tfhash.index.scann_index.ScannIndex`;
+* **format tag**: ``<format family>-<method>``, e.g. ``binary-flat``, recorded in an index
+  directory's manifest (under the field ``kind``) so that a loader knows which class reads it.
+
+:class:`HashIndex` owns everything the index classes share: the external ids (validation,
+automatic ids, bookkeeping in insertion order), the stored rows, the checks on codes, queries and
+``k``, and the declared capabilities. A subclass implements only its search structure through the
+``_add_rows`` / ``_items_removed`` / ``_search`` hooks (plus ``_train`` and ``_range_search`` when
+it declares those capabilities).
+"""
 
 from __future__ import annotations
 
 import abc
+import importlib
+import importlib.util
+import os
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
-from tfhash.codes import as_packed
+from tfhash.codes import as_packed, unpack_codes
+from tfhash.index.persistence import FORMAT_TAG_FIELD, save_index
+
+#: Capability: ``index.train(codes)`` takes training codes before (or instead of) the first add.
+TRAIN = "train"
+#: Capability: ``index.range_search(queries, radius)`` returns every item within a Hamming radius.
+RANGE_SEARCH = "range_search"
+
+#: How an index stores its rows: packed ``uint8`` bits, or ``float32`` vectors of K values.
+PACKED, VECTORS = "packed", "vectors"
+
+#: The file of the external ids in an index directory.
+IDS_FILE = "ids.npy"
+
+#: The optional-dependency extra of tfhash that installs the index back-ends.
+BACKEND_EXTRA = "index"
+#: The pip package that provides each back-end module.
+BACKEND_PACKAGES = {"faiss": "faiss-cpu", "scann": "scann"}
 
 
-class IndexError_(ValueError):
-    """Invalid use of an index (bad k, unknown ids, wrong code width)."""
+class HashIndexError(ValueError):
+    """Invalid use of an index (bad k, unknown or repeated ids, wrong code width, a capability
+    the index lacks)."""
 
 
 @dataclass
@@ -22,14 +61,58 @@ class SearchResult:
     ids: np.ndarray
 
 
+def missing_backend_error(module: str, needed_by: str) -> ImportError:
+    """The ImportError for a back-end module that is not installed, naming the extra to install."""
+    package = BACKEND_PACKAGES.get(module, module)
+    return ImportError(
+        f"{needed_by} needs the optional package {package} (module {module!r}), which is not installed; "
+        f'install it with: pip install "tfhash[{BACKEND_EXTRA}]"'
+    )
+
+
+def require_backend(module: str, needed_by: str) -> None:
+    """Raise :func:`missing_backend_error` when ``module`` cannot be found (without importing it)."""
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise missing_backend_error(module, needed_by)
+
+
+def import_backend(module: str, needed_by: str):
+    """Import the back-end ``module``, or raise :func:`missing_backend_error`."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        raise missing_backend_error(module, needed_by) from err
+
+
+def check_bits(bits) -> int:
+    """The code length K as an ``int``; it must be a positive multiple of 8 (packed storage)."""
+    if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or bits <= 0 or bits % 8:
+        raise HashIndexError(f"bits must be a positive multiple of 8, got {bits!r}; use e.g. 16, 32 or 64")
+    return int(bits)
+
+
 def validate_k(k: int, ntotal: int) -> int:
+    """``k`` as an ``int`` in ``1..ntotal``."""
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
-        raise IndexError_(f"k must be an integer, got {k!r}")
+        raise HashIndexError(f"k must be an integer, got {k!r}")
     if k <= 0:
-        raise IndexError_(f"k must be >= 1, got {k}")
+        raise HashIndexError(f"k must be >= 1, got {k}")
     if k > ntotal:
-        raise IndexError_(f"k = {k} is larger than the {ntotal} items in the index")
+        raise HashIndexError(f"k = {k} is larger than the {ntotal} items in the index; ask for at most {ntotal}")
     return int(k)
+
+
+def validate_radius(radius) -> int:
+    """A Hamming radius as an ``int`` >= 0."""
+    if isinstance(radius, bool) or not isinstance(radius, (int, np.integer)):
+        raise HashIndexError(f"radius must be an integer, got {radius!r}")
+    if radius < 0:
+        raise HashIndexError(f"radius must be >= 0, got {radius}")
+    return int(radius)
 
 
 def validate_ids(ids, count: int, existing: np.ndarray | None = None) -> np.ndarray:
@@ -37,78 +120,260 @@ def validate_ids(ids, count: int, existing: np.ndarray | None = None) -> np.ndar
     already in ``existing``."""
     ids = np.asarray(ids)
     if ids.shape != (count,):
-        raise IndexError_(f"expected {count} ids, got shape {ids.shape}")
+        raise HashIndexError(f"expected {count} ids (one per code), got shape {ids.shape}")
     if not np.issubdtype(ids.dtype, np.integer):
-        raise IndexError_(f"ids must be integers, got {ids.dtype}")
+        raise HashIndexError(f"ids must be integers, got {ids.dtype}; pass int64 ids")
     ids = ids.astype(np.int64)
-    if np.unique(ids).size != ids.size:
-        raise IndexError_("ids must be unique")
-    if existing is not None and existing.size and np.isin(ids, existing).any():
-        raise IndexError_("some ids are already in the index; use upsert() to replace them")
+    values, counts = np.unique(ids, return_counts=True)
+    if values.size != ids.size:
+        raise HashIndexError(f"ids must be unique; repeated: {values[counts > 1][:5].tolist()}")
+    if existing is not None and existing.size:
+        clash = ids[np.isin(ids, existing)]
+        if clash.size:
+            raise HashIndexError(
+                f"ids {clash[:5].tolist()} are already in the index; use upsert() to replace them"
+            )
     return ids
 
 
-class HashIndex(abc.ABC):
-    """Codes with int64 external ids. Subclasses set ``kind`` and ``exact``.
+def next_ids(existing: np.ndarray, count: int) -> np.ndarray:
+    """Automatic ids for ``count`` new items: consecutive, after the largest id in ``existing``."""
+    start = int(existing.max()) + 1 if existing.size else 0
+    return np.arange(start, start + count, dtype=np.int64)
 
-    Ties in distance are returned in insertion order (the database index of DESIGN.md s.3) by the
-    exact kinds; approximate kinds make no promise about ties.
+
+def packed_rows(codes, bits: int, name: str) -> np.ndarray:
+    """``codes`` (+-1 or packed ``uint8``) as packed ``uint8`` rows of ``bits`` bits."""
+    packed = as_packed(codes, name)
+    if packed.shape[1] * 8 != bits:
+        raise HashIndexError(
+            f"{name} have {packed.shape[1] * 8} bits, the index holds {bits}-bit codes; "
+            f"pass +-1 codes of shape (n, {bits}) or packed uint8 of shape (n, {bits // 8})"
+        )
+    return packed
+
+
+def vector_rows(codes, bits: int, name: str) -> np.ndarray:
+    """``codes`` (packed ``uint8``, +-1 or continuous values) as finite ``float32`` rows of
+    ``bits`` values."""
+    codes = np.asarray(codes)
+    if codes.ndim != 2:
+        raise HashIndexError(f"{name} must be 2-D (items x bits), got shape {codes.shape}")
+    if codes.dtype == np.uint8:
+        codes = unpack_codes(codes)
+    vectors = codes.astype(np.float32)
+    if vectors.shape[1] != bits:
+        raise HashIndexError(
+            f"{name} have {vectors.shape[1]} values per row, the index holds {bits}-bit codes; "
+            f"pass rows of {bits} values or packed uint8 of shape (n, {bits // 8})"
+        )
+    if not np.all(np.isfinite(vectors)):
+        raise HashIndexError(f"{name} contain NaN or infinity; pass finite values")
+    return vectors
+
+
+_ROW_READERS = {PACKED: packed_rows, VECTORS: vector_rows}
+_ROW_DTYPES = {PACKED: np.uint8, VECTORS: np.float32}
+
+
+def empty_rows(layout: str, bits: int) -> np.ndarray:
+    """No rows, in the shape and dtype of ``layout``."""
+    return np.zeros((0, bits // 8 if layout == PACKED else bits), dtype=_ROW_DTYPES[layout])
+
+
+class HashIndex(abc.ABC):
+    """Codes with int64 external ids, kept in insertion order.
+
+    Ties in distance are returned in insertion order (an item added earlier comes first) by the
+    exact methods; approximate methods make no promise about ties.
+
+    Class attributes a subclass sets:
+        format_family: first part of the format tag (``binary``, ``scann``).
+        methods: the search methods the class offers; the first is the default.
+        exact_methods: the methods whose k-NN answers are exact.
+        method_param: the params key under which the manifest records the method (kept as
+            written by earlier versions, so their index directories still load).
+        row_layout: :data:`PACKED` or :data:`VECTORS`, how rows are stored and queries read.
+        rows_file: the ``.npy`` file that holds the rows in an index directory.
+        capabilities: the optional operations the class implements (:data:`TRAIN`,
+            :data:`RANGE_SEARCH`); see :meth:`supports`.
     """
 
-    kind: str = ""
-    exact: bool = False
+    format_family: ClassVar[str] = ""
+    methods: ClassVar[tuple[str, ...]] = ()
+    exact_methods: ClassVar[frozenset[str]] = frozenset()
+    method_param: ClassVar[str] = "method"
+    row_layout: ClassVar[str] = PACKED
+    rows_file: ClassVar[str] = "codes.npy"
+    capabilities: ClassVar[frozenset[str]] = frozenset()
 
-    def __init__(self, bits: int):
-        if bits <= 0 or bits % 8:
-            raise IndexError_(f"bits must be a positive multiple of 8, got {bits}")
-        self.bits = int(bits)
+    def __init__(self, bits: int, method: str):
+        self.bits = check_bits(bits)
+        if method not in self.methods:
+            raise HashIndexError(
+                f"unknown {type(self).__name__} method {method!r}; choose one of {', '.join(self.methods)}"
+            )
+        self.method = method
+        self._rows = empty_rows(self.row_layout, self.bits)
+        self._ids = np.zeros(0, dtype=np.int64)
 
-    @property
-    @abc.abstractmethod
-    def ntotal(self) -> int: ...
-
-    @abc.abstractmethod
-    def add(self, codes, ids=None) -> None: ...
-
-    @abc.abstractmethod
-    def remove(self, ids) -> int: ...
-
-    @abc.abstractmethod
-    def search(self, queries, k: int) -> SearchResult: ...
-
-    @abc.abstractmethod
-    def params(self) -> dict:
-        """Constructor parameters (JSON-ready), recorded in the manifest."""
-
-    @abc.abstractmethod
-    def write_files(self, directory) -> None:
-        """Write the index's data files into ``directory`` (no pickle)."""
+    # --- what the index is -------------------------------------------------------------------
 
     @classmethod
+    def format_tag_of(cls, method: str) -> str:
+        """The format tag of this class's ``method``, e.g. ``binary-flat``."""
+        return f"{cls.format_family}-{method}"
+
+    @property
+    def format_tag(self) -> str:
+        """The format tag recorded in the manifest, e.g. ``binary-flat``."""
+        return self.format_tag_of(self.method)
+
+    @property
+    def exact(self) -> bool:
+        """Whether k-NN answers are exact (distances and ties in insertion order)."""
+        return self.method in self.exact_methods
+
+    def supports(self, capability: str) -> bool:
+        """Whether the index declares ``capability`` (:data:`TRAIN`, :data:`RANGE_SEARCH`)."""
+        return capability in self.capabilities
+
+    def _require(self, capability: str) -> None:
+        if not self.supports(capability):
+            have = ", ".join(sorted(self.capabilities)) or "none"
+            raise HashIndexError(
+                f"a {self.format_tag} index ({type(self).__name__}) has no {capability} capability "
+                f"(it has: {have}); check index.supports({capability!r}) first or build an index type "
+                f"that declares it"
+            )
+
     @abc.abstractmethod
-    def read_files(cls, directory, bits: int, params: dict) -> HashIndex: ...
+    def settings(self) -> dict:
+        """The constructor parameters besides ``bits`` and the method (JSON-ready)."""
+
+    def params(self) -> dict:
+        """The parameters recorded in the manifest: the method under :attr:`method_param`, then
+        :meth:`settings`."""
+        return {self.method_param: self.method, **self.settings()}
+
+    @classmethod
+    def from_params(cls, bits: int, params: dict) -> HashIndex:
+        """An empty index built from manifest ``params`` (the inverse of :meth:`params`)."""
+        settings = dict(params)
+        method = settings.pop(cls.method_param, cls.methods[0])
+        return cls(bits, method, **settings)
+
+    def describe(self) -> dict:
+        """Format tag (under the manifest's field name), bits, count, exactness and params."""
+        return {FORMAT_TAG_FIELD: self.format_tag, "bits": self.bits, "count": self.ntotal, "exact": self.exact,
+                "params": self.params()}  # fmt: skip
+
+    # --- items and ids -----------------------------------------------------------------------
+
+    @property
+    def ntotal(self) -> int:
+        return int(self._ids.size)
+
+    def ids(self) -> np.ndarray:
+        """External ids in insertion order."""
+        return self._ids.copy()
+
+    def _read_rows(self, codes, name: str) -> np.ndarray:
+        return _ROW_READERS[self.row_layout](codes, self.bits, name)
+
+    def add(self, codes, ids=None) -> None:
+        """Append ``codes`` with int64 ``ids`` (default: consecutive ids after the largest one);
+        an id already in the index is refused (see :meth:`upsert`)."""
+        rows = self._read_rows(codes, "codes")
+        ids = validate_ids(next_ids(self._ids, rows.shape[0]) if ids is None else ids, rows.shape[0], self._ids)
+        self._add_rows(rows)
+        self._rows = np.concatenate([self._rows, rows])
+        self._ids = np.concatenate([self._ids, ids])
+
+    def remove(self, ids) -> int:
+        """Remove the items with these ids (unknown ids are ignored); return how many went."""
+        keep = ~np.isin(self._ids, np.asarray(ids, dtype=np.int64))
+        removed = int((~keep).sum())
+        if removed:
+            self._rows, self._ids = self._rows[keep], self._ids[keep]
+            self._items_removed()
+        return removed
 
     def upsert(self, codes, ids) -> None:
         """Replace the items with these ids (or add them when new)."""
         ids = np.asarray(ids, dtype=np.int64)
-        self.remove(ids[np.isin(ids, self.ids())])
+        self.remove(ids[np.isin(ids, self._ids)])
         self.add(codes, ids)
 
+    # --- queries -----------------------------------------------------------------------------
+
+    def search(self, queries, k: int) -> SearchResult:
+        """The ``k`` nearest items of each query, nearest first (ids ``-1`` where an approximate
+        method found fewer)."""
+        rows = self._read_rows(queries, "queries")
+        return self._search(rows, validate_k(k, self.ntotal))
+
+    def train(self, codes) -> None:
+        """Train the search structure on ``codes`` (capability :data:`TRAIN`)."""
+        self._require(TRAIN)
+        self._train(self._read_rows(codes, "codes"))
+
+    def range_search(self, queries, radius: int) -> list[SearchResult]:
+        """All items within Hamming distance ``radius`` (inclusive) of each query, one result per
+        query (capability :data:`RANGE_SEARCH`)."""
+        self._require(RANGE_SEARCH)
+        rows = self._read_rows(queries, "queries")
+        radius = validate_radius(radius)
+        if self.ntotal == 0:
+            return [SearchResult(np.zeros(0, np.int32), np.zeros(0, np.int64)) for _ in range(rows.shape[0])]
+        return self._range_search(rows, radius)
+
+    # --- hooks for the search structure ------------------------------------------------------
+
     @abc.abstractmethod
-    def ids(self) -> np.ndarray:
-        """External ids in insertion order."""
+    def _add_rows(self, rows: np.ndarray) -> None:
+        """Take new rows into the search structure (called before they join ``_rows``)."""
 
-    def packed_queries(self, queries) -> np.ndarray:
-        packed = as_packed(queries, "queries")
-        if packed.shape[1] * 8 != self.bits:
-            raise IndexError_(f"queries have {packed.shape[1] * 8} bits, the index has {self.bits}")
-        return packed
+    @abc.abstractmethod
+    def _items_removed(self) -> None:
+        """``_rows`` and ``_ids`` lost some items: bring the search structure in line."""
 
-    def describe(self) -> dict:
-        return {"kind": self.kind, "bits": self.bits, "count": self.ntotal, "exact": self.exact, "params": self.params()}
+    @abc.abstractmethod
+    def _search(self, rows: np.ndarray, k: int) -> SearchResult: ...
+
+    def _train(self, rows: np.ndarray) -> None:
+        raise NotImplementedError(f"{type(self).__name__} declares {TRAIN} but does not implement _train")
+
+    def _range_search(self, rows: np.ndarray, radius: int) -> list[SearchResult]:
+        raise NotImplementedError(f"{type(self).__name__} declares {RANGE_SEARCH} but does not implement _range_search")
+
+    # --- files -------------------------------------------------------------------------------
 
     def save(self, path, model_version: str | None = None, signature_fingerprint: str | None = None) -> None:
         """Persist atomically to the directory ``path`` with a manifest (see :mod:`.persistence`)."""
-        from tfhash.index.persistence import save_index
-
         save_index(self, path, model_version, signature_fingerprint)
+
+    def write_files(self, directory) -> None:
+        """Write the index's data files into ``directory`` (``.npy`` without pickle, plus
+        :meth:`_write_structure`)."""
+        np.save(os.path.join(directory, self.rows_file), self._rows, allow_pickle=False)
+        np.save(os.path.join(directory, IDS_FILE), self._ids, allow_pickle=False)
+        self._write_structure(directory)
+
+    @classmethod
+    def read_files(cls, directory, bits: int, params: dict) -> HashIndex:
+        """The index whose files :meth:`write_files` wrote into ``directory``."""
+        index = cls.from_params(bits, params)
+        rows = np.load(os.path.join(directory, cls.rows_file), allow_pickle=False)
+        ids = np.load(os.path.join(directory, IDS_FILE), allow_pickle=False)
+        index._restore(directory, rows, ids)
+        return index
+
+    def _write_structure(self, directory) -> None:
+        """Write files of the search structure that cannot be rebuilt from the rows (none by default)."""
+        return None
+
+    def _restore(self, directory, rows: np.ndarray, ids: np.ndarray) -> None:
+        """Take the stored rows and ids back (by default: add them, rebuilding the structure)."""
+        if rows.shape[0]:
+            self.add(rows, ids)

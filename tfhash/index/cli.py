@@ -8,6 +8,8 @@ import sys
 import click
 import numpy as np
 
+from tfhash.index.factory import index_type_names
+
 
 def _load_array(path: str, name: str) -> np.ndarray:
     try:
@@ -28,30 +30,31 @@ def index_group() -> None:
 @click.argument("codes_file", type=click.Path(exists=True, dir_okay=False))
 @click.option("--array", "array_name", default="db_codes", show_default=True, help="Array of codes in the .npz.")
 @click.option("--ids-array", default=None, help="Array of int64 ids in the .npz (default: 0..n-1).")
-@click.option("--kind", default="BFlat", show_default=True, help="BFlat, BIVF<nlist>, BMultiHash<nhash>, ScaNN, ScaNNBrute.")
+@click.option("--index-type", "--kind", "index_type", default="BFlat", show_default=True,
+              help=f"Index type: {index_type_names()}.")
 @click.option("--bits", type=int, default=None, help="Code length (default: from the codes).")
 @click.option("--output", required=True, type=click.Path(file_okay=False), help="Index directory to write.")
 @click.option("--model-version", default=None, help="SavedModel version the codes came from (recorded).")
 @click.option("--signature-fingerprint", default=None, help="Fingerprint of the encoding signature (recorded).")
 @click.option("--batch-size", default=100_000, show_default=True, type=click.IntRange(1))
-def build(codes_file, array_name, ids_array, kind, bits, output, model_version, signature_fingerprint, batch_size) -> None:
+def build(codes_file, array_name, ids_array, index_type, bits, output, model_version, signature_fingerprint, batch_size) -> None:
     """Build an index from codes in an .npz file (+-1 or packed uint8)."""
     from tqdm import tqdm
 
-    from tfhash.index import IndexError_, index_factory
+    from tfhash.index import TRAIN, index_factory
 
     codes = _load_array(codes_file, array_name)
     ids = _load_array(codes_file, ids_array) if ids_array else np.arange(codes.shape[0])
     if bits is None:
         bits = codes.shape[1] * 8 if codes.dtype == np.uint8 else codes.shape[1]
     try:
-        index = index_factory(bits, kind)
-        if hasattr(index, "train"):
+        index = index_factory(bits, index_type)
+        if index.supports(TRAIN):
             index.train(codes[: max(batch_size, 100_000)])
         for start in tqdm(range(0, codes.shape[0], batch_size), desc="adding", unit="batch", file=sys.stderr):
             index.add(codes[start : start + batch_size], ids[start : start + batch_size])
         index.save(output, model_version=model_version, signature_fingerprint=signature_fingerprint)
-    except (IndexError_, ValueError) as err:
+    except (ValueError, ImportError) as err:  # HashIndexError is a ValueError; ImportError: a missing back-end
         raise click.ClickException(str(err)) from err
     click.echo(json.dumps(index.describe(), indent=2))
 
@@ -64,12 +67,12 @@ def build(codes_file, array_name, ids_array, kind, bits, output, model_version, 
 @click.option("--expected-model-version", default=None, help="Refuse an index built for another model version.")
 def search(index_dir, queries_file, array_name, k, expected_model_version) -> None:
     """k nearest ids and distances for each query (JSON lines on stdout)."""
-    from tfhash.index import IndexError_, IndexFormatError, load_index
+    from tfhash.index import load_index
 
     try:
         index = load_index(index_dir, expected_model_version=expected_model_version)
         result = index.search(_load_array(queries_file, array_name), k)
-    except (IndexError_, IndexFormatError, ValueError) as err:
+    except (ValueError, ImportError) as err:  # HashIndexError and IndexFormatError are ValueErrors
         raise click.ClickException(str(err)) from err
     for row_ids, row_distances in zip(result.ids, result.distances, strict=True):
         click.echo(json.dumps({"ids": row_ids.tolist(), "distances": row_distances.tolist()}))
@@ -79,8 +82,7 @@ def search(index_dir, queries_file, array_name, k, expected_model_version) -> No
 @click.argument("index_dir", type=click.Path(exists=True, file_okay=False))
 def info(index_dir) -> None:
     """Print the index manifest after verifying the checksums."""
-    from tfhash.index import IndexFormatError
-    from tfhash.index.persistence import read_manifest, verify_files
+    from tfhash.index import IndexFormatError, read_manifest, verify_files
 
     try:
         manifest = read_manifest(index_dir)

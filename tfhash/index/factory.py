@@ -1,44 +1,134 @@
-"""Build an index from a short description, in the spirit of FAISS's ``index_factory``.
+"""The index types: one table from the names users write (``BFlat``, ``BIVF1024``, ...) to index
+classes, read both to build an empty index (:func:`index_factory`, in the spirit of FAISS's
+``index_factory``) and to open a saved one (:func:`read_manifest`, :func:`load_index`).
 
-========================  ==========================================================
-description               index
-========================  ==========================================================
+========================  ==============================================================
+index type                index
+========================  ==============================================================
 ``BFlat``                 exact Hamming k-NN (FAISS IndexBinaryFlat)
 ``BIVF<nlist>``           inverted lists, approximate (``nprobe`` keyword, default 16)
 ``BMultiHash<nhash>``     multi-index hashing, approximate (``nflip`` keyword, default 1)
 ``ScaNN``                 ScaNN tree + asymmetric hashing + reordering, approximate
 ``ScaNNBrute``            ScaNN brute force (exact distances, ties in any order)
-========================  ==========================================================
+========================  ==============================================================
+
+Each index type is one class and one method of it, so it has one format tag (``binary-flat``,
+``binary-ivf``, ...); a saved index is read by the class its format tag names.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
-from tfhash.index.base import HashIndex, IndexError_
+from tfhash.index.base import HashIndex, HashIndexError
+from tfhash.index.binary import BinaryIndex
+from tfhash.index.persistence import FORMAT_TAG_FIELD, open_index, parse_manifest
+from tfhash.index.scann_index import ScannIndex
 
 
-def index_factory(bits: int, description: str, **params) -> HashIndex:
-    """Create an empty index of ``bits``-bit codes from ``description`` (table above); extra
-    keyword parameters go to the index's constructor.
+@dataclass(frozen=True)
+class IndexType:
+    """One row of the type table.
+
+    Attributes:
+        name: what users write (``BIVF``; with ``size_param``, followed by a number: ``BIVF1024``).
+        cls: the index class.
+        method: the class's search method.
+        size_param: the constructor parameter given by the number after the name, or None.
+    """
+
+    name: str
+    cls: type[HashIndex]
+    method: str
+    size_param: str | None
+
+    @property
+    def spelling(self) -> str:
+        """How users write it: ``BFlat``, ``BIVF<nlist>``."""
+        return f"{self.name}<{self.size_param}>" if self.size_param else self.name
+
+    @property
+    def format_tag(self) -> str:
+        """The format tag its indexes record in the manifest, e.g. ``binary-ivf``."""
+        return self.cls.format_tag_of(self.method)
+
+
+#: The type table: index type name -> :class:`IndexType` (the rows of the table above).
+INDEX_TYPES: dict[str, IndexType] = {
+    row.name: row
+    for row in (
+        IndexType("BFlat", BinaryIndex, "flat", None),
+        IndexType("BIVF", BinaryIndex, "ivf", "nlist"),
+        IndexType("BMultiHash", BinaryIndex, "multihash", "nhash"),
+        IndexType("ScaNN", ScannIndex, "ah", None),
+        IndexType("ScaNNBrute", ScannIndex, "brute", None),
+    )
+}
+
+#: The format tags this version reads, each with its index type.
+FORMAT_TAGS: dict[str, IndexType] = {row.format_tag: row for row in INDEX_TYPES.values()}
+
+
+def index_type_names() -> str:
+    """The spellings of every index type, for help texts and error messages."""
+    spellings = [row.spelling for row in INDEX_TYPES.values()]
+    return ", ".join(spellings[:-1]) + " or " + spellings[-1]
+
+
+def parse_index_type(text: str) -> tuple[IndexType, dict]:
+    """The index type named by ``text`` (``"BIVF1024"``) and the parameter its number gives
+    (``{"nlist": 1024}``).
 
     Raises:
-        IndexError_: an unknown description.
+        HashIndexError: an unknown name, or a number missing or where none belongs.
     """
-    from tfhash.index.binary import BinaryIndex
-    from tfhash.index.scann_index import ScannIndex
+    match = re.fullmatch(r"([A-Za-z]+)(\d*)", text.strip())
+    row = INDEX_TYPES.get(match.group(1)) if match else None
+    if row is None:
+        raise HashIndexError(f"unknown index type {text!r}; use {index_type_names()}")
+    number = match.group(2)
+    if row.size_param is None:
+        if number:
+            raise HashIndexError(f"index type {row.name} takes no number, got {text!r}; write {row.name}")
+        return row, {}
+    if not number:
+        raise HashIndexError(f"index type {row.name} needs its {row.size_param} after the name, e.g. {row.name}16, got {text!r}")
+    return row, {row.size_param: int(number)}
 
-    text = description.strip()
-    if text == "BFlat":
-        return BinaryIndex(bits, "flat", **params)
-    if match := re.fullmatch(r"BIVF(\d+)", text):
-        return BinaryIndex(bits, "ivf", nlist=int(match.group(1)), **params)
-    if match := re.fullmatch(r"BMultiHash(\d+)", text):
-        return BinaryIndex(bits, "multihash", nhash=int(match.group(1)), **params)
-    if text == "ScaNN":
-        return ScannIndex(bits, "ah", **params)
-    if text == "ScaNNBrute":
-        return ScannIndex(bits, "brute", **params)
-    raise IndexError_(
-        f"unknown index description {description!r}; use BFlat, BIVF<nlist>, BMultiHash<nhash>, ScaNN or ScaNNBrute"
-    )
+
+def index_factory(bits: int, index_type: str, **params) -> HashIndex:
+    """Create an empty index of ``bits``-bit codes of ``index_type`` (table above); extra keyword
+    parameters go to the index's constructor.
+
+    Raises:
+        HashIndexError: an unknown index type or bad parameters.
+        ImportError: the index type's back-end (FAISS or ScaNN) is not installed; the message
+            names the extra to install.
+    """
+    row, size = parse_index_type(index_type)
+    return row.cls(bits, row.method, **size, **params)
+
+
+def read_manifest(path) -> dict:
+    """Parse and check the manifest of the index directory ``path``.
+
+    Raises:
+        IndexFormatError: missing or unparsable manifest, unknown format version or format tag.
+    """
+    return parse_manifest(path, FORMAT_TAGS)
+
+
+def load_index(path, expected_model_version: str | None = None) -> HashIndex:
+    """Load an index directory after verifying its manifest and checksums.
+
+    Args:
+        expected_model_version: when given, refuse an index built from another model version.
+
+    Raises:
+        IndexFormatError: corrupt files, unknown format, or a model version mismatch.
+        ImportError: the index's back-end is not installed.
+    """
+    manifest = read_manifest(path)
+    row = FORMAT_TAGS[manifest[FORMAT_TAG_FIELD]]
+    return open_index(path, manifest, row.cls.read_files, expected_model_version)

@@ -6,9 +6,15 @@ Manifest (format version 1)::
      "params": {...}, "model": {"version": "3", "signature_fingerprint": "..."},
      "files": {"codes.npy": "<sha256>", ...}, "tfhash_version": "0.1.0", "created": "..."}
 
-No pickle anywhere: arrays are ``.npy`` with ``allow_pickle=False``, FAISS and ScaNN write their own
-formats. A save writes into a temporary sibling directory and renames it into place; an existing
-index at the path is replaced only after the new one is complete.
+The field ``kind`` holds the index's format tag (``<format family>-<method>``), which names the
+class that reads the directory. No pickle anywhere: arrays are ``.npy`` with ``allow_pickle=False``,
+FAISS and ScaNN write their own formats. A save writes into a temporary sibling directory and
+renames it into place; an existing index at the path is replaced only after the new one is complete.
+
+This module knows no index class: it writes any index (through its ``write_files``, ``format_tag``,
+``bits``, ``ntotal``, ``exact`` and ``params``) and reads one with the reader it is given. The table
+from format tags to classes lives in :mod:`tfhash.index.factory`, whose ``read_manifest`` and
+``load_index`` are the public entry points for reading.
 """
 
 from __future__ import annotations
@@ -19,16 +25,20 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 from tfhash._version import __version__
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+#: The manifest field that holds the format tag (named ``kind`` since format version 1).
+FORMAT_TAG_FIELD = "kind"
+REQUIRED_FIELDS = (FORMAT_TAG_FIELD, "bits", "count", "files", "params")
 
 
 class IndexFormatError(ValueError):
-    """The index directory is corrupt, incomplete or of an unknown format version."""
+    """The index directory is corrupt, incomplete or of an unknown format version or format tag."""
 
 
 def _sha256(path: Path) -> str:
@@ -37,17 +47,6 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def _registry() -> dict:
-    from tfhash.index.binary import BinaryIndex
-    from tfhash.index.scann_index import ScannIndex
-
-    return {"binary": BinaryIndex, "scann": ScannIndex}
-
-
-def _family(kind: str) -> str:
-    return kind.split("-", 1)[0]
 
 
 def save_index(index, path, model_version: str | None = None, signature_fingerprint: str | None = None) -> Path:
@@ -62,7 +61,7 @@ def save_index(index, path, model_version: str | None = None, signature_fingerpr
         }
         manifest = {
             "format_version": FORMAT_VERSION,
-            "kind": index.kind,
+            FORMAT_TAG_FIELD: index.format_tag,
             "bits": index.bits,
             "count": index.ntotal,
             "id_dtype": "int64",
@@ -87,11 +86,12 @@ def save_index(index, path, model_version: str | None = None, signature_fingerpr
     return target
 
 
-def read_manifest(path) -> dict:
-    """Parse and check the manifest of the index directory ``path``.
+def parse_manifest(path, format_tags: Collection[str]) -> dict:
+    """Parse and check the manifest of the index directory ``path``, which must record one of
+    ``format_tags``.
 
     Raises:
-        IndexFormatError: missing or unparsable manifest, unknown format version or kind.
+        IndexFormatError: missing or unparsable manifest, unknown format version or format tag.
     """
     manifest_path = Path(path) / MANIFEST
     if not manifest_path.is_file():
@@ -105,11 +105,14 @@ def read_manifest(path) -> dict:
         raise IndexFormatError(
             f"{path}: index format version {version!r} is not supported (this tfhash reads version {FORMAT_VERSION})"
         )
-    for key in ("kind", "bits", "count", "files", "params"):
+    for key in REQUIRED_FIELDS:
         if key not in manifest:
             raise IndexFormatError(f"{manifest_path}: missing field {key!r}")
-    if _family(manifest["kind"]) not in _registry():
-        raise IndexFormatError(f"{path}: unknown index kind {manifest['kind']!r}")
+    if manifest[FORMAT_TAG_FIELD] not in format_tags:
+        raise IndexFormatError(
+            f"{path}: unknown index format tag {manifest[FORMAT_TAG_FIELD]!r} (field {FORMAT_TAG_FIELD!r}); "
+            f"this tfhash reads {', '.join(sorted(format_tags))}"
+        )
     return manifest
 
 
@@ -123,24 +126,21 @@ def verify_files(path, manifest: dict) -> None:
             raise IndexFormatError(f"{path}: checksum mismatch for {name}: the file is corrupt or was modified")
 
 
-def load_index(path, expected_model_version: str | None = None):
-    """Load an index directory after verifying its manifest and checksums.
-
-    Args:
-        expected_model_version: when given, refuse an index built from another model version.
+def open_index(path, manifest: dict, read_files: Callable, expected_model_version: str | None = None):
+    """Read the index directory ``path`` whose checked ``manifest`` is given, with ``read_files``
+    (the class's ``read_files(directory, bits, params)``), after verifying the model version and
+    the checksums.
 
     Raises:
-        IndexFormatError: corrupt files, unknown format, or a model version mismatch.
+        IndexFormatError: corrupt files, a model version mismatch, or a count the files disagree with.
     """
-    manifest = read_manifest(path)
     if expected_model_version is not None and manifest["model"].get("version") != str(expected_model_version):
         raise IndexFormatError(
             f"{path}: index was built for model version {manifest['model'].get('version')!r}, "
             f"not {expected_model_version!r}"
         )
     verify_files(path, manifest)
-    cls = _registry()[_family(manifest["kind"])]
-    index = cls.read_files(path, manifest["bits"], manifest["params"])
+    index = read_files(path, manifest["bits"], manifest["params"])
     if index.ntotal != manifest["count"]:
         raise IndexFormatError(f"{path}: manifest says {manifest['count']} items, files hold {index.ntotal}")
     return index

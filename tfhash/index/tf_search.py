@@ -4,7 +4,8 @@ with stock ops only, so an unmodified TF Serving can answer searches over a smal
 Memory per call is O(queries x chunk_size x bytes): the database is scanned in fixed chunks (the
 chunk loop is unrolled at export), each chunk keeps its own top k, and the candidates are merged
 with a final top_k. ``tf.math.top_k`` keeps the lower index first among equal values, and chunks
-are concatenated in database order, so ties come back in insertion order (DESIGN.md s.3).
+are concatenated in database order, so ties come back in insertion order, as from the exact
+:class:`~tfhash.index.binary.BinaryIndex`.
 """
 
 from __future__ import annotations
@@ -70,4 +71,4 @@ def export_hamming_search(packed_codes, ids, path, chunk_size: int = 16384) -> N
     """Save a :class:`HammingTopK` as a SavedModel whose ``serving_default`` signature maps
     ``queries`` (uint8, packed) and ``k`` (int32 scalar) to ``distances`` and ``ids``."""
     module = HammingTopK(packed_codes, ids, chunk_size)
-    tf.saved_model.save(module, str(path), signatures={"serving_default": module.search})
+    tf.saved_model.save(module, str(path), signatures={tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY: module.search})

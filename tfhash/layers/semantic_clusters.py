@@ -10,7 +10,7 @@ _MIN_SQUARED = 1e-12
 
 def negative_distances(codes, centres):
     """-D: ``(n, K)`` codes and ``(C, K)`` centres -> ``(n, C)`` negative Euclidean distances
-    (not squared; DESIGN.md s.4). The squared distance is floored at 1e-12 so that the gradient
+    (not squared; docs/design.md s.4). The squared distance is floored at 1e-12 so that the gradient
     of the square root stays finite."""
     squared = (
         ops.sum(ops.square(codes), axis=-1, keepdims=True)

@@ -1,4 +1,4 @@
-"""JCCH label coefficients q_is, u_is (JCCH Algorithm 1 and appendix; DESIGN.md s.4): the NumPy
+"""JCCH label coefficients q_is, u_is (JCCH Algorithm 1 and appendix; docs/design.md s.4): the NumPy
 reference that the pipeline's Beam job is tested against."""
 
 from __future__ import annotations

@@ -1,15 +1,39 @@
-"""Keras ``Loss`` wrappers over the pure loss functions, registered under package "tfhash".
+"""Keras ``Loss`` wrappers over the per-example loss functions, registered under package "tfhash".
+
+One wrapper per loss term; ``call`` returns the ``(n,)`` per-example values and Keras's reduction
+applies ``sample_weight`` (by default ``"sum_over_batch_size"``: sum_i w_i L_i / n, as
+:func:`tfhash.losses.reduce_per_example`). A paper's total is a weighted sum of wrappers over the
+model's outputs, e.g. SCDH (Eq. 18) = ``SemanticClusterUnaryLoss(lam)`` on ``-D`` +
+mu ``ClassifierCrossEntropy()`` on the logits + alpha ``QuantizationLoss()`` on the codes, and
+HyP2 = ``HyP2ProxyLoss(zeta)`` on the cosines + beta ``HyP2PairLoss(zeta)`` on the codes.
 
 ``y_true`` of :class:`SemanticClusterUnaryLoss` is either the ``(n, C)`` labels or the
-concatenation ``[labels, q, u]`` of shape ``(n, 3C)`` carrying JCCH coefficients.
+concatenation ``[labels, q, u]`` of shape ``(n, 3C)`` carrying JCCH coefficients. The wrappers of
+terms normalised over the whole batch (:class:`HyP2ProxyLoss`, :class:`HyP2PairLoss`,
+:class:`HammingTripletLoss`, :class:`PairwiseLikelihoodLoss`) leave rows of sample weight zero out
+of the batch's counts, as the models do (:mod:`tfhash.losses.reduction`).
 """
 
 from __future__ import annotations
 
 import keras
 
-from tfhash.losses.quantization import quantization_loss
-from tfhash.losses.semantic_cluster import classifier_cross_entropy, semantic_cluster_unary_loss
+from tfhash.losses.mean_teacher import softmax_squared_distance
+from tfhash.losses.pairwise import pairwise_likelihood_per_example, pairwise_similarity
+from tfhash.losses.proxy import (
+    balanced_binary_cross_entropy_per_example,
+    check_pair_scope,
+    hamming_triplet_per_example,
+    hyp2_pair_per_example,
+    hyp2_proxy_per_example,
+)
+from tfhash.losses.quantization import quantization_per_example
+from tfhash.losses.reduction import rows_taking_part, taking_part_mask
+from tfhash.losses.scdh import alignment_per_example
+from tfhash.losses.semantic_cluster import (
+    classifier_cross_entropy_per_example,
+    semantic_cluster_unary_per_example,
+)
 
 
 def split_label_coefficients(y_true, num_classes: int):
@@ -25,9 +49,37 @@ def split_label_coefficients(y_true, num_classes: int):
     )
 
 
+class _ConfiguredLoss(keras.losses.Loss):
+    """A loss whose constructor arguments are the attributes named in ``params``."""
+
+    params: tuple[str, ...] = ()
+
+    def get_config(self):
+        return {**super().get_config(), **{name: getattr(self, name) for name in self.params}}
+
+
+class _BatchLoss(_ConfiguredLoss):
+    """A loss normalised over the batch: ``call`` receives ``y_true`` as ``{"y": ..., "part": ...}``,
+    ``part`` the 0/1 rows that take part (weight not zero), and returns each row's share."""
+
+    def __call__(self, y_true, y_pred, sample_weight=None):
+        taking_part = rows_taking_part(sample_weight)
+        part = taking_part_mask(keras.ops.shape(y_pred)[0], taking_part)
+        return super().__call__({"y": y_true, "part": part}, y_pred, sample_weight)
+
+    @staticmethod
+    def unpack(y_true):
+        """(targets, rows taking part or None): ``call`` also accepts plain targets."""
+        if isinstance(y_true, dict):
+            return y_true["y"], y_true["part"] > 0
+        return y_true, None
+
+
 @keras.saving.register_keras_serializable(package="tfhash")
-class SemanticClusterUnaryLoss(keras.losses.Loss):
+class SemanticClusterUnaryLoss(_ConfiguredLoss):
     """SCUL on the ``-D`` output of :class:`tfhash.layers.SemanticClusters` (SCDH Eq. 10/16)."""
+
+    params = ("lam",)
 
     def __init__(self, lam: float = 0.005, name: str = "semantic_cluster_unary_loss", **kwargs):
         super().__init__(name=name, **kwargs)
@@ -35,15 +87,14 @@ class SemanticClusterUnaryLoss(keras.losses.Loss):
 
     def call(self, y_true, y_pred):
         labels, q, u = split_label_coefficients(y_true, y_pred.shape[-1])
-        return semantic_cluster_unary_loss(labels, y_pred, self.lam, q, u)
-
-    def get_config(self):
-        return {**super().get_config(), "lam": self.lam}
+        return semantic_cluster_unary_per_example(labels, y_pred, self.lam, q, u)
 
 
 @keras.saving.register_keras_serializable(package="tfhash")
-class QuantizationLoss(keras.losses.Loss):
-    """Hoelder quantization loss on continuous codes (``y_true`` is ignored)."""
+class QuantizationLoss(_ConfiguredLoss):
+    """Hoelder quantization loss on continuous codes (SCDH Sec. IV-C; ``y_true`` is ignored)."""
+
+    params = ("p",)
 
     def __init__(self, p: float = 3.0, name: str = "quantization_loss", **kwargs):
         super().__init__(name=name, **kwargs)
@@ -51,21 +102,119 @@ class QuantizationLoss(keras.losses.Loss):
 
     def call(self, y_true, y_pred):
         del y_true
-        return quantization_loss(y_pred, self.p)
-
-    def get_config(self):
-        return {**super().get_config(), "p": self.p}
+        return quantization_per_example(y_pred, self.p)
 
 
 @keras.saving.register_keras_serializable(package="tfhash")
-class ClassifierCrossEntropy(keras.losses.Loss):
-    """Multi-label-aware softmax cross-entropy of the classifier head (SCDH l_1)."""
+class ClassifierCrossEntropy(_ConfiguredLoss):
+    """Multi-label-aware softmax cross-entropy of the classifier head (SCDH Eq. 18, l_1)."""
 
     def __init__(self, name: str = "classifier_cross_entropy", **kwargs):
         super().__init__(name=name, **kwargs)
 
     def call(self, y_true, y_pred):
-        return classifier_cross_entropy(y_true, y_pred)
+        return classifier_cross_entropy_per_example(y_true, y_pred)
 
 
-__all__ = ["ClassifierCrossEntropy", "QuantizationLoss", "SemanticClusterUnaryLoss", "split_label_coefficients"]
+@keras.saving.register_keras_serializable(package="tfhash")
+class SoftmaxSquaredDistance(_ConfiguredLoss):
+    """MT-SCDH's consistency term d(u, v) = ||softmax(u) - softmax(v)||^2 (SCDH Eq. 21):
+    ``y_pred`` the student's logits (or -D), ``y_true`` the teacher's (held constant)."""
+
+    def __init__(self, name: str = "softmax_squared_distance", **kwargs):
+        super().__init__(name=name, **kwargs)
+
+    def call(self, y_true, y_pred):
+        return softmax_squared_distance(y_pred, y_true)
+
+
+@keras.saving.register_keras_serializable(package="tfhash")
+class CodeAlignmentLoss(_ConfiguredLoss):
+    """JCCH's pairing term 1 - cos(F1_i, F2_i) (JCCH Eq. 17, beta): ``y_pred`` one tower's codes,
+    ``y_true`` the other's."""
+
+    def __init__(self, name: str = "code_alignment", **kwargs):
+        super().__init__(name=name, **kwargs)
+
+    def call(self, y_true, y_pred):
+        return alignment_per_example(y_pred, y_true)
+
+
+@keras.saving.register_keras_serializable(package="tfhash")
+class BalancedBinaryCrossEntropy(_ConfiguredLoss):
+    """HCLM's multi-label class-balanced BCE on the proxy logits, c_k = 1 - frequency of tag k."""
+
+    params = ("tag_frequencies",)
+
+    def __init__(self, tag_frequencies, name: str = "balanced_binary_cross_entropy", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.tag_frequencies = [float(f) for f in tag_frequencies]
+
+    def call(self, y_true, y_pred):
+        return balanced_binary_cross_entropy_per_example(y_true, y_pred, self.tag_frequencies)
+
+
+@keras.saving.register_keras_serializable(package="tfhash")
+class HammingTripletLoss(_BatchLoss):
+    """HCLM's Hamming triplet loss (Eq. 22-24, batch-all mining) on the tanh codes."""
+
+    params = ("margin",)
+
+    def __init__(self, margin: float, name: str = "hamming_triplet_loss", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.margin = float(margin)
+
+    def call(self, y_true, y_pred):
+        labels, taking_part = self.unpack(y_true)
+        return hamming_triplet_per_example(labels, y_pred, self.margin, taking_part)
+
+
+@keras.saving.register_keras_serializable(package="tfhash")
+class HyP2ProxyLoss(_BatchLoss):
+    """HyP2's proxy term (Eq. 2-3) on the cosines of the codes to the proxies
+    (what :class:`tfhash.layers.LearnableProxies` returns)."""
+
+    params = ("zeta",)
+
+    def __init__(self, zeta: float, name: str = "hyp2_proxy_loss", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.zeta = float(zeta)
+
+    def call(self, y_true, y_pred):
+        labels, taking_part = self.unpack(y_true)
+        return hyp2_proxy_per_example(labels, y_pred, self.zeta, taking_part)
+
+
+@keras.saving.register_keras_serializable(package="tfhash")
+class HyP2PairLoss(_BatchLoss):
+    """HyP2's irrelevant-pair term (Eq. 4-6) on the codes."""
+
+    params = ("zeta", "pair_scope")
+
+    def __init__(self, zeta: float, pair_scope: str = "multi-label", name: str = "hyp2_pair_loss", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.zeta = float(zeta)
+        self.pair_scope = check_pair_scope(pair_scope)
+
+    def call(self, y_true, y_pred):
+        labels, taking_part = self.unpack(y_true)
+        return hyp2_pair_per_example(labels, y_pred, self.zeta, self.pair_scope, taking_part)
+
+
+@keras.saving.register_keras_serializable(package="tfhash")
+class PairwiseLikelihoodLoss(_BatchLoss):
+    """DPSH's pairwise likelihood (Eq. 3, 5) over the pairs *within the batch* (labels as
+    ``y_true``, codes as ``y_pred``). :class:`tfhash.models.PairwiseHashModel` pairs every example
+    with a memory of the whole training set instead."""
+
+    params = ("eta",)
+
+    def __init__(self, eta: float = 0.01, name: str = "pairwise_likelihood_loss", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.eta = float(eta)
+
+    def call(self, y_true, y_pred):
+        labels, taking_part = self.unpack(y_true)
+        values = pairwise_likelihood_per_example(y_pred, y_pred, pairwise_similarity(labels, labels), self.eta, taking_part)
+        return values * taking_part_mask(keras.ops.shape(y_pred)[0], taking_part)
+

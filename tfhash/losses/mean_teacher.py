@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from tfhash.losses.reduction import reduce_per_example
+
 
 def softmax_squared_distance(student_logits, teacher_logits) -> tf.Tensor:
     """d(u, v) = ||softmax(u) - softmax(v)||^2 per example: ``(n,)``. The teacher side is a constant
@@ -14,13 +16,23 @@ def softmax_squared_distance(student_logits, teacher_logits) -> tf.Tensor:
     return tf.reduce_sum(tf.square(student - teacher), axis=-1)
 
 
-def mean_teacher_consistency(student_logits, teacher_logits, student_neg_distances, teacher_neg_distances, mu) -> tf.Tensor:
-    """Mean over labelled and unlabelled examples of mu * d(a_i, a_i^T) + d(e_i, e_i^T), with a the
-    classifier logits and e = -D (SCDH Eq. 21 without the ramp weight w)."""
-    per_example = mu * softmax_squared_distance(student_logits, teacher_logits) + softmax_squared_distance(
+def mean_teacher_consistency_per_example(student_logits, teacher_logits, student_neg_distances, teacher_neg_distances,
+                                         mu) -> tf.Tensor:  # fmt: skip
+    """mu * d(a_i, a_i^T) + d(e_i, e_i^T) of every example, labelled or not, with a the classifier
+    logits and e = -D (SCDH Eq. 21 without the ramp weight w): ``(n,)``."""
+    return mu * softmax_squared_distance(student_logits, teacher_logits) + softmax_squared_distance(
         student_neg_distances, teacher_neg_distances
     )
-    return tf.reduce_mean(per_example)
+
+
+def mean_teacher_consistency(student_logits, teacher_logits, student_neg_distances, teacher_neg_distances, mu,
+                             sample_weight=None) -> tf.Tensor:  # fmt: skip
+    """Mean over labelled and unlabelled examples of :func:`mean_teacher_consistency_per_example`
+    (weighted by ``sample_weight`` as Keras does, :func:`tfhash.losses.reduce_per_example`)."""
+    return reduce_per_example(
+        mean_teacher_consistency_per_example(student_logits, teacher_logits, student_neg_distances, teacher_neg_distances, mu),
+        sample_weight,
+    )
 
 
 def sigmoid_rampup(current: float, rampup_length: float) -> float:

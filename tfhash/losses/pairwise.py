@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from tfhash.losses.reduction import reduce_per_example
+
 
 def pairwise_similarity(labels, other_labels):
     """s_ij = 1 when examples i and j share at least one label, else 0 (float32, ``(n, m)``)."""
@@ -18,10 +20,11 @@ def pairwise_similarity(labels, other_labels):
     return tf.cast(tf.matmul(labels, other_labels, transpose_b=True) > 0, tf.float32)
 
 
-def pairwise_likelihood_loss(codes, other_codes, similarity, eta: float = 0.01):
-    """DPSH's objective for a batch against a set of codes (the memory U of DPSH's Algorithm 1).
+def pairwise_likelihood_per_example(codes, other_codes, similarity, eta: float = 0.01, other_taking_part=None):
+    """DPSH's objective per example of a batch against a set of codes (the memory U of DPSH's
+    Algorithm 1):
 
-    L = mean_ij [ log(1 + exp(theta_ij)) - s_ij theta_ij ] + eta * mean_i ||u_i - sign(u_i)||^2,
+    L_i = mean_j [ log(1 + exp(theta_ij)) - s_ij theta_ij ] + eta * ||u_i - sign(u_i)||^2,
     theta_ij = u_i . u_j / 2 (Eq. 3 with the relaxation of Eq. 5).
 
     DPSH sums over pairs; we take means so the learning rate does not depend on n (our choice).
@@ -32,10 +35,26 @@ def pairwise_likelihood_loss(codes, other_codes, similarity, eta: float = 0.01):
         other_codes: ``(m, K)`` codes to pair with (the memory, or ``codes`` itself).
         similarity: ``(n, m)`` 0/1 pair labels (:func:`pairwise_similarity`).
         eta: weight of the quantization term.
+        other_taking_part: optional ``(m,)`` bool: the mean over j runs over these only (in-batch
+            pairs with sample weights, :func:`tfhash.losses.rows_taking_part`).
+
+    Returns:
+        ``(n,)``: L_i.
     """
     codes = tf.cast(codes, tf.float32)
     theta = 0.5 * tf.matmul(codes, tf.cast(other_codes, tf.float32), transpose_b=True)
-    likelihood = tf.reduce_mean(tf.nn.softplus(theta) - tf.cast(similarity, tf.float32) * theta)
+    pair_values = tf.nn.softplus(theta) - tf.cast(similarity, tf.float32) * theta
+    if other_taking_part is None:
+        likelihood = tf.reduce_mean(pair_values, axis=-1)
+    else:
+        columns = tf.cast(other_taking_part, tf.float32)
+        likelihood = tf.math.divide_no_nan(tf.reduce_sum(pair_values * columns[None, :], axis=-1), tf.reduce_sum(columns))
     signs = tf.where(codes >= 0.0, 1.0, -1.0)
-    quantization = tf.reduce_mean(tf.reduce_sum(tf.square(codes - signs), axis=-1))
-    return likelihood + eta * quantization
+    return likelihood + eta * tf.reduce_sum(tf.square(codes - signs), axis=-1)
+
+
+def pairwise_likelihood_loss(codes, other_codes, similarity, eta: float = 0.01, sample_weight=None):
+    """DPSH's objective of the batch: the mean of :func:`pairwise_likelihood_per_example` over the
+    batch's examples (weighted by ``sample_weight`` as Keras does), i.e.
+    mean_ij [ log(1 + exp(theta_ij)) - s_ij theta_ij ] + eta * mean_i ||u_i - sign(u_i)||^2."""
+    return reduce_per_example(pairwise_likelihood_per_example(codes, other_codes, similarity, eta), sample_weight)

@@ -1,13 +1,15 @@
-"""Hoelder quantization loss of SCDH (Sec. IV-C, DESIGN.md s.4)."""
+"""Hoelder quantization loss of SCDH (Sec. IV-C, docs/design.md s.4)."""
 
 from __future__ import annotations
 
 import tensorflow as tf
 
+from tfhash.losses.reduction import reduce_per_example
+
 _EPSILON = 1e-12
 
 
-def quantization_loss(codes, p: float = 3.0) -> tf.Tensor:
+def quantization_per_example(codes, p: float = 3.0) -> tf.Tensor:
     """l_q(f) = 1 - sum_k |f_k| / ( ||1||_q * ||f||_p ), with 1/p + 1/q = 1 (p = 3, q = 1.5).
 
     By Hoelder's inequality 0 <= l_q <= 1, and l_q = 0 exactly when all |f_k| are equal, i.e. when
@@ -18,7 +20,7 @@ def quantization_loss(codes, p: float = 3.0) -> tf.Tensor:
         p: the norm of f; q = p / (p - 1).
 
     Returns:
-        Scalar: mean of l_q over the batch.
+        ``(n,)``: l_q of each code.
     """
     if p <= 1.0:
         raise ValueError(f"p must be > 1, got {p}")
@@ -29,4 +31,10 @@ def quantization_loss(codes, p: float = 3.0) -> tf.Tensor:
     l1 = tf.reduce_sum(magnitude, axis=-1)
     lp = tf.pow(tf.reduce_sum(tf.pow(magnitude, p), axis=-1) + _EPSILON, 1.0 / p)
     ones_q = tf.pow(bits, 1.0 / q)
-    return tf.reduce_mean(1.0 - l1 / (ones_q * lp))
+    return 1.0 - l1 / (ones_q * lp)
+
+
+def quantization_loss(codes, p: float = 3.0, sample_weight=None) -> tf.Tensor:
+    """Scalar: the mean of :func:`quantization_per_example` over the batch (weighted by
+    ``sample_weight`` as Keras does, :func:`tfhash.losses.reduce_per_example`)."""
+    return reduce_per_example(quantization_per_example(codes, p), sample_weight)

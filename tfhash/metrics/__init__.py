@@ -1,4 +1,4 @@
-"""Retrieval metrics: the one definition every other part of tfhash calls (DESIGN.md s.2-3).
+"""Retrieval metrics: the one definition every other part of tfhash calls (docs/design.md s.2-3).
 
 Plots live in :mod:`tfhash.metrics.plots` (matplotlib, imported on use).
 """

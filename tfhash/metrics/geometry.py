@@ -1,4 +1,4 @@
-"""Class geometry of continuous codes: d_intra and d_inter (HyP2 Table 6, DESIGN.md s.3)."""
+"""Class geometry of continuous codes: d_intra and d_inter (HyP2 Table 6, docs/design.md s.3)."""
 
 from __future__ import annotations
 

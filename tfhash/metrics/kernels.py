@@ -3,7 +3,7 @@ pass over the database, without sorting and without any queries x database matri
 
 For each query, database items are visited in index order. The Hamming distance is the hardware
 popcount of the XOR of packed 64-bit (or 8-bit) words (LLVM ``ctpop``); relevance is a non-empty
-AND of label bitmasks. With ties broken by database index (DESIGN.md s.3) the rank of item j at
+AND of label bitmasks. With ties broken by database index (docs/design.md s.3) the rank of item j at
 distance h is ``(items at distance < h) + (items at distance h with index <= j)``, and the number
 of relevant items ranked at or before a relevant j is ``(relevant at distance < h) + (relevant at
 distance h with index <= j)``. The visit builds the two histograms (K + 1 bins) and notes, at

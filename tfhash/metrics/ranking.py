@@ -1,4 +1,4 @@
-"""Validated inputs of the retrieval metrics (DESIGN.md s.2-3): packed code words and label
+"""Validated inputs of the retrieval metrics (docs/design.md s.2-3): packed code words and label
 bitmasks, the form :mod:`tfhash.metrics.kernels` consumes."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Retrieval metrics over binary codes: the project's one definition (DESIGN.md s.3).
+"""Retrieval metrics over binary codes: the project's one definition (docs/design.md s.3).
 
 Conventions (see docs/metrics.md for how they compare with other hashing code bases):
 
@@ -183,7 +183,7 @@ def mean_average_precision(query_codes, db_codes, query_labels, db_labels, top_r
 
 def mean_average_precision_tie_aware(query_codes, db_codes, query_labels, db_labels, **kwargs) -> float:
     """Tie-aware mAP@all: expected AP over random orders within distance ties; immune to the
-    database order (DESIGN.md s.3)."""
+    database order (docs/design.md s.3)."""
     report = evaluate_retrieval(query_codes, db_codes, query_labels, db_labels, tie_aware=True, **kwargs)
     return float(np.mean(report.tie_aware_average_precision)) if report.num_queries else 0.0
 

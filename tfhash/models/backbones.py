@@ -250,8 +250,10 @@ def load_encoder(path: str) -> keras.Model | keras.layers.Layer:
         BackboneError: the path does not exist or holds neither.
     """
     if os.path.isdir(path):
+        import tensorflow as tf
+
         try:
-            return keras.layers.TFSMLayer(path, call_endpoint="serving_default", trainable=False, name="network")
+            return keras.layers.TFSMLayer(path, call_endpoint=tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY, trainable=False, name="network")
         except Exception as err:  # TF raises many types for a folder that is not a SavedModel
             raise BackboneError(f"{path}: not a SavedModel with a serving_default signature ({str(err).splitlines()[0][:300]})") from err
     if not os.path.isfile(path):

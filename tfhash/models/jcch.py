@@ -6,18 +6,26 @@ import keras
 import numpy as np
 
 from tfhash.layers import HashHead, SemanticClusters
-from tfhash.losses.scdh import cross_modal_loss
-from tfhash.models.base import NestedConfigMixin, binarize, loss_trackers, unpack_targets
+from tfhash.losses.scdh import cross_modal_per_example, cross_modal_total
+from tfhash.models.base import (
+    EncoderMixin,
+    NestedConfigMixin,
+    loss_trackers,
+    reduce_tracked_loss,
+    unpack_targets,
+)
 
 
 @keras.saving.register_keras_serializable(package="tfhash")
-class JCCHModel(NestedConfigMixin, keras.Model):
+class JCCHModel(NestedConfigMixin, EncoderMixin, keras.Model):
     """Two towers (one backbone + HashHead + classifier per modality) whose codes are scored
     against one shared :class:`SemanticClusters` layer.
 
     Inputs are a dict ``{modality_a: x_a, modality_b: x_b}`` of paired examples; ``call`` returns
     ``{modality: {"codes", "neg_distances", "logits"}}``. Targets: labels or
-    ``{"labels", "q", "u"}`` (JCCH coefficients; JCCH-B without them).
+    ``{"labels", "q", "u"}`` (JCCH coefficients; JCCH-B without them). Every term is per pair,
+    so ``sample_weight`` weights each pair's loss (both towers and the alignment). ``modalities``
+    are the two input names, sorted; ``encoder(modality)`` is that tower (backbone + hash head).
 
     Args:
         backbones: ``{modality: keras model}`` for exactly two modalities.
@@ -33,7 +41,7 @@ class JCCHModel(NestedConfigMixin, keras.Model):
         super().__init__(**kwargs)
         if len(backbones) != 2:
             raise ValueError("JCCHModel needs exactly two modalities")
-        self.modalities = sorted(backbones)
+        self.modalities = tuple(sorted(backbones))
         self.backbones = {m: backbones[m] for m in self.modalities}
         self.num_classes, self.bits = int(num_classes), int(bits)
         self.lam, self.mu, self.alpha, self.beta, self.p = float(lam), float(mu), float(alpha), float(beta), float(p)
@@ -52,9 +60,7 @@ class JCCHModel(NestedConfigMixin, keras.Model):
         self._trackers = loss_trackers(self, ("scul", "classifier", "quantization", "alignment"))
 
     def tower(self, modality: str, x, training=False) -> dict:
-        if modality not in self.backbones:
-            raise ValueError(f"unknown modality {modality!r}; this model has {self.modalities}")
-        features = self.backbones[modality](x, training=training)
+        features = self.modality_backbone(modality)(x, training=training)
         codes = self.hash_heads[modality](features)
         return {"codes": codes, "neg_distances": self.clusters(codes), "logits": self.classifiers[modality](features)}
 
@@ -66,18 +72,16 @@ class JCCHModel(NestedConfigMixin, keras.Model):
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
         labels, q, u = unpack_targets(y)
-        parts = cross_modal_loss(labels, [y_pred[m] for m in self.modalities], self.lam, self.mu, self.alpha,
-                                 self.beta, q, u, self.p)  # fmt: skip
-        for name, tracker in self._trackers.items():
-            tracker.update_state(parts[name])
-        return parts["loss"]
+        per_example = cross_modal_per_example(labels, [y_pred[m] for m in self.modalities], self.lam, self.mu, self.alpha,
+                                              self.beta, q, u, self.p)  # fmt: skip
+        return reduce_tracked_loss(self, per_example, sample_weight,
+                                   lambda reduced: cross_modal_total(reduced, self.mu, self.alpha, self.beta))  # fmt: skip
 
-    def encode(self, x, modality: str, batch_size: int = 512) -> np.ndarray:
-        """+-1 codes of one modality's inputs."""
-        if modality not in self.backbones:
-            raise ValueError(f"unknown modality {modality!r}; this model has {self.modalities}")
-        encoder = keras.Model(self.backbones[modality].inputs, self.hash_heads[modality](self.backbones[modality].outputs[0]))
-        return np.asarray(binarize(encoder.predict(x, batch_size=batch_size, verbose=0)))
+    def modality_backbone(self, modality: str | None = None) -> keras.Model:
+        return self.backbones[self.check_modality(modality)]
+
+    def modality_head(self, modality: str | None = None):
+        return self.hash_heads[self.check_modality(modality)]
 
     nested_keys = ("backbones",)
 

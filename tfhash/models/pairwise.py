@@ -7,8 +7,15 @@ import numpy as np
 import tensorflow as tf
 
 from tfhash.layers import HashHead
-from tfhash.losses.pairwise import pairwise_likelihood_loss, pairwise_similarity
-from tfhash.models.base import EncoderMixin, NestedConfigMixin, loss_trackers
+from tfhash.losses.pairwise import pairwise_likelihood_per_example, pairwise_similarity
+from tfhash.losses.reduction import rows_taking_part
+from tfhash.models.base import (
+    EncoderMixin,
+    NestedConfigMixin,
+    loss_trackers,
+    reduce_tracked_loss,
+    unpack_sample_weight,
+)
 
 
 @keras.saving.register_keras_serializable(package="tfhash")
@@ -20,7 +27,9 @@ class PairwiseHashModel(NestedConfigMixin, EncoderMixin, keras.Model):
 
     Targets for ``fit`` are ``{"labels": (n, C), "index": (n,)}``: ``index`` is each example's row
     in the training set, in ``[0, num_train)``. Rows not yet visited have zero code and no label,
-    so they add no gradient.
+    so they add no gradient. The loss is per example (its pairs with the whole memory), so
+    ``sample_weight`` weights each example's loss; an example of weight zero does not write its
+    code and labels into the memory either.
 
     Args:
         num_classes, bits: C and K.
@@ -58,13 +67,24 @@ class PairwiseHashModel(NestedConfigMixin, EncoderMixin, keras.Model):
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
         if not isinstance(y, dict) or "index" not in y or "labels" not in y:
             raise ValueError("PairwiseHashModel needs targets {'labels': ..., 'index': ...} (rows of the training set)")
+        sample_weight = unpack_sample_weight(sample_weight)
         labels = tf.cast(y["labels"], tf.float32)
         rows = tf.reshape(tf.cast(y["index"], tf.int32), (-1, 1))
         codes = y_pred["codes"]
-        self.code_memory.assign(tf.tensor_scatter_nd_update(self.code_memory.value, rows, tf.stop_gradient(codes)))
-        self.label_memory.assign(tf.tensor_scatter_nd_update(self.label_memory.value, rows, labels))
+        self._remember(self.code_memory, rows, tf.stop_gradient(codes), sample_weight)
+        self._remember(self.label_memory, rows, labels, sample_weight)
         similarity = pairwise_similarity(labels, self.label_memory.value)
-        return pairwise_likelihood_loss(codes, self.code_memory.value, similarity, self.eta)
+        per_example = pairwise_likelihood_per_example(codes, self.code_memory.value, similarity, self.eta)
+        return reduce_tracked_loss(self, {"loss": per_example}, sample_weight)
+
+    @staticmethod
+    def _remember(memory, rows, values, sample_weight) -> None:
+        """Overwrite the memory's ``rows`` with ``values``, except rows of sample weight zero."""
+        values = tf.cast(values, memory.dtype)
+        taking_part = rows_taking_part(sample_weight)
+        if taking_part is not None:
+            values = tf.where(taking_part[:, None], values, tf.gather_nd(memory.value, rows))
+        memory.assign(tf.tensor_scatter_nd_update(memory.value, rows, values))
 
     nested_keys = ("backbone",)
 

@@ -1,4 +1,4 @@
-"""Paper hyper-parameters as named presets (SCDH Sec. V; DESIGN.md s.4). Every value can be
+"""Paper hyper-parameters as named presets (SCDH Sec. V; docs/design.md s.4). Every value can be
 overridden by keyword in the model builders."""
 
 from __future__ import annotations

@@ -6,9 +6,23 @@ import keras
 import numpy as np
 
 from tfhash.layers import FixedProxies, HashHead, LearnableProxies
-from tfhash.losses.proxy import balanced_binary_cross_entropy, hamming_triplet_loss, hyp2_loss
-from tfhash.losses.semantic_cluster import classifier_cross_entropy
-from tfhash.models.base import EncoderMixin, NestedConfigMixin, loss_trackers, unpack_targets
+from tfhash.losses.proxy import (
+    balanced_binary_cross_entropy_per_example,
+    check_pair_scope,
+    hamming_triplet_per_example,
+    hyp2_per_example,
+    hyp2_zeta,
+)
+from tfhash.losses.reduction import rows_taking_part
+from tfhash.losses.semantic_cluster import classifier_cross_entropy_per_example
+from tfhash.models.base import (
+    EncoderMixin,
+    NestedConfigMixin,
+    loss_trackers,
+    reduce_tracked_loss,
+    unpack_sample_weight,
+    unpack_targets,
+)
 
 
 @keras.saving.register_keras_serializable(package="tfhash")
@@ -17,7 +31,9 @@ class HCLMModel(NestedConfigMixin, EncoderMixin, keras.Model):
 
     Loss: softmax cross-entropy (single-label) or the class-balanced BCE (multi-label, with
     ``tag_frequencies``), plus ``triplet_weight`` times the Hamming triplet loss (HCLM Eq. 22-24).
-    ``call`` returns ``{"codes": nu, "logits": ...}``.
+    ``call`` returns ``{"codes": nu, "logits": ...}``. ``sample_weight`` weights each example's
+    loss; the triplet term is a mean over the batch's triplets, each anchor's share weighted, and
+    rows of weight zero are in no triplet.
 
     Args:
         backbone: Keras feature extractor.
@@ -49,14 +65,17 @@ class HCLMModel(NestedConfigMixin, EncoderMixin, keras.Model):
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
         labels, _, _ = unpack_targets(y)
+        sample_weight = unpack_sample_weight(sample_weight)
         if self.tag_frequencies is None:
-            proxy_loss = classifier_cross_entropy(labels, y_pred["logits"])
+            proxy_loss = classifier_cross_entropy_per_example(labels, y_pred["logits"])
         else:
-            proxy_loss = balanced_binary_cross_entropy(labels, y_pred["logits"], self.tag_frequencies)
-        triplet = hamming_triplet_loss(labels, y_pred["codes"], self.margin) if self.triplet_weight else 0.0 * proxy_loss
-        self._trackers["proxy_loss"].update_state(proxy_loss)
-        self._trackers["triplet"].update_state(triplet)
-        return proxy_loss + self.triplet_weight * triplet
+            proxy_loss = balanced_binary_cross_entropy_per_example(labels, y_pred["logits"], self.tag_frequencies)
+        if self.triplet_weight:
+            triplet = hamming_triplet_per_example(labels, y_pred["codes"], self.margin, rows_taking_part(sample_weight))
+        else:
+            triplet = 0.0 * proxy_loss
+        per_example = {"loss": proxy_loss + self.triplet_weight * triplet, "proxy_loss": proxy_loss, "triplet": triplet}
+        return reduce_tracked_loss(self, per_example, sample_weight)
 
     nested_keys = ("backbone",)
 
@@ -69,7 +88,9 @@ class HCLMModel(NestedConfigMixin, EncoderMixin, keras.Model):
 @keras.saving.register_keras_serializable(package="tfhash")
 class HyP2Model(NestedConfigMixin, EncoderMixin, keras.Model):
     """backbone -> HashHead (linear F) with learnable proxies, trained with the HyP2 loss.
-    ``call`` returns ``{"codes": F, "cosines": cos(F, p)}``.
+    ``call`` returns ``{"codes": F, "cosines": cos(F, p)}``. HyP2's terms are normalised over the
+    batch; with ``sample_weight`` each example's share is weighted and rows of weight zero take no
+    part (:func:`tfhash.losses.hyp2_per_example`).
 
     Args:
         zeta: margin; default :func:`tfhash.losses.hyp2_zeta` of (C, K).
@@ -80,17 +101,11 @@ class HyP2Model(NestedConfigMixin, EncoderMixin, keras.Model):
     def __init__(self, backbone, num_classes: int, bits: int, zeta: float | None = None, beta: float = 0.5,
                  pair_scope: str = "multi-label", **kwargs):  # fmt: skip
         super().__init__(**kwargs)
-        from tfhash.losses.proxy import hyp2_zeta
-
         self.backbone = backbone
         self.num_classes, self.bits = int(num_classes), int(bits)
         self.zeta = float(hyp2_zeta(self.num_classes, self.bits) if zeta is None else zeta)
         self.beta = float(beta)
-        from tfhash.losses.proxy import PAIR_SCOPES
-
-        if pair_scope not in PAIR_SCOPES:
-            raise ValueError(f"unknown pair_scope {pair_scope!r}; choose one of {PAIR_SCOPES}")
-        self.pair_scope = pair_scope
+        self.pair_scope = check_pair_scope(pair_scope)
         self.hash_head = HashHead(self.bits, name="hash_head")
         self.proxy_layer = LearnableProxies(self.num_classes, self.bits, name="proxies")
         self._trackers = loss_trackers(self, ())
@@ -101,7 +116,10 @@ class HyP2Model(NestedConfigMixin, EncoderMixin, keras.Model):
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
         labels, _, _ = unpack_targets(y)
-        return hyp2_loss(labels, y_pred["codes"], self.proxy_layer.proxies, self.zeta, self.beta, self.pair_scope)
+        sample_weight = unpack_sample_weight(sample_weight)
+        loss = hyp2_per_example(labels, y_pred["codes"], self.proxy_layer.proxies, self.zeta, self.beta, self.pair_scope,
+                                rows_taking_part(sample_weight))  # fmt: skip
+        return reduce_tracked_loss(self, {"loss": loss}, sample_weight)
 
     nested_keys = ("backbone",)
 

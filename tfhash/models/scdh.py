@@ -7,10 +7,17 @@ import numpy as np
 import tensorflow as tf
 
 from tfhash.layers import HashHead, SemanticClusters
-from tfhash.losses.mean_teacher import mean_teacher_consistency
-from tfhash.losses.quantization import quantization_loss
-from tfhash.losses.scdh import scdh_loss
-from tfhash.models.base import EncoderMixin, NestedConfigMixin, loss_trackers, unpack_targets
+from tfhash.losses.mean_teacher import mean_teacher_consistency_per_example
+from tfhash.losses.reduction import batch_shares, reduce_parts, rows_taking_part, taking_part_mask
+from tfhash.losses.scdh import scdh_per_example, scdh_total
+from tfhash.models.base import (
+    EncoderMixin,
+    NestedConfigMixin,
+    loss_trackers,
+    reduce_tracked_loss,
+    unpack_sample_weight,
+    unpack_targets,
+)
 
 
 @keras.saving.register_keras_serializable(package="tfhash")
@@ -19,7 +26,8 @@ class SCDHModel(NestedConfigMixin, EncoderMixin, keras.Model):
     on the backbone features; trained with SCUL + mu * l_1 + alpha * l_q.
 
     ``call`` returns ``{"codes": F, "neg_distances": -D, "logits": a}``. Targets for ``fit`` are
-    ``(n, C)`` labels or ``{"labels", "q", "u"}`` with JCCH coefficients.
+    ``(n, C)`` labels or ``{"labels", "q", "u"}`` with JCCH coefficients. Every term is per
+    example, so ``sample_weight`` weights each example's loss (Keras's ``"sum_over_batch_size"``).
 
     Args:
         backbone: Keras model mapping inputs to a feature vector.
@@ -48,16 +56,22 @@ class SCDHModel(NestedConfigMixin, EncoderMixin, keras.Model):
         codes = self.hash_head(features)
         return {"codes": codes, "neg_distances": self.clusters(codes), "logits": self.classifier(features)}
 
-    def supervised_loss(self, labels, y_pred, q=None, u=None) -> dict:
-        return scdh_loss(labels, y_pred["neg_distances"], y_pred["logits"], y_pred["codes"],
-                         self.lam, self.mu, self.alpha, q, u, self.p)  # fmt: skip
+    def supervised_per_example(self, labels, y_pred, q=None, u=None) -> dict:
+        """:func:`tfhash.losses.scdh_per_example` of this model's outputs: ``(n,)`` values."""
+        return scdh_per_example(labels, y_pred["neg_distances"], y_pred["logits"], y_pred["codes"],
+                                self.lam, self.mu, self.alpha, q, u, self.p)  # fmt: skip
+
+    def supervised_loss(self, labels, y_pred, q=None, u=None, sample_weight=None) -> dict:
+        """The batch's SCDH loss and its parts: :meth:`supervised_per_example` reduced."""
+        return reduce_parts(self.supervised_per_example(labels, y_pred, q, u), sample_weight, self.objective)
+
+    def objective(self, parts: dict):
+        """Eq. 18 from the (reduced) loss terms, :func:`tfhash.losses.scdh_total`."""
+        return scdh_total(parts, self.mu, self.alpha)
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
         labels, q, u = unpack_targets(y)
-        parts = self.supervised_loss(labels, y_pred, q, u)
-        for name, tracker in self._trackers.items():
-            tracker.update_state(parts[name])
-        return parts["loss"]
+        return reduce_tracked_loss(self, self.supervised_per_example(labels, y_pred, q, u), sample_weight, self.objective)
 
     nested_keys = ("backbone",)
 
@@ -77,6 +91,12 @@ class MeanTeacherSCDH(NestedConfigMixin, EncoderMixin, keras.Model):
     with its own Gaussian noise. w(t) = consistency * exp(-5 (1 - t)^2) ramps up over
     ``rampup_steps`` optimizer steps (Mean Teacher's sigmoid ramp-up); the EMA update follows
     each optimizer step. ``encode`` uses the teacher (Mean Teacher's evaluation model).
+
+    ``sample_weight`` weights each row's whole loss: a labelled row's SCDH loss, an unlabelled
+    row's alpha * l_q, and every row's consistency. The SCDH loss is a mean over the labelled rows
+    and alpha * l_q one over the unlabelled rows, so a row's value is its share of those means
+    (:func:`tfhash.losses.batch_shares`); a row of weight zero leaves the batch (it does not count
+    among the labelled or unlabelled rows).
 
     Args:
         student, teacher: two :class:`SCDHModel` of identical architecture.
@@ -112,6 +132,18 @@ class MeanTeacherSCDH(NestedConfigMixin, EncoderMixin, keras.Model):
             return self.teacher(inputs, training=False)
         return self.student(self._perturb(inputs, training), training=True)
 
+    @property
+    def modalities(self) -> tuple[str, ...]:
+        return self.teacher.modalities
+
+    def modality_backbone(self, modality: str | None = None) -> keras.Model:
+        """The student's backbone (the teacher follows it by EMA, not by training)."""
+        return self.student.modality_backbone(modality)
+
+    def build_encoder(self, modality: str) -> keras.Model:
+        """The teacher's encoder (Mean Teacher's evaluation model)."""
+        return self.teacher.encoder(modality)
+
     def consistency_weight(self):
         if self.rampup_steps <= 0:
             return tf.constant(self.consistency)
@@ -120,30 +152,22 @@ class MeanTeacherSCDH(NestedConfigMixin, EncoderMixin, keras.Model):
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
         labels, q, u = unpack_targets(y)
-        labels = tf.cast(labels, tf.float32)
-        labelled = tf.reduce_sum(labels, axis=-1) > 0
-        supervised = self.student.supervised_loss(
-            tf.boolean_mask(labels, labelled),
-            {k: tf.boolean_mask(v, labelled) for k, v in y_pred.items()},
-            None if q is None else tf.boolean_mask(q, labelled),
-            None if u is None else tf.boolean_mask(u, labelled),
-        )
-        has_labelled = tf.cast(tf.reduce_any(labelled), tf.float32)
-        unlabelled_codes = tf.boolean_mask(y_pred["codes"], tf.logical_not(labelled))
-        has_unlabelled = tf.cast(tf.shape(unlabelled_codes)[0] > 0, tf.float32)
+        sample_weight = unpack_sample_weight(sample_weight)
+        taking_part = rows_taking_part(sample_weight)
+        part = taking_part_mask(tf.shape(y_pred["codes"])[0], taking_part)
+        labelled = tf.cast(tf.reduce_sum(tf.cast(labels, tf.float32), axis=-1) > 0, tf.float32) * part
+        unlabelled = part - labelled
+        supervised = self.student.supervised_per_example(labels, y_pred, q, u)
+        per_example = {name: batch_shares(labelled * supervised[name], tf.reduce_sum(labelled), taking_part)
+                       for name in ("scul", "classifier", "quantization", "loss")}  # fmt: skip
+        unlabelled_quantization = batch_shares(unlabelled * supervised["quantization"], tf.reduce_sum(unlabelled), taking_part)
         teacher_out = self.teacher(self._perturb(x, training), training=False)
-        consistency = mean_teacher_consistency(
+        per_example["consistency"] = mean_teacher_consistency_per_example(
             y_pred["logits"], teacher_out["logits"], y_pred["neg_distances"], teacher_out["neg_distances"], self.student.mu
         )
-        total = (
-            has_labelled * tf.where(tf.math.is_finite(supervised["loss"]), supervised["loss"], 0.0)
-            + has_unlabelled * self.student.alpha * quantization_loss(unlabelled_codes, self.student.p)
-            + self.consistency_weight() * consistency
-        )
-        for name in ("scul", "classifier", "quantization"):
-            self._trackers[name].update_state(supervised[name])
-        self._trackers["consistency"].update_state(consistency)
-        return total
+        per_example["loss"] = (per_example["loss"] + self.student.alpha * unlabelled_quantization
+                               + self.consistency_weight() * per_example["consistency"])  # fmt: skip
+        return reduce_tracked_loss(self, per_example, sample_weight)
 
     def train_step(self, data):
         logs = super().train_step(data)

@@ -1,0 +1,235 @@
+"""The contract between tfhash's stages: what one stage writes and the next one reads.
+
+The stages (the pipeline's components, the pipeline runner, the serving side, the benchmarks) never
+import each other; each imports this module for the names and layouts they share:
+
+* **records**: the tf.Example schema of the pipeline's input (``id``, ``labels`` and one feature
+  per modality) and its parse specs;
+* **signatures**: the SavedModel signature names, their input names and their outputs;
+* **codes in the graph**: :func:`code_outputs`, the TF-graph statement of
+  :mod:`tfhash.codes` (same bits as :func:`tfhash.codes.pack_codes`, with stock ops);
+* **fingerprint**: :func:`signature_fingerprint`, which pairs a SavedModel with its index;
+* **index layout**: ``<index base>/<model version>/<index type>[-<modality>]``;
+* **run layout**: :class:`RunLayout`, every location a pipeline run uses under its run directory,
+  and the files each component writes into its output artifact.
+
+The code convention itself (sign, bit order) is stated once, in :mod:`tfhash.codes`. TensorFlow is
+imported only by the functions that build graph pieces, so the names cost nothing to import.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+# --- records -------------------------------------------------------------------------------------
+
+#: Feature of every record: the row's int64 id.
+ID = "id"
+#: Feature of every record: the int64 list of the row's label indices (empty when unlabelled).
+LABELS = "labels"
+#: The record features that are not model inputs (never needed to encode).
+NOT_MODEL_INPUTS = (ID, LABELS)
+#: The pipeline's splits, each a folder of gzipped TFRecord files.
+SPLITS = ("train", "query", "database")
+#: A modality is an image (one encoded PNG / JPEG) or a vector (fixed-length float list).
+IMAGE, VECTOR = "image", "vector"
+
+
+def label_spec() -> dict:
+    """Parse spec of the id and the labels of a record."""
+    import tensorflow as tf
+
+    return {LABELS: tf.io.VarLenFeature(tf.int64), ID: tf.io.FixedLenFeature([1], tf.int64)}
+
+
+def modality_spec(kind: str, shape):
+    """Parse spec of one modality's feature: an image's encoded bytes, or a vector's floats."""
+    import tensorflow as tf
+
+    if kind == IMAGE:
+        return tf.io.FixedLenFeature([], tf.string)
+    if kind == VECTOR:
+        return tf.io.FixedLenFeature([int(s) for s in shape], tf.float32)
+    raise ValueError(f"modality kind {kind!r} is neither {IMAGE!r} nor {VECTOR!r}")
+
+
+# --- signatures ----------------------------------------------------------------------------------
+
+#: Serialized raw tf.Examples -> codes (TF Serving's default signature name,
+#: ``tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY``).
+EXAMPLES_SIGNATURE = "serving_default"
+#: The model input as a float tensor -> codes.
+FEATURES_SIGNATURE = "encode_features"
+#: Raw ``uint8`` pixels -> codes (image models only).
+PIXELS_SIGNATURE = "encode_pixels"
+#: Input names of the examples and pixels signatures (the features signature's input is named
+#: after the model input).
+EXAMPLES_INPUT, PIXELS_INPUT = "examples", "pixels"
+#: Outputs of every signature: continuous float32 codes, int8 +-1 codes, packed uint8 codes.
+CODES, BINARY_CODES, PACKED_CODES = "codes", "binary_codes", "packed_codes"
+
+
+def examples_signature(modality: str | None = None) -> str:
+    """The examples signature of ``modality`` of a cross-modal model (None: the default one)."""
+    return f"serving_{modality}" if modality else EXAMPLES_SIGNATURE
+
+
+def features_signature(modality: str | None = None) -> str:
+    """The features signature of ``modality`` of a cross-modal model (None: the default one)."""
+    return f"encode_{modality}" if modality else FEATURES_SIGNATURE
+
+
+def pixels_signature(modality: str | None = None) -> str:
+    """The pixels signature of an image ``modality`` of a cross-modal model (None: the default)."""
+    return f"{PIXELS_SIGNATURE}_{modality}" if modality else PIXELS_SIGNATURE
+
+
+#: TF Serving warmup records inside a SavedModel version folder.
+WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
+
+
+# --- codes in the graph --------------------------------------------------------------------------
+
+
+def code_outputs(codes, bits: int) -> dict:
+    """The three outputs of a signature from ``(n, K)`` continuous codes, with stock ops: ``codes``,
+    ``binary_codes`` (int8, sign(0) = +1) and ``packed_codes`` (uint8, first bit in the most
+    significant position), as :func:`tfhash.codes.sign_codes` and :func:`tfhash.codes.pack_codes`."""
+    import tensorflow as tf
+
+    binary = tf.where(codes >= 0.0, tf.ones_like(codes, tf.int8), -tf.ones_like(codes, tf.int8))
+    bits_by_byte = tf.reshape(tf.cast(codes >= 0.0, tf.int32), [-1, bits // 8, 8])
+    weights = tf.constant([128, 64, 32, 16, 8, 4, 2, 1], dtype=tf.int32)
+    packed = tf.cast(tf.reduce_sum(bits_by_byte * weights, axis=-1), tf.uint8)
+    return {CODES: codes, BINARY_CODES: binary, PACKED_CODES: packed}
+
+
+# --- fingerprint ---------------------------------------------------------------------------------
+
+
+def signature_fingerprint(saved_model_dir: str) -> str:
+    """The SavedModel's fingerprint computed from its files as they are now: checksum of
+    ``saved_model.pb`` and hash of the variables, so it changes with the graph or the weights, and
+    a ``saved_model.pb`` that does not parse raises ValueError. Indexes record it; the search
+    service and the TF Serving config compare it before they pair a model version with an index.
+    (On a TensorFlow without the fingerprinting module, the fingerprint recorded at save time.)"""
+    import tensorflow as tf
+
+    try:
+        from tensorflow.core.protobuf import fingerprint_pb2
+        from tensorflow.python.saved_model.pywrap_saved_model import fingerprinting
+    except ImportError:
+        fingerprint = tf.saved_model.experimental.read_fingerprint(saved_model_dir)
+    else:
+        try:
+            fingerprint = fingerprint_pb2.FingerprintDef.FromString(fingerprinting.CreateFingerprintDef(saved_model_dir))
+        except Exception as err:  # FingerprintException: unreadable or unparsable files
+            raise ValueError(f"{saved_model_dir}: cannot fingerprint the SavedModel ({str(err).splitlines()[0]})") from err
+    return f"{fingerprint.saved_model_checksum}-{fingerprint.checkpoint_hash}"
+
+
+# --- model versions and index layout -------------------------------------------------------------
+
+
+def model_version_dir(model_base_dir: str, version: int | str) -> str:
+    """A model version's SavedModel folder under a TF Serving model base directory."""
+    return os.path.join(model_base_dir, str(version))
+
+
+def index_versions_dir(index_base_dir: str, version: int | str) -> str:
+    """The folder of every index built for one model version."""
+    return os.path.join(index_base_dir, str(version))
+
+
+def index_name(index_type: str, modality: str | None = None) -> str:
+    """The folder name of an index: its type (e.g. ``BFlat``), plus ``-<modality>`` for the
+    database of one modality of a cross-modal model."""
+    return f"{index_type}-{modality}" if modality else index_type
+
+
+def index_dir(index_base_dir: str, version: int | str, index_type: str, modality: str | None = None) -> str:
+    """``<index base>/<model version>/<index type>[-<modality>]``: where the IndexBuilder writes an
+    index and the search service looks for it."""
+    return os.path.join(index_versions_dir(index_base_dir, version), index_name(index_type, modality))
+
+
+# --- run layout ----------------------------------------------------------------------------------
+
+#: What each component writes into its output artifact's folder.
+EVALUATION_FILE = "metrics.json"  # RetrievalEvaluator: metrics, blessing and its reason
+RECORDS_REPORT_FILE = "report.json"  # RecordFilter: the bad records by split and reason
+INDEXES_FILE = "indexes.json"  # IndexBuilder: model version, model folder, index paths
+
+
+#: Where a pipeline config without ``run_dir`` puts its run (relative to the config file).
+DEFAULT_RUN_DIR = "runs/pipeline"
+
+
+def resolve_path(base: str | os.PathLike, value: str | None) -> str | None:
+    """A path from a pipeline config file: absolute as given, relative ones against ``base`` (the
+    config file's folder); None stays None."""
+    if not value or os.path.isabs(value):
+        return value
+    return str((Path(base) / value).resolve())
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """Every location a pipeline run uses under ``run_dir`` (``data_dir``: exported records
+    elsewhere). ``name`` is the pipeline's name, which is also the served model's name."""
+
+    run_dir: str
+    name: str
+    data_dir: str | None = None
+
+    @property
+    def data(self) -> str:
+        return self.data_dir or os.path.join(self.run_dir, "data")
+
+    @property
+    def pipeline_root(self) -> str:
+        return os.path.join(self.run_dir, "pipeline_root")
+
+    @property
+    def metadata(self) -> str:
+        return os.path.join(self.run_dir, "metadata.sqlite")
+
+    @property
+    def serving(self) -> str:
+        """The TF Serving model base directory (the Pusher's destination)."""
+        return os.path.join(self.run_dir, "serving", self.name)
+
+    @property
+    def indexes(self) -> str:
+        """The index base directory (the IndexBuilder's destination)."""
+        return os.path.join(self.run_dir, "indexes", self.name)
+
+    @property
+    def tf_serving(self) -> str:
+        """TF Serving's models.config and the deployment examples."""
+        return os.path.join(self.run_dir, "tf_serving")
+
+    @property
+    def summary(self) -> str:
+        return os.path.join(self.run_dir, "summary.json")
+
+    @classmethod
+    def from_config_file(cls, path: str | os.PathLike) -> RunLayout:
+        """The layout of the run that a pipeline config file describes: its ``name``, ``run_dir``
+        and ``data_dir`` (relative paths against the file's folder), the rest of the file unread.
+
+        Raises:
+            ValueError: the file cannot be read, or has no pipeline name.
+        """
+        path = Path(path)
+        try:
+            raw = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            raise ValueError(f"{path}: cannot read the pipeline config ({err})") from err
+        if not isinstance(raw, dict) or not isinstance(raw.get("name"), str) or not raw["name"]:
+            raise ValueError(f"{path}: a pipeline config is a JSON object with a non-empty string 'name'")
+        base = path.resolve().parent
+        return cls(resolve_path(base, raw.get("run_dir", DEFAULT_RUN_DIR)), raw["name"], resolve_path(base, raw.get("data_dir")))
