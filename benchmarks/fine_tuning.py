@@ -1,6 +1,6 @@
 """CIFAR-10 through a fine-tuned ImageNet SqueezeNet v1.1, the papers' setting (SCDH Table I).
 
-Protocol (DESIGN.md s.5): 1,000 queries (100 per class), the other 59,000 are the database, 5,000
+Protocol (docs/design.md s.5): 1,000 queries (100 per class), the other 59,000 are the database, 5,000
 of it (500 per class) train; mAP over the whole ranking, stable and tie-aware, and P@H<=2. The
 backbone runs on the 32x32 images resized to ``--size`` inside the model, fine-tuned end to end
 with tfhash's default recipe for pretrained networks (:data:`tfhash.fine_tuning.FINE_TUNING_DEFAULTS`:

@@ -1,4 +1,4 @@
-"""Index benchmark (issue 6): build time, memory, query time at k = 1, 10, 100 and recall@k of each
+"""Index benchmark: build time, memory, query time at k = 1, 10, 100 and recall@k of each
 index kind on random-but-clustered codes, beside plain FAISS calls and a NumPy reference.
 
     python -m benchmarks.index [--seed 0] [--sizes 1000000 10000000] [--bits 64 128]

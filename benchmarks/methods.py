@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -21,21 +22,16 @@ from tfhash import proxies  # noqa: E402
 from tfhash.data import load_mnist  # noqa: E402
 from tfhash.data.splits import Split  # noqa: E402
 from tfhash.metrics import evaluate_retrieval  # noqa: E402
-from tfhash.models import (  # noqa: E402
-    HCLMModel,
-    build_hyp2,
-    build_mt_scdh,
-    build_pairwise,
-    build_scdh,
-    build_softmax_codes,
-    mlp,
-)
+from tfhash.models import mlp  # noqa: E402
+from tfhash.models.registry import BuildInputs, TagStatistics, get_method, method_names  # noqa: E402
+from tfhash.models.registry import build_method as build  # noqa: E402
 
 SINGLE_LABEL_METHODS = ("SCDH", "SCDH-S", "MT-SCDH", "HCLM", "sHCLM", "sHCLM+triplet", "HyP2",
                         "DPSH-style pairwise", "CNNBH-style softmax")  # fmt: skip
-# MT-SCDH with another consistency weight w than DESIGN.md's 50: "MT-SCDH w=5", "MT-SCDH w=0".
+# MT-SCDH with another consistency weight w than the default 50 (docs/design.md s.4): "MT-SCDH w=5", "MT-SCDH w=0".
 MT_VARIANTS = ("MT-SCDH w=5", "MT-SCDH w=0")
 HIDDEN = (512,)
+CACHE = Path(__file__).resolve().parents[1] / "runs" / "cache"
 BATCH = 128
 
 
@@ -69,12 +65,62 @@ def mnist_pixels(seed: int) -> FeatureData:
     return FeatureData("MNIST", standardised(x, ds.split.train), ds.labels, ds.split, "raw pixels (784)")
 
 
-def cifar_squeezenet(seed: int) -> FeatureData:
-    from benchmarks.proxy import cifar_features
+def cifar_features(seed: int, size: int = 128):
+    """CIFAR-10 and its frozen ImageNet SqueezeNet v1.1 features at ``size`` pixels (global average
+    pool, 512-d), computed once and kept under ``runs/cache``."""
+    from tfhash.data import load_cifar10
+    from tfhash.models.backbones import squeezenet
 
+    ds = load_cifar10(seed=seed)
+    path = CACHE / f"cifar10_squeezenet_{size}.npy"
+    if path.is_file():
+        features = np.load(path, allow_pickle=False)
+    else:
+        start = time.perf_counter()
+        net = squeezenet((size, size, 3), resize_from=(32, 32, 3))
+        features = net.predict(ds.inputs["image"], batch_size=256, verbose=0).astype(np.float32)
+        print(f"SqueezeNet features of 60,000 images: {time.perf_counter() - start:.0f} s", flush=True)
+        CACHE.mkdir(parents=True, exist_ok=True)
+        np.save(path, features, allow_pickle=False)
+    return ds, features
+
+
+def cifar_squeezenet(seed: int) -> FeatureData:
     ds, features = cifar_features(seed)
     return FeatureData("CIFAR-10", standardised(features, ds.split.train), ds.labels, ds.split,
                        "frozen ImageNet SqueezeNet v1.1, 128x128, global average pool (512)")  # fmt: skip
+
+
+#: Benchmark rows that train a registered method (:mod:`tfhash.models.registry`) with other
+#: settings: row name -> (method name, its options).
+VARIANTS = {"sHCLM+triplet": ("shclm", {"triplet_weight": 1.0}), "SCDH multi-label": ("scdh", {}),
+            "SCDH + JCCH coefficients": ("scdh", {}), "sHCLM (balanced BCE)": ("shclm", {})}  # fmt: skip
+
+
+def method_of(row_name: str) -> tuple[str, dict]:
+    """(registered method name, options) of a benchmark row: a method's label (e.g. ``"SCDH"``), a
+    :data:`VARIANTS` entry, or ``"MT-SCDH w=<w>"`` (MT-SCDH with consistency weight w)."""
+    if row_name in VARIANTS:
+        name, options = VARIANTS[row_name]
+        return name, dict(options)
+    if row_name.startswith("MT-SCDH w="):
+        try:
+            return "mt-scdh", {"consistency": float(row_name.split("=", 1)[1])}
+        except ValueError:
+            raise ValueError(f"{row_name!r}: the consistency weight after 'w=' must be a number") from None
+    for name in method_names():
+        if get_method(name).label == row_name:
+            return name, {}
+    raise ValueError(f"unknown method {row_name!r}; choose one of {SINGLE_LABEL_METHODS + MT_VARIANTS + MULTI_LABEL_METHODS}, "
+                     f"or a registered method's label")
+
+
+def row_name(method: str, options: dict) -> str:
+    """The benchmark row that trains registered ``method`` with ``options``: the variant those
+    options make (sHCLM with a triplet weight is ``"sHCLM+triplet"``), else the method's label."""
+    if method == "shclm" and options.get("triplet_weight"):
+        return "sHCLM+triplet"
+    return get_method(method).label
 
 
 def build_method(name: str, x_train: np.ndarray, y_train: np.ndarray, bits: int, seed: int,
@@ -89,45 +135,31 @@ def build_method(name: str, x_train: np.ndarray, y_train: np.ndarray, bits: int,
         hidden, dropout: the shared head, :func:`tfhash.models.mlp`.
         options: the model's own settings over its defaults (SCDH's lam / mu / alpha, MT-SCDH's
             too and :func:`tfhash.models.build_mt_scdh`'s, HCLM's triplet_weight / margin, HyP2's
-            zeta / beta); other methods take none.
+            zeta / beta); the baselines take none.
 
     Returns:
         ``(model, x, y)`` ready for ``model.fit(x, y)``.
     """
+    method, settings = method_of(name)
+    if not get_method(method).in_pipeline and method != "mt-scdh" and options:
+        raise ValueError(f"{name} takes no options; got {sorted(options)}")
     keras.utils.set_random_seed(seed)
-    dim, num_classes = x_train.shape[1], y_train.shape[1]
-    labels = y_train.astype("float32")
-
-    def head():
-        return mlp(dim, hidden, dropout=dropout)
-
-    if name in ("SCDH", "SCDH-S"):
-        return build_scdh(head(), num_classes, bits, preset="cifar10", ablation=name == "SCDH-S", **options), x_train, labels
-    if name == "MT-SCDH" or name.startswith("MT-SCDH w="):
+    num_classes = y_train.shape[1]
+    labels, x, y = y_train.astype("float32"), x_train, y_train.astype("float32")
+    if method == "mt-scdh":
         if unlabelled is None:
             raise ValueError("MT-SCDH needs unlabelled rows")
-        try:
-            consistency = 50.0 if name == "MT-SCDH" else float(name.split("=", 1)[1])
-        except ValueError:
-            raise ValueError(f"{name!r}: the consistency weight after 'w=' must be a number") from None
         x, y = mean_teacher_rows(x_train, labels, unlabelled, seed)
-        settings = {"consistency": consistency, "noise_stddev": 0.3, "rampup_steps": max(1, len(x) // BATCH * 2), **options}
-        return build_mt_scdh(head, num_classes, bits, x[:2], preset="cifar10", **settings), x, y
-    if name in ("HCLM", "sHCLM", "sHCLM+triplet"):
-        similarity = None if name == "HCLM" else proxies.class_mean_similarity(x_train, y_train.argmax(axis=1))
-        codes = proxies.hclm_proxies(num_classes, bits, similarity=similarity, seed=seed)
-        options = {"triplet_weight": 1.0 if name == "sHCLM+triplet" else 0.0, **options}
-        return HCLMModel(head(), codes, **options), x_train, labels
-    if name == "HyP2":
-        return build_hyp2(head(), num_classes, bits, **options), x_train, labels
-    if options:
-        raise ValueError(f"{name} takes no options; got {sorted(options)}")
-    if name == "DPSH-style pairwise":
-        model = build_pairwise(head(), num_classes, bits, num_train=len(x_train))
-        return model, x_train, {"labels": labels, "index": np.arange(len(x_train))}
-    if name == "CNNBH-style softmax":
-        return build_softmax_codes(head(), num_classes, bits, seed=seed), x_train, labels
-    raise ValueError(f"unknown method {name!r}; choose one of {SINGLE_LABEL_METHODS + MT_VARIANTS}")
+        settings = {"consistency": 50.0, "noise_stddev": 0.3, "rampup_steps": max(1, len(x) // BATCH * 2),
+                    **settings, "sample_input": x[:2]}  # fmt: skip
+    elif method == "shclm":
+        settings["similarity"] = proxies.class_mean_similarity(x_train, y_train.argmax(axis=1))
+    elif method == "dpsh":
+        settings["num_train"] = len(x_train)
+        y = {"labels": labels, "index": np.arange(len(x_train))}
+    inputs = BuildInputs(lambda modality: mlp(x_train.shape[1], hidden, dropout=dropout), ["x"], num_classes, bits,
+                         seed=seed, preset="cifar10")  # fmt: skip
+    return build(method, inputs, **{**settings, **options}), x, y
 
 
 MULTI_LABEL_METHODS = ("SCDH multi-label", "SCDH + JCCH coefficients", "sHCLM (balanced BCE)", "HyP2")
@@ -142,22 +174,16 @@ def build_multilabel_method(name: str, x_train: np.ndarray, y_train: np.ndarray,
     ``(model, x, y)``."""
     from tfhash.losses import jcch_coefficients
 
+    method, settings = method_of(name)
     keras.utils.set_random_seed(seed)
-    dim, num_classes = x_train.shape[1], y_train.shape[1]
     labels = y_train.astype("float32")
-    head = mlp(dim, hidden, dropout=dropout)
-    if name in ("SCDH multi-label", "SCDH + JCCH coefficients"):
-        model = build_scdh(head, num_classes, bits, preset="nuswide", **options)
-        if name == "SCDH multi-label":
-            return model, x_train, labels
+    inputs = BuildInputs(lambda modality: mlp(x_train.shape[1], hidden, dropout=dropout), ["x"], y_train.shape[1], bits,
+                         seed=seed, preset="nuswide", statistics=TagStatistics.of_labels(y_train))  # fmt: skip
+    model = build(method, inputs, **{**settings, **options})
+    if name == "SCDH + JCCH coefficients":
         q, u = jcch_coefficients(y_train)
         return model, x_train, {"labels": labels, "q": q.astype("float32"), "u": u.astype("float32")}
-    if name == "sHCLM (balanced BCE)":
-        codes = proxies.hclm_proxies(num_classes, bits, similarity=proxies.tag_cooccurrence_similarity(y_train), seed=seed)
-        return HCLMModel(head, codes, tag_frequencies=y_train.mean(axis=0), **options), x_train, labels
-    if name == "HyP2":
-        return build_hyp2(head, num_classes, bits, **options), x_train, labels
-    raise ValueError(f"unknown multi-label method {name!r}; choose one of {MULTI_LABEL_METHODS}")
+    return model, x_train, labels
 
 
 def mean_teacher_rows(x_labelled, y_labelled, unlabelled, seed: int, labelled_share: float = 0.5):

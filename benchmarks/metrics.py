@@ -1,4 +1,4 @@
-"""Speed of the metrics module against a straightforward NumPy argsort implementation (issue 5).
+"""Speed of the metrics module against a straightforward NumPy argsort implementation.
 
     python -m benchmarks.metrics [--seed 0] [--skip-large]
 

@@ -10,7 +10,7 @@ NOT_READ = ("The paper's own table values were not available offline to the sess
 NOTES = {
     "retrieval": (
         "**Paper settings.** SCDH, HCLM and HyP2 fine-tune an ImageNet CNN (AlexNet / VGG / ResNet) end to end on "
-        "these protocols; DESIGN.md s.5 gives the splits. The only published value we could read offline for a "
+        "these protocols; docs/design.md s.5 gives the splits. The only published value we could read offline for a "
         "setting this close is third-party: the DDSH paper (Jiang et al., TIP 2018, Table V; "
         "http://download.cucdc.com/wenku/page/d23f66540a864758b0a42ca2593c7d19.html) reports DPSH on CIFAR-10 "
         "(1,000 queries, CNN-F fine-tuned) at mAP 0.6844 / 0.7225 / 0.7396 / 0.7460 for 12 / 24 / 32 / 48 bits. "
@@ -24,7 +24,7 @@ NOTES = {
         "scored on these queries (mAP 0.48 / 0.77 / 0.60), which if anything favours the baseline; no other "
         "method was tuned. MT-SCDH gets as many passes over the labelled rows as the others, with the labelled rows "
         "repeated to half of its rows (Mean Teacher's fixed labelled share per batch). `MT-SCDH` uses the consistency "
-        "weight w = 50 of DESIGN.md s.4; the `MT-SCDH w=5` and `MT-SCDH w=0` rows are the same model with w = 5 and "
+        "weight w = 50 of docs/design.md s.4; the `MT-SCDH w=5` and `MT-SCDH w=0` rows are the same model with w = 5 and "
         "w = 0 (teacher, noise and unlabelled l_q kept), to show what the consistency term itself contributes. They "
         "were added after a first quick run where w = 50 lost to SCDH; read them as a diagnosis, not as a tuned "
         "result."

@@ -1,4 +1,4 @@
-"""The inputs and splits of the peer protocol (``../shared/peers/README.md``), bit for bit.
+"""The inputs and splits of the peer protocol (docs/design.md s.11), bit for bit.
 
 The peers were measured on fixed inputs: MNIST pixels / 255, CIFAR-10 ImageNet SqueezeNet v1.1
 features (224x224, global average pool of fire9) in a seeded permutation of the JPEG order, and

@@ -1,4 +1,4 @@
-"""Proxy family (issue 4): proxy quality table, HCLM / sHCLM (+ triplet) and the HCLM ablation on
+"""Proxy family: proxy quality table, HCLM / sHCLM (+ triplet) and the HCLM ablation on
 CIFAR-10 SqueezeNet features, HyP2 on MIRFlickr-25K tags.
 
     python -m benchmarks.proxy [--seed 0] [--only quality|cifar|mirflickr] [--quick]
@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -21,15 +20,13 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks.common import markdown_table, write_results  # noqa: E402
-from benchmarks.methods import build_multilabel_method, fit_and_score  # noqa: E402
+from benchmarks.methods import build_multilabel_method, cifar_features, fit_and_score  # noqa: E402
 from tfhash import proxies  # noqa: E402
-from tfhash.data import load_cifar10, load_mirflickr25k  # noqa: E402
+from tfhash.data import load_mirflickr25k  # noqa: E402
 from tfhash.losses import best_known_min_distance  # noqa: E402
 from tfhash.models import HCLMModel, mlp  # noqa: E402
-from tfhash.models.backbones import squeezenet  # noqa: E402
 
 SETTINGS = [(10, 16), (10, 32), (10, 64), (21, 32), (38, 48), (100, 16), (100, 64), (1000, 128)]
-CACHE = Path(__file__).resolve().parents[1] / "runs" / "cache"
 
 
 def quality_rows(seed: int) -> list[dict]:
@@ -55,21 +52,6 @@ def quality_rows(seed: int) -> list[dict]:
         })  # fmt: skip
         print(rows[-1], flush=True)
     return rows
-
-
-def cifar_features(seed: int, size: int = 128):
-    ds = load_cifar10(seed=seed)
-    path = CACHE / f"cifar10_squeezenet_{size}.npy"
-    if path.is_file():
-        features = np.load(path, allow_pickle=False)
-    else:
-        start = time.perf_counter()
-        net = squeezenet((size, size, 3), resize_from=(32, 32, 3))
-        features = net.predict(ds.inputs["image"], batch_size=256, verbose=0).astype(np.float32)
-        print(f"SqueezeNet features of 60,000 images: {time.perf_counter() - start:.0f} s", flush=True)
-        CACHE.mkdir(parents=True, exist_ok=True)
-        np.save(path, features, allow_pickle=False)
-    return ds, features
 
 
 def cifar_rows(seed: int, bits_list, epochs: int) -> list[dict]:

@@ -1,4 +1,4 @@
-"""The evidence report (issue 9): one command, fixed seeds, real data.
+"""The evidence report: one command, fixed seeds, real data.
 
     python -m benchmarks.report [--quick] [--seed 0] [--only SECTION ...] [--merge]
 

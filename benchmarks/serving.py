@@ -1,4 +1,4 @@
-"""Search service load benchmark (issue 8): QPS and p50 / p99 latency at 1, 8 and 32 concurrent
+"""Search service load benchmark: QPS and p50 / p99 latency at 1, 8 and 32 concurrent
 clients over a 1M-code index, bounded in time, over gRPC on loopback.
 
     python -m benchmarks.serving [--seed 0] [--size 1000000] [--bits 64] [--kinds BFlat BIVF1024]
@@ -119,9 +119,9 @@ def main() -> None:
     parser.add_argument("--name", default="serving")
     args = parser.parse_args()
 
-    from tfhash.components.export import signature_fingerprint
     from tfhash.serving.search_client import search_request
 
+    from tfhash.artifacts import signature_fingerprint
     from tfhash.index import index_factory
 
     rng = np.random.default_rng(args.seed)

@@ -43,6 +43,8 @@ from tensorflow_serving.apis import (
 from tfhash.serving import search_pb2
 from tfhash.serving.requests import Limits
 
+from tfhash.artifacts import EXAMPLES_INPUT, EXAMPLES_SIGNATURE, FEATURES_SIGNATURE
+
 OK = frozenset({"OK"})
 INVALID = frozenset({"INVALID_ARGUMENT"})
 NOT_FOUND = frozenset({"NOT_FOUND"})
@@ -461,7 +463,7 @@ def _tensor(values: np.ndarray) -> tensor_pb2.TensorProto:
 def model_cases(rng: random.Random, t: Target, allowed_root: str) -> dict:
     """category -> (method, request or bytes, expected)."""
 
-    def predict(signature="encode_features", **spec) -> predict_pb2.PredictRequest:
+    def predict(signature=FEATURES_SIGNATURE, **spec) -> predict_pb2.PredictRequest:
         request = predict_pb2.PredictRequest()
         request.model_spec.name = spec.get("name", t.model_name)
         if "version" in spec:
@@ -477,8 +479,8 @@ def model_cases(rng: random.Random, t: Target, allowed_root: str) -> dict:
         if rng.random() < 0.5:
             request.inputs[t.feature].CopyFrom(_tensor(values))
         else:
-            request.model_spec.signature_name = "serving_default"
-            request.inputs["examples"].CopyFrom(tensor_pb2.TensorProto(
+            request.model_spec.signature_name = EXAMPLES_SIGNATURE
+            request.inputs[EXAMPLES_INPUT].CopyFrom(tensor_pb2.TensorProto(
                 dtype=types_pb2.DT_STRING, string_val=[example(v, t.feature) for v in values],
                 tensor_shape=tensor_shape_pb2.TensorShapeProto(dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=len(values))])))  # fmt: skip
         return request
@@ -519,10 +521,10 @@ def model_cases(rng: random.Random, t: Target, allowed_root: str) -> dict:
         return request
 
     def bad_examples():
-        request = predict("serving_default")
+        request = predict(EXAMPLES_SIGNATURE)
         record = example(rows(rng, t, 1)[0], t.feature)
         bad = rng.choice([record[:-3], b"\x00garbage", example(poisoned(rng, rows(rng, t, 1)[0], "nonfinite"), t.feature), example([1.0], t.feature)])
-        request.inputs["examples"].CopyFrom(tensor_pb2.TensorProto(dtype=types_pb2.DT_STRING, string_val=[bad],
+        request.inputs[EXAMPLES_INPUT].CopyFrom(tensor_pb2.TensorProto(dtype=types_pb2.DT_STRING, string_val=[bad],
                                                                    tensor_shape=tensor_shape_pb2.TensorShapeProto(dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=1)])))  # fmt: skip
         return request
 

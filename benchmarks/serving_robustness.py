@@ -1,4 +1,4 @@
-"""Serving under hostile input and real deployments (issue 16): the evidence run.
+"""Serving under hostile input and real deployments: the evidence run.
 
     python -m benchmarks.serving_robustness [--seed 0] [--requests 12000] [--trials 10] [--size 1000000]
 
@@ -382,7 +382,7 @@ def markdown(payload: dict) -> str:
     per = [{"target / category": key, "sent": value["sent"], "outcomes": ", ".join(f"{k} {n}" for k, n in sorted(value["outcomes"].items()))}
            for key, value in fuzz_summary["per_category"].items()]  # fmt: skip
     lines = [
-        "# Serving robustness (issue 16)",
+        "# Serving robustness",
         "",
         f"`{payload['command']}` (seed {payload['seed']}, {payload['environment']['date']}, "
         f"{payload['environment']['cpus']} CPUs). Every server runs on loopback in the same process as the fuzzer, "

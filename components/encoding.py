@@ -8,7 +8,15 @@ import os
 import numpy as np
 import tensorflow as tf
 
-_LABEL_SPEC = {"labels": tf.io.VarLenFeature(tf.int64), "id": tf.io.FixedLenFeature([1], tf.int64)}
+from tfhash.artifacts import (
+    EXAMPLES_INPUT,
+    EXAMPLES_SIGNATURE,
+    ID,
+    LABELS,
+    PACKED_CODES,
+    label_spec,
+    signature_fingerprint,
+)
 
 
 def split_files(examples_uri: str, split: str) -> list[str]:
@@ -20,7 +28,7 @@ def split_files(examples_uri: str, split: str) -> list[str]:
 
 
 def encode_split(saved_model_dir: str, files: list[str], num_classes: int, batch_size: int = 1024,
-                 signature: str = "serving_default"):  # fmt: skip
+                 signature: str = EXAMPLES_SIGNATURE):  # fmt: skip
     """Packed codes, multi-hot labels and ids of every example in ``files``, encoded by
     ``signature`` (``serving_<modality>`` picks one tower of a cross-modal model).
 
@@ -30,27 +38,25 @@ def encode_split(saved_model_dir: str, files: list[str], num_classes: int, batch
     serve = tf.saved_model.load(saved_model_dir).signatures[signature]
     codes, labels, ids = [], [], []
     for batch in tf.data.TFRecordDataset(files, compression_type="GZIP").batch(batch_size):
-        codes.append(serve(examples=batch)["packed_codes"].numpy())
-        parsed = tf.io.parse_example(batch, _LABEL_SPEC)
-        dense = tf.sparse.to_dense(parsed["labels"], default_value=-1).numpy()
+        codes.append(serve(**{EXAMPLES_INPUT: batch})[PACKED_CODES].numpy())
+        parsed = tf.io.parse_example(batch, label_spec())
+        dense = tf.sparse.to_dense(parsed[LABELS], default_value=-1).numpy()
         multi_hot = np.zeros((dense.shape[0], num_classes), dtype=np.uint8)
         rows, cols = np.nonzero(dense >= 0)
         multi_hot[rows, dense[rows, cols]] = 1
         labels.append(multi_hot)
-        ids.append(parsed["id"].numpy()[:, 0])
+        ids.append(parsed[ID].numpy()[:, 0])
     return np.concatenate(codes), np.concatenate(labels), np.concatenate(ids)
 
 
 def encode_split_cached(saved_model_dir: str, files: list[str], num_classes: int, cache_dir: str | None,
-                        signature: str = "serving_default"):  # fmt: skip
+                        signature: str = EXAMPLES_SIGNATURE):  # fmt: skip
     """:func:`encode_split`, kept in ``cache_dir`` under a key of the signature, the record files
     and the SavedModel's fingerprint (graph checksum + variables hash): a model with the same
     fingerprint (e.g. the Pusher's copy of the evaluated model) reads the codes back instead of
     encoding the split again; any other model misses. ``cache_dir=None`` encodes."""
     import hashlib
     import json
-
-    from tfhash.components.export import signature_fingerprint
 
     if cache_dir is None:
         return encode_split(saved_model_dir, files, num_classes, signature=signature)

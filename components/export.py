@@ -13,7 +13,7 @@ Signatures:
   encode the first one.
 
 Both return ``codes`` (continuous float32), ``binary_codes`` (int8 +-1, sign(0) = +1) and
-``packed_codes`` (uint8, big bit order; DESIGN.md s.2). TF Serving warmup records go to
+``packed_codes`` (uint8, big bit order; docs/design.md s.2). TF Serving warmup records go to
 ``assets.extra/tf_serving_warmup_requests``.
 
 Input checks inside the signatures (so TF Serving, ``saved_model_cli`` and the search service all
@@ -30,7 +30,19 @@ import os
 
 import tensorflow as tf
 
-NOT_SERVED = ("labels", "id")
+from tfhash.artifacts import (
+    EXAMPLES_INPUT,
+    EXAMPLES_SIGNATURE,
+    NOT_MODEL_INPUTS,
+    PIXELS_INPUT,
+    WARMUP_FILE,
+    code_outputs,
+    examples_signature,
+    features_signature,
+    modality_spec,
+    pixels_signature,
+)
+
 #: Inputs of unknown range are bounded by +-this: beyond it float32 arithmetic in the first layers
 #: overflows or loses the input, so such values are refused instead of encoded.
 DEFAULT_VALUE_BOUND = 1e6
@@ -86,59 +98,33 @@ def checked_input(features: tf.Tensor, name: str, shape: list, value_range: tupl
         return tf.identity(features)
 
 
-def code_outputs(codes: tf.Tensor, bits: int) -> dict:
-    """continuous, +-1 and packed codes from ``(n, K)`` continuous codes, with stock ops."""
-    binary = tf.where(codes >= 0.0, tf.ones_like(codes, tf.int8), -tf.ones_like(codes, tf.int8))
-    bits_by_byte = tf.reshape(tf.cast(codes >= 0.0, tf.int32), [-1, bits // 8, 8])
-    weights = tf.constant([128, 64, 32, 16, 8, 4, 2, 1], dtype=tf.int32)
-    packed = tf.cast(tf.reduce_sum(bits_by_byte * weights, axis=-1), tf.uint8)
-    return {"codes": codes, "binary_codes": binary, "packed_codes": packed}
-
-
-def signature_fingerprint(saved_model_dir: str) -> str:
-    """The SavedModel's fingerprint computed from its files as they are now: checksum of
-    ``saved_model.pb`` and hash of the variables, so it changes with the graph or the weights, and
-    a ``saved_model.pb`` that does not parse raises ValueError. Indexes record it; the search
-    service and the TF Serving config compare it before they pair a model version with an index.
-    (On a TensorFlow without the fingerprinting module, the fingerprint recorded at save time.)"""
-    try:
-        from tensorflow.core.protobuf import fingerprint_pb2
-        from tensorflow.python.saved_model.pywrap_saved_model import fingerprinting
-    except ImportError:
-        fingerprint = tf.saved_model.experimental.read_fingerprint(saved_model_dir)
-    else:
-        try:
-            fingerprint = fingerprint_pb2.FingerprintDef.FromString(fingerprinting.CreateFingerprintDef(saved_model_dir))
-        except Exception as err:  # FingerprintException: unreadable or unparsable files
-            raise ValueError(f"{saved_model_dir}: cannot fingerprint the SavedModel ({str(err).splitlines()[0]})") from err
-    return f"{fingerprint.saved_model_checksum}-{fingerprint.checkpoint_hash}"
-
-
 class ServingModule:
     """The serving signatures of a Keras model and its Transform layer (:func:`save_serving_module`
     saves them). ``tft_layer`` maps the parsed raw features to the model inputs (the Transform
     graph in the pipeline; any callable of stock TF ops for data that needs no Transform).
-    ``inputs``: ``{input name: shape}``, one entry, or two for a cross-modal model (one tower per
-    modality, :class:`tfhash.models.JCCHModel`).
+    ``inputs``: ``{input name: shape}``, one entry per modality of the model (its
+    ``modalities``; a single-input model has one, whatever its name); each input is encoded with
+    the model's encoder of that modality (:meth:`tfhash.models.base.EncoderMixin.encoder`).
     ``value_ranges``: ``{input name: (low, high)}``, default +-:data:`DEFAULT_VALUE_BOUND`.
     ``image_inputs``: the inputs that are images, which also get a ``uint8`` pixel signature."""
 
     def __init__(self, model, tft_layer, raw_feature_spec: dict, inputs: dict, bits: int, value_ranges: dict | None = None,
                  image_inputs=()):  # fmt: skip
-        self.model = model
         self.tft_layer = tft_layer
         self.bits = int(bits)
         self.inputs = {name: list(shape) for name, shape in inputs.items()}
         self.value_ranges = {name: tuple((value_ranges or {}).get(name, (-DEFAULT_VALUE_BOUND, DEFAULT_VALUE_BOUND)))
                              for name in self.inputs}  # fmt: skip
-        self.spec = {k: v for k, v in raw_feature_spec.items() if k not in NOT_SERVED}
+        self.spec = {k: v for k, v in raw_feature_spec.items() if k not in NOT_MODEL_INPUTS}
+        # Built eagerly: the signatures trace through them.
+        self.encoders = {name: model.encoder(name if len(self.inputs) > 1 else None) for name in self.inputs}
         self.serve, self.encode, self.pixels = {}, {}, {}
         for name in image_inputs:
             self.pixels[name] = tf.function(lambda pixels, name=name: self._encode(name, tf.cast(pixels, tf.float32)),
-                                            input_signature=[tf.TensorSpec([None, *self.inputs[name]], tf.uint8, name="pixels")])  # fmt: skip
+                                            input_signature=[tf.TensorSpec([None, *self.inputs[name]], tf.uint8, name=PIXELS_INPUT)])  # fmt: skip
         for name, shape in self.inputs.items():
             self.serve[name] = tf.function(lambda examples, name=name: self._encode(name, self._parse(examples)[name]),
-                                           input_signature=[tf.TensorSpec([None], tf.string, name="examples")])  # fmt: skip
+                                           input_signature=[tf.TensorSpec([None], tf.string, name=EXAMPLES_INPUT)])  # fmt: skip
             self.encode[name] = tf.function(lambda features, name=name: self._encode(name, features),
                                             input_signature=[tf.TensorSpec([None, *shape], tf.float32, name=name)])  # fmt: skip
 
@@ -147,10 +133,7 @@ class ServingModule:
 
     def _encode(self, name: str, features):
         features = checked_input(features, name, self.inputs[name], self.value_ranges[name])
-        if len(self.inputs) == 1:
-            codes = self.model(features, training=False)["codes"]
-        else:
-            codes = self.model.tower(name, features)["codes"]
+        codes = self.encoders[name](features, training=False)
         return code_outputs(tf.cast(codes, tf.float32), self.bits)
 
     def signatures(self) -> dict:
@@ -158,14 +141,13 @@ class ServingModule:
         with two inputs also ``serving_<name>`` / ``encode_<name>`` (/ ``encode_pixels_<name>``)
         for each."""
         first = next(iter(self.inputs))
-        out = {"serving_default": self.serve[first], "encode_features": self.encode[first]}
-        if first in self.pixels:
-            out["encode_pixels"] = self.pixels[first]
-        if len(self.inputs) > 1:
-            for name in self.inputs:
-                out[f"serving_{name}"], out[f"encode_{name}"] = self.serve[name], self.encode[name]
-                if name in self.pixels:
-                    out[f"encode_pixels_{name}"] = self.pixels[name]
+        named = [None] + (list(self.inputs) if len(self.inputs) > 1 else [])
+        out = {}
+        for modality in named:
+            name = modality or first
+            out[examples_signature(modality)], out[features_signature(modality)] = self.serve[name], self.encode[name]
+            if name in self.pixels:
+                out[pixels_signature(modality)] = self.pixels[name]
         return out
 
 
@@ -186,7 +168,7 @@ def export_feature_model(model, path: str, input_name: str, input_shape, bits: i
     serialized tf.Examples of ``serving_default`` carry the float features as ``input_name``
     (fixed length ``input_shape``), ``encode_features`` takes them as a tensor; both refuse values
     outside ``value_range`` (default +-:data:`DEFAULT_VALUE_BOUND`)."""
-    spec = {input_name: tf.io.FixedLenFeature(list(input_shape), tf.float32)}
+    spec = {input_name: modality_spec("vector", input_shape)}
     module = ServingModule(model, lambda parsed: parsed, spec, {input_name: list(input_shape)}, bits,
                            {input_name: value_range} if value_range is not None else None)  # fmt: skip
     save_serving_module(module, path, warmup_examples, model_name)
@@ -199,7 +181,7 @@ def export_image_model(model, path: str, image_shape, bits: int, input_name: str
     tf.Examples whose ``input_name`` holds the encoded image (PNG or JPEG), ``encode_pixels`` raw
     ``uint8`` pixels, ``encode_features`` float pixels; every image must be ``image_shape``."""
     shape = [int(s) for s in image_shape]
-    spec = {input_name: tf.io.FixedLenFeature([], tf.string)}
+    spec = {input_name: modality_spec("image", shape)}
     module = ServingModule(model, lambda parsed: {input_name: decode_images(parsed[input_name], shape)}, spec,
                            {input_name: shape}, bits, {input_name: IMAGE_RANGE}, image_inputs=[input_name])  # fmt: skip
     save_serving_module(module, path, warmup_examples, model_name)
@@ -233,12 +215,11 @@ def write_warmup_requests(path: str, serialized_examples: list[bytes], model_nam
     """TF Serving warmup file: PredictionLogs replaying a few Predict requests on serving_default."""
     from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
 
-    directory = os.path.join(path, "assets.extra")
-    tf.io.gfile.makedirs(directory)
-    target = os.path.join(directory, "tf_serving_warmup_requests")
+    target = os.path.join(path, WARMUP_FILE)
+    tf.io.gfile.makedirs(os.path.dirname(target))
     with tf.io.TFRecordWriter(target) as writer:
-        request = predict_pb2.PredictRequest(model_spec=model_pb2.ModelSpec(name=model_name, signature_name="serving_default"))
-        request.inputs["examples"].CopyFrom(tf.make_tensor_proto(serialized_examples, dtype=tf.string))
+        request = predict_pb2.PredictRequest(model_spec=model_pb2.ModelSpec(name=model_name, signature_name=EXAMPLES_SIGNATURE))
+        request.inputs[EXAMPLES_INPUT].CopyFrom(tf.make_tensor_proto(serialized_examples, dtype=tf.string))
         log = prediction_log_pb2.PredictionLog(predict_log=prediction_log_pb2.PredictLog(request=request))
         writer.write(log.SerializeToString())
     return target

@@ -11,10 +11,17 @@ import logging
 import os
 
 from tfhash.components.encoding import encode_split_cached, split_files
-from tfhash.components.export import signature_fingerprint
 from tfx.dsl.component.experimental.annotations import InputArtifact, OutputArtifact, Parameter
 from tfx.dsl.component.experimental.decorators import component
 from tfx.types import artifact, standard_artifacts
+
+from tfhash.artifacts import (
+    INDEXES_FILE,
+    examples_signature,
+    index_dir,
+    index_name,
+    signature_fingerprint,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -48,18 +55,18 @@ def IndexBuilder(
     model_dir = pushed_model.get_string_custom_property("pushed_destination")
     fingerprint = signature_fingerprint(model_dir)
     files = split_files(examples.uri, database_split)
-    # one database per modality of a cross-modal model ("<kind>-<modality>"), else one ("<kind>")
-    databases = {f"-{m}": f"serving_{m}" for m in modalities.split(",") if m} or {"": "serving_default"}
+    # one database per modality of a cross-modal model ("<type>-<modality>"), else one ("<type>")
     written = {}
-    for suffix, signature in databases.items():
-        codes, _, ids = encode_split_cached(model_dir, files, num_classes, evaluation.uri if evaluation else None, signature)
+    for modality in [m for m in modalities.split(",") if m] or [None]:
+        codes, _, ids = encode_split_cached(model_dir, files, num_classes, evaluation.uri if evaluation else None,
+                                            examples_signature(modality))  # fmt: skip
         for kind in [k.strip() for k in kinds.split(",") if k.strip()]:
             built = index_factory(codes.shape[1] * 8, kind)
             built.add(codes, ids)
-            path = os.path.join(index_base_dir, version, kind + suffix)
+            path = index_dir(index_base_dir, version, kind, modality)
             built.save(path, model_version=version, signature_fingerprint=fingerprint)
-            written[kind + suffix] = path
-    with open(os.path.join(index.uri, "indexes.json"), "w") as handle:
+            written[index_name(kind, modality)] = path
+    with open(os.path.join(index.uri, INDEXES_FILE), "w") as handle:
         json.dump({"model_version": version, "model_dir": model_dir, "indexes": written}, handle, indent=2)
     index.set_int_custom_property("built", 1)
     index.set_string_custom_property("model_version", version)

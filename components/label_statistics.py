@@ -1,4 +1,4 @@
-"""JCCH label coefficients q_is, u_is inside Transform (JCCH Algorithm 1; DESIGN.md s.4), with
+"""JCCH label coefficients q_is, u_is inside Transform (JCCH Algorithm 1; docs/design.md s.4), with
 stock tf.Transform analyzers so the computation scales on any Beam runner.
 
 Everything per example follows from dataset-level constants:

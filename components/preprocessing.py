@@ -21,10 +21,10 @@ import tensorflow_transform as tft
 from tfhash.components.compat import disable_tft_deep_copy
 from tfhash.components.export import decode_images
 
+from tfhash.artifacts import ID, IMAGE, LABELS
+
 # The Transform executor imports this module before it builds its Beam pipeline.
 disable_tft_deep_copy()
-
-LABELS = "labels"
 
 
 def multi_hot(labels, num_classes: int) -> tf.Tensor:
@@ -38,20 +38,20 @@ def multi_hot(labels, num_classes: int) -> tf.Tensor:
 
 
 def preprocessing_fn(inputs, custom_config):
-    outputs = {"id": inputs["id"]}
+    outputs = {ID: inputs[ID]}
     outputs[LABELS] = multi_hot(inputs[LABELS], int(custom_config["num_classes"]))
     if custom_config.get("jcch_anchors"):
         from tfhash.components.label_statistics import jcch_coefficient_features
 
         outputs["jcch_q"], outputs["jcch_u"] = jcch_coefficient_features(
-            outputs[LABELS], inputs["id"], int(custom_config["jcch_anchors"])
+            outputs[LABELS], inputs[ID], int(custom_config["jcch_anchors"])
         )
     if custom_config.get("tag_statistics"):
         from tfhash.components.label_statistics import tag_statistic_vocabularies
 
         tag_statistic_vocabularies(outputs[LABELS])
     for name, spec in custom_config["modalities"].items():
-        if spec["kind"] == "image":
+        if spec["kind"] == IMAGE:
             outputs[name] = decode_images(inputs[name], list(spec["shape"]))
         else:
             outputs[name] = tft.scale_to_z_score(inputs[name])

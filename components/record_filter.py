@@ -32,8 +32,9 @@ from tfx.dsl.component.experimental.decorators import component
 from tfx.proto import example_gen_pb2
 from tfx.types import artifact, artifact_utils, standard_artifacts
 
+from tfhash.artifacts import ID, RECORDS_REPORT_FILE
+
 POLICIES = ("fail", "drop")
-REPORT = "report.json"
 
 
 class RecordReport(artifact.Artifact):
@@ -49,7 +50,7 @@ def _problem_and_id(record: bytes, num_classes: int, modalities: dict):
     example_id = -1
     if problem is not None and problem != "unparsable record":
         example = example_pb2.Example.FromString(record)
-        ids = example.features.feature["id"].int64_list.value
+        ids = example.features.feature[ID].int64_list.value
         example_id = int(ids[0]) if ids else -1
     return problem, example_id, record
 
@@ -127,7 +128,7 @@ def RecordFilter(
         filter_records(pipeline, examples.uri, filtered_examples.uri, splits, num_classes, json.loads(modalities), report.uri)
     result = read_counts(report.uri, splits)
     result["policy"] = policy
-    with open(os.path.join(report.uri, REPORT), "w") as handle:
+    with open(os.path.join(report.uri, RECORDS_REPORT_FILE), "w") as handle:
         json.dump(result, handle, indent=2)
     report.set_int_custom_property("bad_records", result["bad_records"])
     apply_policy(result, policy)

@@ -39,15 +39,17 @@ def record_problem(serialized: bytes, num_classes: int, modalities: dict) -> str
     from google.protobuf.message import DecodeError
     from tensorflow.core.example import example_pb2
 
+    from tfhash.artifacts import ID, IMAGE, LABELS
+
     example = example_pb2.Example()
     try:
         example.ParseFromString(serialized)
     except DecodeError:
         return "unparsable record"
     features = example.features.feature
-    if "id" not in features or len(features["id"].int64_list.value) != 1:
+    if ID not in features or len(features[ID].int64_list.value) != 1:
         return "missing id"
-    labels = features["labels"].int64_list.value if "labels" in features else []
+    labels = features[LABELS].int64_list.value if LABELS in features else []
     if not labels:
         return "missing label"
     if min(labels) < 0 or max(labels) >= num_classes:
@@ -56,7 +58,7 @@ def record_problem(serialized: bytes, num_classes: int, modalities: dict) -> str
         if name not in features:
             return "missing feature"
         shape = tuple(int(d) for d in spec["shape"])
-        if spec["kind"] == "image":
+        if spec["kind"] == IMAGE:
             values = features[name].bytes_list.value
             if len(values) != 1:
                 return "wrong feature length"

@@ -14,6 +14,8 @@ from tfx.dsl.component.experimental.decorators import component
 from tfx.types import standard_artifacts
 from tfx.utils import path_utils
 
+from tfhash.artifacts import EVALUATION_FILE, examples_signature
+
 
 def retrieval_metrics(saved_model_dir: str, examples_uri: str, num_classes: int, query_split: str,
                       database_split: str, top_r: int | None, modalities: list[str] | None = None,
@@ -36,10 +38,10 @@ def retrieval_metrics(saved_model_dir: str, examples_uri: str, num_classes: int,
         return report.summary(radius=2), report
 
     if not modalities:
-        return direction("serving_default", "serving_default")
+        return direction(examples_signature(), examples_signature())
     first, second = modalities
-    forward, report = direction(f"serving_{first}", f"serving_{second}")
-    backward, _ = direction(f"serving_{second}", f"serving_{first}")
+    forward, report = direction(examples_signature(first), examples_signature(second))
+    backward, _ = direction(examples_signature(second), examples_signature(first))
     summary = {key: (value + backward[key]) / 2 if key.startswith("mAP") or key.startswith("P@") else value
                for key, value in forward.items()}  # fmt: skip
     summary.update({f"{first}->{second}": forward, f"{second}->{first}": backward})
@@ -85,7 +87,7 @@ def RetrievalEvaluator(
     blessed, reason = blessing_decision(summary[label], baseline[label] if baseline else None, map_threshold, max_regression)
     os.makedirs(evaluation.uri, exist_ok=True)
     result = {"metrics": summary, "baseline": baseline, "blessed": blessed, "reason": reason, "model_uri": model.uri}
-    with open(os.path.join(evaluation.uri, "metrics.json"), "w") as handle:
+    with open(os.path.join(evaluation.uri, EVALUATION_FILE), "w") as handle:
         json.dump(result, handle, indent=2)
     curve = {"precision": report.precision_by_radius.mean(axis=0), "recall": report.recall_by_radius.mean(axis=0)}
     plot_pr_curve(curve, os.path.join(evaluation.uri, "pr_curve.png"))

@@ -13,7 +13,9 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_transform as tft
 from tfhash.components.export import IMAGE_RANGE, export_serving_model
-from tfhash.components.preprocessing import LABELS
+from tfx_bsl.public import tfxio
+
+from tfhash.artifacts import LABELS
 
 logger = logging.getLogger(__name__)
 
@@ -101,46 +103,24 @@ def batch_size(training: dict) -> int:
 
 
 def build_model(training: dict, inputs: dict, num_classes: int, tag_statistics: tuple | None = None, data_root=None):
-    """A library model from the run config's ``training`` section; ``inputs``: ``{name: shape}``
-    (two entries for the cross-modal jcch: one tower each, shared centres).
-
-    ``tag_statistics``: ``(n, C x C co-occurrence)`` of the training labels (from Transform); the
-    proxy methods need it: on multi-label data the balanced BCE takes its tag frequencies, and
-    sHCLM assigns proxies by tag co-occurrence (HCLM Eq. 21).
+    """The registered method (:mod:`tfhash.models.registry`) that the run config's ``training``
+    section names; ``inputs``: ``{name: shape}`` (two entries for a cross-modal method: one tower
+    each). ``tag_statistics``: ``(n, C x C co-occurrence)`` of the training labels (from Transform),
+    for the methods that need them (the proxy methods' balanced BCE and sHCLM's assignment).
 
     Raises:
-        ValueError: sHCLM without tag statistics, or on single-label data (co-occurrence carries no
-            class similarity there; use hclm, or sHCLM in code with class-mean backbone features).
+        ValueError: as the method's builder does (e.g. sHCLM on single-label data).
     """
-    from tfhash.models import build_hclm, build_hyp2, build_jcch, build_scdh
-    from tfhash.proxies import cooccurrence_similarity, hclm_proxies
+    from tfhash.models.registry import BuildInputs, TagStatistics, build_method
 
-    if training["method"] == "jcch":
-        backbones = {name: backbone_for(training, shape, f"backbone_{name}", data_root, name) for name, shape in inputs.items()}
-        return build_jcch(backbones, num_classes, int(training["bits"]), preset=training.get("preset"),
-                          seed=int(training.get("seed", 0)), **dict(training.get("overrides", {})))  # fmt: skip
-    ((name, shape),) = inputs.items()
-    backbone = backbone_for(training, shape, data_root=data_root, modality=name)
-    method, bits, overrides = training["method"], int(training["bits"]), dict(training.get("overrides", {}))
-    if method in ("scdh", "scdh-s"):
-        return build_scdh(backbone, num_classes, bits, preset=training.get("preset"), ablation=method == "scdh-s", **overrides)
-    if method in ("hclm", "shclm"):
-        similarity, frequencies = None, None
-        if tag_statistics is not None:
-            n, cooccurrence = tag_statistics
-            counts = np.diag(cooccurrence)
-            multi_label = bool(np.any(cooccurrence - np.diag(counts) > 0))  # some example has two tags
-            frequencies = counts / max(n, 1) if multi_label else None
-            if method == "shclm":
-                if not multi_label:
-                    raise ValueError("shclm in the pipeline assigns proxies by tag co-occurrence, which needs multi-label "
-                                     "data; this training split is single-label: use method hclm")  # fmt: skip
-                similarity = cooccurrence_similarity(cooccurrence)
-        elif method == "shclm":
-            raise ValueError("shclm needs the tag statistics computed by Transform")
-        proxies = hclm_proxies(num_classes, bits, similarity=similarity, seed=int(training["seed"]))
-        return build_hclm(backbone, num_classes, bits, proxies=proxies, tag_frequencies=frequencies, **overrides)
-    return build_hyp2(backbone, num_classes, bits, **overrides)
+    def backbone(modality: str):
+        name = f"backbone_{modality}" if len(inputs) > 1 else "backbone"
+        return backbone_for(training, inputs[modality], name, data_root, modality)
+
+    statistics = TagStatistics(int(tag_statistics[0]), np.asarray(tag_statistics[1])) if tag_statistics is not None else None
+    build = BuildInputs(backbone, list(inputs), num_classes, int(training["bits"]), seed=int(training.get("seed", 0)),
+                        preset=training.get("preset"), statistics=statistics)  # fmt: skip
+    return build_method(training["method"], build, **dict(training.get("overrides", {})))
 
 
 def read_transform_tag_statistics(transform_output, num_classes: int) -> tuple[int, np.ndarray]:
@@ -159,27 +139,31 @@ def _glob(patterns) -> list[str]:
 def targets(features: dict, label_coefficients: bool):
     """The fit target: the multi-hot labels, or labels with the JCCH q / u from Transform."""
     if label_coefficients:
-        return {"labels": features[LABELS], "q": features["jcch_q"], "u": features["jcch_u"]}
+        return {LABELS: features[LABELS], "q": features["jcch_q"], "u": features["jcch_u"]}
     return features[LABELS]
 
 
-def count_records(file_pattern) -> int:
-    """The number of records in the (GZIP) files of ``file_pattern``."""
-    return int(sum(1 for _ in tf.data.TFRecordDataset(_glob(file_pattern), compression_type="GZIP")))
+def _records(data_accessor, file_pattern, schema, batch_size: int, shuffle: bool, seed: int) -> tf.data.Dataset:
+    """One pass over the transformed records of ``file_pattern`` in batches of parsed features,
+    through TFX's data accessor (whatever the artifact's payload format)."""
+    options = tfxio.TensorFlowDatasetOptions(batch_size=batch_size, num_epochs=1, shuffle=shuffle, shuffle_seed=seed)
+    return data_accessor.tf_dataset_factory(file_pattern, options, schema)
 
 
-def _dataset(file_pattern, feature_spec, input_names: list[str], batch_size: int, shuffle: bool, seed: int,
-             label_coefficients: bool = False):  # fmt: skip
-    files = _glob(file_pattern)
-    data = tf.data.TFRecordDataset(files, compression_type="GZIP")
-    if shuffle:
-        data = data.shuffle(10_000, seed=seed, reshuffle_each_iteration=True)
-    data = data.batch(batch_size).map(lambda records: tf.io.parse_example(records, feature_spec))
+def training_dataset(data_accessor, file_pattern, schema, input_names: list[str], batch_size: int, seed: int,
+                     label_coefficients: bool = False) -> tuple[tf.data.Dataset, int]:  # fmt: skip
+    """``(dataset, steps per epoch)``: batches of (model inputs, :func:`targets`) of the transformed
+    training records, read through ``data_accessor`` (``fn_args.data_accessor``) with the
+    transformed ``schema``; one pass per epoch, reshuffled each epoch from ``seed``. (The dataset
+    does not state its length: with a stated length Keras draws the epochs' shuffles in another
+    order, which would change the trained model.)"""
+    steps = int(_records(data_accessor, file_pattern, schema, batch_size, False, seed).reduce(0, lambda n, _: n + 1))
 
     def model_inputs(features):
         return features[input_names[0]] if len(input_names) == 1 else {name: features[name] for name in input_names}
 
-    return data.map(lambda f: (model_inputs(f), targets(f, label_coefficients))).prefetch(tf.data.AUTOTUNE)
+    data = _records(data_accessor, file_pattern, schema, batch_size, True, seed)
+    return data.map(lambda f: (model_inputs(f), targets(f, label_coefficients))), max(1, steps)
 
 
 def warmup_records(config: dict, count: int = 4) -> list[bytes]:
@@ -205,6 +189,7 @@ def run_fn(fn_args) -> None:
     ``raw_examples_dir`` (the exported data, whose first usable training records become the TF
     Serving warmup requests)."""
     from tfhash.fine_tuning import compile_fine_tuning
+    from tfhash.models.registry import get_method
 
     config = fn_args.custom_config
     training = config["training"]
@@ -212,17 +197,16 @@ def run_fn(fn_args) -> None:
     if use_mixed_precision(training):
         keras.mixed_precision.set_global_policy("mixed_float16")
     transform_output = tft.TFTransformOutput(fn_args.transform_output)
-    spec = transform_output.transformed_feature_spec()
     inputs = {name: list(shape) for name, shape in config["inputs"].items()}
     batch = batch_size(training)
-    train = _dataset(fn_args.train_files, spec, list(inputs), batch, True, int(training["seed"]),
-                     bool(training.get("label_coefficients")))  # fmt: skip
+    train, steps_per_epoch = training_dataset(fn_args.data_accessor, fn_args.train_files, transform_output.transformed_metadata.schema,
+                                              list(inputs), batch, int(training["seed"]), bool(training.get("label_coefficients")))  # fmt: skip
     epochs = int(training["epochs"])
-    steps_per_epoch = max(1, -(-count_records(fn_args.train_files) // batch))
     strategy = make_strategy()
     try:
         with strategy.scope():
-            statistics = read_transform_tag_statistics(transform_output, int(config["num_classes"])) if training["method"] in ("hclm", "shclm") else None
+            needs_statistics = get_method(training["method"]).needs_tag_statistics
+            statistics = read_transform_tag_statistics(transform_output, int(config["num_classes"])) if needs_statistics else None
             model = build_model(training, inputs, int(config["num_classes"]), statistics, config.get("data_root"))
             recipe = training_recipe(training).scaled_to_batch(batch / int(training["batch_size"]))
             compile_fine_tuning(model, recipe, epochs, steps_per_epoch)

@@ -23,13 +23,17 @@ def _load(config_path: str):
 
 @pipeline_group.command("run")
 @click.option("--config", "config_path", required=True, type=click.Path(exists=True, dir_okay=False))
-def run(config_path: str) -> None:
-    """Run the pipeline with LocalDagRunner and print the summary (also written to the run dir)."""
+@click.pass_obj
+def run(obj, config_path: str) -> None:
+    """Run the pipeline with LocalDagRunner and print the summary (also written to the run dir).
+    The ``tfhash`` command's context object may carry ``after_push`` (see
+    :func:`tfhash.pipelines.runner.run_local`)."""
     from tfhash.pipelines.runner import run_local
 
     config = _load(config_path)
     try:
-        summary = run_local(config, log=lambda message: click.echo(f"[tfhash] {message}", err=True))
+        summary = run_local(config, log=lambda message: click.echo(f"[tfhash] {message}", err=True),
+                            after_push=(obj or {}).get("after_push"))  # fmt: skip
     except ValueError as err:  # bad records under policy "fail", unusable data or settings
         raise click.ClickException(str(err)) from err
     click.echo(json.dumps(summary, indent=2))

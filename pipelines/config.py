@@ -8,8 +8,8 @@ import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-METHODS = ("scdh", "scdh-s", "hclm", "shclm", "hyp2", "jcch")
-CROSS_MODAL_METHODS = ("jcch",)
+from tfhash.artifacts import DEFAULT_RUN_DIR, RunLayout, resolve_path
+from tfhash.models.registry import get_method, method_names
 
 
 @dataclass
@@ -40,8 +40,8 @@ class TrainingConfig:
     def __post_init__(self) -> None:
         from tfhash.models.backbones import check_backbone_name
 
-        if self.method not in METHODS:
-            raise ValueError(f"unknown method {self.method!r}; choose one of {METHODS}")
+        if self.method not in method_names(in_pipeline=True):
+            raise ValueError(f"unknown method {self.method!r}; the pipeline trains {method_names(in_pipeline=True)}")
         if self.bits <= 0 or self.bits % 8:
             raise ValueError("bits must be a positive multiple of 8 (packed codes)")
         check_backbone_name(self.backbone)
@@ -120,10 +120,10 @@ def resolve_training_paths(training: dict, base: Path) -> dict:
 
     training = dict(training)
     backbone, weights = training.get("backbone"), training.get("backbone_weights")
-    if isinstance(backbone, str) and is_encoder_path(backbone) and not os.path.isabs(backbone):
-        training["backbone"] = str((base / backbone).resolve())
-    if isinstance(weights, str) and weights not in (IMAGENET, "none") and not os.path.isabs(weights):
-        training["backbone_weights"] = str((base / weights).resolve())
+    if isinstance(backbone, str) and is_encoder_path(backbone):
+        training["backbone"] = resolve_path(base, backbone)
+    if isinstance(weights, str) and weights not in (IMAGENET, "none"):
+        training["backbone_weights"] = resolve_path(base, weights)
     return training
 
 
@@ -144,7 +144,7 @@ class PipelineConfig:
     limit: int | None = None  # examples per split, for small runs
     modality: str = "image"
     modalities: list[str] = field(default_factory=list)  # two names for a cross-modal method (jcch)
-    run_dir: str = "runs/pipeline"
+    run_dir: str = DEFAULT_RUN_DIR
     training: TrainingConfig = field(default_factory=TrainingConfig)
     map_threshold: float = 0.5
     max_regression: float = 0.01
@@ -163,15 +163,16 @@ class PipelineConfig:
             self.training = TrainingConfig(**with_recipe(self.training))
         if self.bad_records not in ("fail", "drop"):
             raise ValueError(f"bad_records must be 'fail' or 'drop', got {self.bad_records!r}")
-        cross_modal = self.training.method in CROSS_MODAL_METHODS
+        method = get_method(self.training.method)
+        cross_modal = method.cross_modal
         if cross_modal != bool(self.modalities) or (cross_modal and len(set(self.modalities)) != 2):
             raise ValueError(f"method {self.training.method!r}: " + ("set modalities to two modality names (e.g. "
                              '["image", "text"]); the first is the default query modality' if cross_modal else
                              "modalities is only for the cross-modal methods; use modality"))  # fmt: skip
         if self.training.label_coefficients and not self.jcch_anchors:
             raise ValueError("training.label_coefficients needs jcch_anchors (the Transform computes q and u)")
-        if self.training.label_coefficients and self.training.method not in ("scdh", "scdh-s", "jcch"):
-            raise ValueError("JCCH label coefficients apply to the semantic-cluster methods (scdh, scdh-s, jcch)")
+        if self.training.label_coefficients and not method.label_coefficients:
+            raise ValueError(f"JCCH label coefficients apply to {method_names(label_coefficients=True)}, not {method.name!r}")
         input_dropout = self.training.optimisation().input_dropout
         rates = input_dropout if isinstance(input_dropout, dict) else {name: input_dropout for name in self.inputs}
         if set(rates) - set(self.inputs):
@@ -179,6 +180,11 @@ class PipelineConfig:
                              f"this run's inputs are {self.inputs}")  # fmt: skip
         if any(rates.values()) and self.training.backbone != "mlp":
             raise ValueError(f"training.fine_tuning.input_dropout is for the mlp backbone, not {self.training.backbone!r}")
+
+    @property
+    def layout(self) -> RunLayout:
+        """Every location this run uses (:class:`tfhash.artifacts.RunLayout`)."""
+        return RunLayout(self.run_dir, self.name, self.data_dir)
 
     @property
     def inputs(self) -> list[str]:
@@ -205,11 +211,8 @@ class PipelineConfig:
         if isinstance(raw.get("training"), dict):
             raw["training"] = resolve_training_paths(raw["training"], base)
         config = cls(**raw)
-        config.run_dir = str((base / config.run_dir).resolve()) if not os.path.isabs(config.run_dir) else config.run_dir
-        for key in ("data_root", "data_dir"):
-            value = getattr(config, key)
-            if value and not os.path.isabs(value):
-                setattr(config, key, str((base / value).resolve()))
+        for key in ("run_dir", "data_root", "data_dir"):
+            setattr(config, key, resolve_path(base, getattr(config, key)))
         return config
 
     def to_dict(self) -> dict:

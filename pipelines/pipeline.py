@@ -5,7 +5,6 @@ SchemaGen -> Transform -> Trainer -> RetrievalEvaluator (against the latest bles
 from __future__ import annotations
 
 import json
-import os
 
 from tfhash.components.index_builder import IndexBuilder
 from tfhash.components.record_filter import RecordFilter
@@ -14,19 +13,8 @@ from tfhash.pipelines.config import PipelineConfig
 from tfx import v1 as tfx
 from tfx.proto import example_gen_pb2, transform_pb2
 
-from tfhash.data.export import SPLITS
-
-
-def paths(config: PipelineConfig) -> dict[str, str]:
-    """Every location a run uses, under ``config.run_dir``."""
-    root = config.run_dir
-    return {
-        "data": config.data_dir or os.path.join(root, "data"),
-        "pipeline_root": os.path.join(root, "pipeline_root"),
-        "metadata": os.path.join(root, "metadata.sqlite"),
-        "serving": os.path.join(root, "serving", config.name),
-        "indexes": os.path.join(root, "indexes", config.name),
-    }
+from tfhash.artifacts import SPLITS
+from tfhash.models.registry import get_method
 
 
 def model_inputs(metadata: dict, names: list[str]) -> dict[str, list[int]]:
@@ -41,12 +29,12 @@ def create_pipeline(config: PipelineConfig, metadata: dict, metadata_connection=
                     data_dir: str | None = None) -> tfx.dsl.Pipeline:  # fmt: skip
     """Build the pipeline for ``config`` over data exported with ``metadata`` (see
     :func:`tfhash.data.export.export_tfrecords`)."""
-    where = paths(config)
+    where = config.layout
     inputs = model_inputs(metadata, config.inputs)
     cross_modal = ",".join(config.modalities)  # "" for single-modality models
     num_classes = int(metadata["num_classes"])
     example_gen = tfx.components.ImportExampleGen(
-        input_base=data_dir or where["data"],
+        input_base=data_dir or where.data,
         input_config=example_gen_pb2.Input(
             splits=[example_gen_pb2.Input.Split(name=s, pattern=f"{s}/*") for s in SPLITS]
         ),
@@ -70,7 +58,7 @@ def create_pipeline(config: PipelineConfig, metadata: dict, metadata_connection=
             "num_classes": num_classes,
             "modalities": {name: metadata["modalities"][name] for name in inputs},
             "jcch_anchors": config.jcch_anchors,
-            "tag_statistics": config.training.method in ("hclm", "shclm"),
+            "tag_statistics": get_method(config.training.method).needs_tag_statistics,
         },
     )
     trainer = tfx.components.Trainer(
@@ -84,7 +72,7 @@ def create_pipeline(config: PipelineConfig, metadata: dict, metadata_connection=
             "training": config.to_dict()["training"],
             "inputs": inputs,
             "num_classes": num_classes,
-            "raw_examples_dir": data_dir or where["data"],
+            "raw_examples_dir": data_dir or where.data,
             "data_root": config.data_root,
             "modalities": metadata["modalities"],
         },
@@ -107,21 +95,21 @@ def create_pipeline(config: PipelineConfig, metadata: dict, metadata_connection=
         model=trainer.outputs["model"],
         model_blessing=evaluator.outputs["blessing"],
         push_destination=tfx.proto.PushDestination(
-            filesystem=tfx.proto.PushDestination.Filesystem(base_directory=where["serving"])
+            filesystem=tfx.proto.PushDestination.Filesystem(base_directory=where.serving)
         ),
     )
     index_builder = IndexBuilder(
         examples=examples,
         pushed_model=pusher.outputs["pushed_model"],
         evaluation=evaluator.outputs["evaluation"],
-        index_base_dir=where["indexes"],
+        index_base_dir=where.indexes,
         num_classes=num_classes,
         kinds=",".join(config.index_kinds),
         modalities=cross_modal,
     )
     return tfx.dsl.Pipeline(
         pipeline_name=config.name,
-        pipeline_root=pipeline_root or where["pipeline_root"],
+        pipeline_root=pipeline_root or where.pipeline_root,
         components=[example_gen, record_filter, statistics_gen, schema_gen, transform, trainer, baseline, evaluator, pusher, index_builder],
         enable_cache=True,
         metadata_connection_config=metadata_connection,

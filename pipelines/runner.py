@@ -1,16 +1,33 @@
 """Run the pipeline locally (LocalDagRunner, SQLite ML Metadata in the run directory) or compile
-it for Kubeflow Pipelines (KubeflowV2DagRunner), and summarise a local run."""
+it for Kubeflow Pipelines (KubeflowV2DagRunner), and summarise a local run from what ML Metadata
+recorded of it."""
 
 from __future__ import annotations
 
+import datetime
 import glob
 import json
 import os
 import time
+import uuid
+from collections.abc import Callable
 
 import numpy as np
 from tfhash.pipelines.config import PipelineConfig
-from tfhash.pipelines.pipeline import create_pipeline, paths
+from tfhash.pipelines.pipeline import create_pipeline
+
+from tfhash.artifacts import (
+    EVALUATION_FILE,
+    EXAMPLES_INPUT,
+    EXAMPLES_SIGNATURE,
+    ID,
+    INDEXES_FILE,
+    LABELS,
+    PACKED_CODES,
+    RECORDS_REPORT_FILE,
+    RunLayout,
+    label_spec,
+)
 
 
 def export_data(config: PipelineConfig, log=print) -> dict:
@@ -19,7 +36,7 @@ def export_data(config: PipelineConfig, log=print) -> dict:
     from tfhash.data import load_dataset
     from tfhash.data.export import export_tfrecords
 
-    target = paths(config)["data"]
+    target = config.layout.data
     meta_path = os.path.join(target, "metadata.json")
     if os.path.isfile(meta_path):
         return json.loads(open(meta_path).read())
@@ -30,51 +47,139 @@ def export_data(config: PipelineConfig, log=print) -> dict:
     return export_tfrecords(load_dataset(config.dataset, config.data_root, config.split_seed), target, limit=config.limit)
 
 
-def run_local(config: PipelineConfig, log=print) -> dict:
-    """Export the data if needed, run the pipeline with LocalDagRunner, write the TF Serving
-    artifacts for the pushed model (:mod:`tfhash.serving.deployment`), write and return the summary."""
+def run_local(config: PipelineConfig, log=print, after_push: Callable[[RunLayout], dict] | None = None) -> dict:
+    """Export the data if needed, run the pipeline with LocalDagRunner, write and return the
+    summary. When the run pushed a model version, ``after_push(layout)`` (e.g. the command line's
+    TF Serving config writer) runs and its entries join the summary."""
     from tfx import v1 as tfx
 
     start = time.perf_counter()
     metadata = export_data(config, log)
-    where = paths(config)
-    connection = tfx.orchestration.metadata.sqlite_metadata_connection_config(where["metadata"])
-    log(f"running pipeline {config.name!r} (pipeline root {where['pipeline_root']})")
-    tfx.orchestration.LocalDagRunner().run(create_pipeline(config, metadata, connection))
-    summary = summarise(config)
-    if summary.get("model_version"):
-        from tfhash.serving.deployment import write_deployment
-
-        summary["tf_serving_config"] = os.path.join(config.run_dir, "tf_serving")
-        write_deployment(where["serving"], config.name, summary["tf_serving_config"], index_base_dir=where["indexes"])
+    where = config.layout
+    connection = tfx.orchestration.metadata.sqlite_metadata_connection_config(where.metadata)
+    log(f"running pipeline {config.name!r} (pipeline root {where.pipeline_root})")
+    run_id = new_run_id()
+    local_runner(run_id).run(create_pipeline(config, metadata, connection))
+    summary = summarise(config, run_id)
+    if summary.get("model_version") and after_push is not None:
+        summary.update(after_push(where))
     summary["wall_seconds"] = round(time.perf_counter() - start, 1)
-    with open(os.path.join(config.run_dir, "summary.json"), "w") as handle:
+    with open(where.summary, "w") as handle:
         json.dump(summary, handle, indent=2)
     return summary
 
 
-def _newest(pattern: str) -> str | None:
-    found = glob.glob(pattern)
-    return max(found, key=os.path.getmtime) if found else None
+def new_run_id() -> str:
+    """A pipeline run id: the start time, as LocalDagRunner's own ids, and a random suffix that
+    keeps two runs started in the same microsecond apart."""
+    return f"{datetime.datetime.now().isoformat()}-{uuid.uuid4().hex[:8]}"
 
 
-def summarise(config: PipelineConfig) -> dict:
-    """Model version, metrics, index path and an example query of the latest run."""
-    where = paths(config)
-    evaluation = _newest(os.path.join(where["pipeline_root"], "RetrievalEvaluator", "evaluation", "*", "metrics.json"))
-    result = json.loads(open(evaluation).read()) if evaluation else {}
-    records = _newest(os.path.join(where["pipeline_root"], "RecordFilter", "report", "*", "report.json"))
-    built = _newest(os.path.join(where["pipeline_root"], "IndexBuilder", "index", "*", "indexes.json"))
-    indexes = json.loads(open(built).read()) if built else {}
+def local_runner(run_id: str):
+    """A LocalDagRunner that runs the pipeline under ``run_id``. LocalDagRunner names each run by
+    the time it starts and does not return the name; ML Metadata records it as the name of the
+    run's ``pipeline_run`` context, which is how :func:`summarise` finds the run's executions."""
+    from tfx import v1 as tfx
+    from tfx.dsl.compiler import constants
+    from tfx.orchestration.portable import runtime_parameter_utils
+
+    class NamedRunLocalDagRunner(tfx.orchestration.LocalDagRunner):
+        def run_with_ir(self, pipeline, run_options=None, **kwargs):
+            # Bound here, LocalDagRunner's own substitution of the run id finds nothing left to set.
+            runtime_parameter_utils.substitute_runtime_parameter(pipeline, {constants.PIPELINE_RUN_ID_PARAMETER_NAME: run_id})
+            return super().run_with_ir(pipeline, run_options, **kwargs)
+
+    return NamedRunLocalDagRunner()
+
+
+def _metadata_store(path: str):
+    """The run's ML Metadata store (SQLite), opened read-only; None when there is none."""
+    from ml_metadata.metadata_store import metadata_store
+    from ml_metadata.proto import metadata_store_pb2
+
+    if not os.path.isfile(path):
+        return None
+    connection = metadata_store_pb2.ConnectionConfig()
+    connection.sqlite.filename_uri = path
+    connection.sqlite.connection_mode = metadata_store_pb2.SqliteMetadataSourceConfig.READONLY
+    return metadata_store.MetadataStore(connection)
+
+
+def run_outputs(config: PipelineConfig, run_id: str | None = None) -> dict:
+    """``{(component id, output key): artifact}`` (ML Metadata ``Artifact`` protos) of one run of the
+    pipeline: run ``run_id``, or its most recent run in the run directory's ML Metadata store.
+
+    The run's executions are those in both the pipeline's context and the run's ``pipeline_run``
+    context that completed or were served from the cache; their outputs are the artifacts linked by
+    OUTPUT events, which for a cached execution are the artifacts of the earlier execution it reused.
+    Empty when the store, the pipeline or the run is unknown."""
+    from ml_metadata.proto import metadata_store_pb2
+    from tfx.dsl.compiler import constants
+
+    store = _metadata_store(config.layout.metadata)
+    pipeline = None if store is None else store.get_context_by_type_and_name(constants.PIPELINE_CONTEXT_TYPE_NAME, config.name)
+    if pipeline is None:
+        return {}
+    in_pipeline = {execution.id for execution in store.get_executions_by_context(pipeline.id)}
+    runs = {run.id: run for run in store.get_contexts_by_type(constants.PIPELINE_RUN_CONTEXT_TYPE_NAME)
+            if run_id is None or run.name == run_id}  # fmt: skip
+    done = (metadata_store_pb2.Execution.COMPLETE, metadata_store_pb2.Execution.CACHED)
+    executions_by_run = {key: [e for e in store.get_executions_by_context(key) if e.id in in_pipeline and e.last_known_state in done]
+                         for key in runs}  # fmt: skip
+    candidates = [key for key, executions in executions_by_run.items() if executions]
+    if not candidates:
+        return {}
+    executions = executions_by_run[max(candidates, key=lambda key: (runs[key].create_time_since_epoch, key))]
+    node_prefix = f"{config.name}."
+    node_of = {}
+    for execution in executions:
+        for context in store.get_contexts_by_execution(execution.id):
+            if context.type == constants.NODE_CONTEXT_TYPE_NAME and context.name.startswith(node_prefix):
+                node_of[execution.id] = context.name[len(node_prefix):]
+    events = [event for event in store.get_events_by_execution_ids(list(node_of))
+              if event.type == metadata_store_pb2.Event.OUTPUT and event.path.steps]  # fmt: skip
+    artifacts = {artifact.id: artifact for artifact in store.get_artifacts_by_id([event.artifact_id for event in events])}
+    return {(node_of[event.execution_id], event.path.steps[0].key): artifacts[event.artifact_id]
+            for event in sorted(events, key=lambda event: event.artifact_id) if event.artifact_id in artifacts}  # fmt: skip
+
+
+def _artifact_json(artifact, name: str):
+    """The JSON file ``name`` that a component wrote into its output ``artifact``; None without one."""
+    path = os.path.join(artifact.uri, name) if artifact is not None else None
+    if path is None or not os.path.isfile(path):
+        return None
+    with open(path) as handle:
+        return json.load(handle)
+
+
+def _custom_property(artifact, name: str):
+    """A custom property of an ML Metadata artifact; None when it is not set."""
+    value = artifact.custom_properties.get(name) if artifact is not None else None
+    return getattr(value, value.WhichOneof("value")) if value is not None and value.WhichOneof("value") else None
+
+
+def summarise(config: PipelineConfig, run_id: str | None = None) -> dict:
+    """Model version, metrics, index path and an example query of pipeline run ``run_id`` (None:
+    the pipeline's most recent run), read from the outputs that ML Metadata recorded for that run's
+    executions (:func:`run_outputs`): the RecordFilter's report, the RetrievalEvaluator's
+    evaluation, the Pusher's pushed model (version and folder, when it pushed) and the
+    IndexBuilder's indexes."""
+    outputs = run_outputs(config, run_id)
+    result = _artifact_json(outputs.get(("RetrievalEvaluator", "evaluation")), EVALUATION_FILE) or {}
+    pushed = outputs.get(("Pusher", "pushed_model"))
+    indexes = {"model_version": None, "model_dir": None, "indexes": None}
+    if _custom_property(pushed, "pushed"):
+        indexes.update(model_version=_custom_property(pushed, "pushed_version"),
+                       model_dir=_custom_property(pushed, "pushed_destination"))  # fmt: skip
+        built = _artifact_json(outputs.get(("IndexBuilder", "index")), INDEXES_FILE) or {}
+        indexes["indexes"] = built.get("indexes")
     summary = {
         "pipeline": config.name,
         "metrics": result.get("metrics"),
         "blessed": result.get("blessed"),
         "blessing_reason": result.get("reason"),
-        "model_version": indexes.get("model_version"),
-        "model_dir": indexes.get("model_dir"),
-        "indexes": indexes.get("indexes"),
-        "bad_records": json.loads(open(records).read()) if records else None,
+        **indexes,
+        "bad_records": _artifact_json(outputs.get(("RecordFilter", "report")), RECORDS_REPORT_FILE),
     }
     if indexes.get("indexes"):
         summary["example_query"] = example_query(config, indexes)
@@ -87,17 +192,17 @@ def example_query(config: PipelineConfig, indexes: dict) -> dict:
 
     from tfhash.index import load_index
 
-    query_files = sorted(glob.glob(os.path.join(paths(config)["data"], "query", "*")))
+    query_files = sorted(glob.glob(os.path.join(config.layout.data, "query", "*")))
     first = next(iter(tf.data.TFRecordDataset(query_files, compression_type="GZIP").take(1)))
-    serve = tf.saved_model.load(indexes["model_dir"]).signatures["serving_default"]
-    code = serve(examples=tf.reshape(first, [1]))["packed_codes"].numpy()
+    serve = tf.saved_model.load(indexes["model_dir"]).signatures[EXAMPLES_SIGNATURE]
+    code = serve(**{EXAMPLES_INPUT: tf.reshape(first, [1])})[PACKED_CODES].numpy()
     kind, path = next(iter(indexes["indexes"].items()))
     index = load_index(path, expected_model_version=indexes["model_version"])
     result = index.search(code, 5)
-    parsed = tf.io.parse_single_example(first, {"labels": tf.io.VarLenFeature(tf.int64), "id": tf.io.FixedLenFeature([1], tf.int64)})
+    parsed = tf.io.parse_single_example(first, label_spec())
     return {
-        "query_id": int(parsed["id"].numpy()[0]),
-        "query_labels": tf.sparse.to_dense(parsed["labels"]).numpy().tolist(),
+        "query_id": int(parsed[ID].numpy()[0]),
+        "query_labels": tf.sparse.to_dense(parsed[LABELS]).numpy().tolist(),
         "index": kind,
         "nearest_ids": result.ids[0].tolist(),
         "distances": np.asarray(result.distances[0]).tolist(),

@@ -13,16 +13,14 @@ def serve_group() -> None:
 
 
 def _pipeline_serving(config_path: str) -> tuple[str, str, str, str]:
-    """(model name, serving base dir, index base dir, run dir) of a pipeline config."""
-    from tfhash.pipelines.config import PipelineConfig
-    from tfhash.pipelines.pipeline import paths
+    """(model name, serving base dir, index base dir, TF Serving config dir) of a pipeline config."""
+    from tfhash.artifacts import RunLayout
 
     try:
-        config = PipelineConfig.load(config_path)
+        layout = RunLayout.from_config_file(config_path)
     except ValueError as err:
         raise click.ClickException(str(err)) from err
-    where = paths(config)
-    return config.name, where["serving"], where["indexes"], config.run_dir
+    return layout.name, layout.serving, layout.indexes, layout.tf_serving
 
 
 @serve_group.command("config")
@@ -40,8 +38,8 @@ def config_(config_path, base_path, model_name, index_base_dir, output, num_vers
     from tfhash.serving.deployment import write_deployment
 
     if config_path:
-        model_name, base_path, indexes, run_dir = _pipeline_serving(config_path)
-        output, index_base_dir = output or os.path.join(run_dir, "tf_serving"), index_base_dir or indexes
+        model_name, base_path, indexes, tf_serving = _pipeline_serving(config_path)
+        output, index_base_dir = output or tf_serving, index_base_dir or indexes
     elif not (base_path and model_name and output):
         raise click.UsageError("pass --config, or --base-path with --model-name and --output")
     try:

@@ -29,9 +29,16 @@ from tfhash.serving.channel import ChannelClient
 from tfhash.serving.errors import invalid
 from tfhash.serving.requests import check_examples, check_features
 
-EXAMPLES_SIGNATURE = "serving_default"
-FEATURES_SIGNATURE = "encode_features"
-PIXELS_SIGNATURE = "encode_pixels"
+from tfhash.artifacts import (
+    BINARY_CODES,
+    CODES,
+    EXAMPLES_INPUT,
+    EXAMPLES_SIGNATURE,
+    FEATURES_SIGNATURE,
+    PACKED_CODES,
+    PIXELS_INPUT,
+    PIXELS_SIGNATURE,
+)
 
 
 @dataclass
@@ -84,7 +91,7 @@ class ModelClient(ChannelClient):
         return outputs, int(response.model_spec.version.value)
 
     def _encoded(self, outputs: dict, version: int) -> EncodedBatch:
-        return EncodedBatch(outputs["codes"], outputs["binary_codes"], outputs["packed_codes"], version)
+        return EncodedBatch(outputs[CODES], outputs[BINARY_CODES], outputs[PACKED_CODES], version)
 
     def encode_examples(self, serialized, timeout: float | None = None) -> EncodedBatch:
         """Encode serialized raw tf.Examples with the ``serving_default`` signature (checked here
@@ -92,7 +99,7 @@ class ModelClient(ChannelClient):
         records = check_examples(serialized)
         if not records:
             raise invalid("no examples to encode")
-        return self._encoded(*self.predict({"examples": np.array(records, dtype=object)}, EXAMPLES_SIGNATURE,
+        return self._encoded(*self.predict({EXAMPLES_INPUT: np.array(records, dtype=object)}, EXAMPLES_SIGNATURE,
                                            timeout=timeout))  # fmt: skip
 
     def encode_features(self, features, input_name: str | None = None, timeout: float | None = None) -> EncodedBatch:
@@ -109,7 +116,7 @@ class ModelClient(ChannelClient):
         array = np.asarray(images)
         if array.dtype != np.uint8:
             raise invalid(f"encode_pixels takes uint8 pixels, got {array.dtype}; decoded images are 0..255 uint8")
-        return self._encoded(*self.predict({"pixels": array}, PIXELS_SIGNATURE, timeout=timeout))
+        return self._encoded(*self.predict({PIXELS_INPUT: array}, PIXELS_SIGNATURE, timeout=timeout))
 
     def signature_defs(self, timeout: float | None = None) -> tuple[dict, int]:
         """``GetModelMetadata``: (signature name -> ``SignatureDef``, version)."""

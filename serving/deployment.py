@@ -39,8 +39,9 @@ from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
 from tfhash.serving.versions import list_versions, pair_published
 
+from tfhash.artifacts import WARMUP_FILE, model_version_dir
+
 TF_SERVING_IMAGE = "tensorflow/serving:2.16.1"
-WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
 PROMETHEUS_PATH = "/monitoring/prometheus/metrics"
 
 #: Server-side batching for encode requests: batches of up to 128 examples, waiting at most 2 ms.
@@ -176,7 +177,7 @@ def write_deployment(base_path: str, model_name: str, output_dir: str, num_versi
         "version_policy": "specific",
         "versions": versions,
         "version_labels": labels,
-        "warmup_records": {str(v): os.path.isfile(os.path.join(base_path, str(v), WARMUP_FILE)) for v in versions},
+        "warmup_records": {str(v): os.path.isfile(os.path.join(model_version_dir(base_path, v), WARMUP_FILE)) for v in versions},
         "files": sorted([*texts, "deployment.json"]),
         "image": TF_SERVING_IMAGE,
     }

@@ -10,15 +10,19 @@ import grpc
 import numpy as np
 import tensorflow as tf
 from tfhash.serving.batching import Batcher
-from tfhash.serving.client import (
-    EXAMPLES_SIGNATURE,
-    FEATURES_SIGNATURE,
-    ModelClient,
-    describe_signature,
-)
+from tfhash.serving.client import ModelClient, describe_signature
 from tfhash.serving.errors import ServingError, invalid, unavailable
 from tfhash.serving.model_server import LoadedVersion, load_version, run_signature
 from tfhash.serving.requests import check_features
+
+from tfhash.artifacts import (
+    CODES,
+    EXAMPLES_INPUT,
+    EXAMPLES_SIGNATURE,
+    FEATURES_SIGNATURE,
+    examples_signature,
+    features_signature,
+)
 
 
 def shape_matches(shape, expected) -> bool:
@@ -39,26 +43,26 @@ class Encoder(abc.ABC):
     def _use_modality(self, query_modality: str | None) -> None:
         """Pick the signatures of ``query_modality`` (None: the defaults); refuse unknown ones."""
         if query_modality:
-            self.examples_signature, self.features_signature = f"serving_{query_modality}", f"encode_{query_modality}"
+            self.examples_signature, self.features_signature = examples_signature(query_modality), features_signature(query_modality)
         for name in (self.examples_signature, self.features_signature):
             if name not in self.signatures:
                 raise ValueError(f"model version {self.version} has no signature {name!r} (it has {sorted(self.signatures)})")
 
     @abc.abstractmethod
     def _predict(self, signature_name: str, inputs: dict, timeout: float | None) -> np.ndarray:
-        """The ``codes`` output of one call."""
+        """The continuous codes output of one call."""
 
     @abc.abstractmethod
     def describe(self) -> str: ...
 
     @property
     def bits(self) -> int:
-        return int(self.signatures[self.examples_signature]["outputs"]["codes"][1][-1])
+        return int(self.signatures[self.examples_signature]["outputs"][CODES][1][-1])
 
     def encode_examples(self, serialized: list[bytes], timeout: float | None = None) -> np.ndarray:
         if not serialized:
             raise invalid("no examples in the request")
-        return self._finite(self._predict(self.examples_signature, {"examples": np.array(serialized, dtype=object)}, timeout))
+        return self._finite(self._predict(self.examples_signature, {EXAMPLES_INPUT: np.array(serialized, dtype=object)}, timeout))
 
     def encode_features(self, features, timeout: float | None = None) -> np.ndarray:
         array = check_features(features)
@@ -89,7 +93,7 @@ class InProcessEncoder(Encoder):
 
     def _call(self, signature_name: str, inputs: dict) -> np.ndarray:
         protos = {name: tf.make_tensor_proto(value) for name, value in inputs.items()}
-        return run_signature(self.loaded.signature(signature_name), protos, ["codes"])["codes"]
+        return run_signature(self.loaded.signature(signature_name), protos, [CODES])[CODES]
 
     def _predict(self, signature_name, inputs, timeout):
         if self._batcher is None or len(inputs) != 1:
@@ -117,14 +121,14 @@ class RemoteEncoder(Encoder):
 
     def _predict(self, signature_name, inputs, timeout):
         try:
-            outputs, version = self.client.predict(inputs, signature_name, ["codes"], timeout)
+            outputs, version = self.client.predict(inputs, signature_name, [CODES], timeout)
         except ServingError as err:
             if err.code == grpc.StatusCode.NOT_FOUND:  # TF Serving unloaded the version this pair needs
                 raise unavailable(f"TF Serving no longer serves version {self.version}: {err.message}") from err
             raise
         if version != self.version:  # a pinned request answered by another version: never use it
             raise unavailable(f"TF Serving answered with version {version}, expected {self.version}")
-        return outputs["codes"]
+        return outputs[CODES]
 
     def describe(self) -> str:
         return f"TF Serving {self.client.target} model {self.client.model_name} version {self.version}"

@@ -52,9 +52,10 @@ from tfhash.serving.errors import ServingError, answers_errors, invalid, not_fou
 from tfhash.serving.grpc_server import LOOPBACK, GrpcServer
 from tfhash.serving.versions import Retries, list_versions, select_versions, tree_stamp
 
+from tfhash.artifacts import EXAMPLES_SIGNATURE, model_version_dir
+
 logger = logging.getLogger(__name__)
 
-DEFAULT_SIGNATURE = "serving_default"
 #: tf.errors codes are the canonical gRPC codes.
 _GRPC_CODE = {code.value[0]: code for code in grpc.StatusCode}
 #: The TensorProto field that carries each dtype's values when ``tensor_content`` is not used.
@@ -78,7 +79,7 @@ class LoadedVersion:
     signature_defs: dict
 
     def signature(self, name: str):
-        name = name or DEFAULT_SIGNATURE
+        name = name or EXAMPLES_SIGNATURE
         if name not in self.module.signatures:
             raise invalid(f"serving signature {shown(name)} not found; the model has {sorted(self.module.signatures)}")
         return self.module.signatures[name]
@@ -254,7 +255,7 @@ class ModelRegistry:
                 self.retries.succeeded(key)
 
     def _try_load(self, name: str, base_path: str, version: int) -> LoadedVersion | None:
-        path = os.path.join(base_path, str(version))
+        path = model_version_dir(base_path, version)
         stamp = tree_stamp(path)
         if not self.retries.due((name, version), stamp):
             return None
@@ -327,7 +328,7 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
         response = predict_pb2.PredictResponse()
         response.model_spec.name = request.model_spec.name
         response.model_spec.version.value = loaded.version
-        response.model_spec.signature_name = request.model_spec.signature_name or DEFAULT_SIGNATURE
+        response.model_spec.signature_name = request.model_spec.signature_name or EXAMPLES_SIGNATURE
         for name, value in outputs.items():
             response.outputs[name].CopyFrom(tf.make_tensor_proto(np.asarray(value)))
         return response

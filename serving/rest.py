@@ -188,7 +188,7 @@ class RestFront:
             err = internal_error("REST search")
             return err.http_status, _error(err.code.name, err.message)
         return 200, {
-            "model_version": str(pair.version), "index_kind": pair.index.kind, "exact": pair.index.exact,
+            "model_version": str(pair.version), "index_kind": pair.index.format_tag, "exact": pair.index.exact,
             "results": [{"ids": r.ids.tolist(), "distances": r.distances.tolist()} for r in results],
         }  # fmt: skip
 

@@ -20,7 +20,6 @@ server fault, which is logged.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 
 import grpc
@@ -35,13 +34,15 @@ from tfhash.serving.requests import DEFAULT_LIMITS, Limits, query_from_proto
 from tfhash.serving.searcher import Neighbours, ServedPair, VersionedSearcher
 from tfhash.serving.versions import list_versions
 
+from tfhash.artifacts import model_version_dir
+
 logger = logging.getLogger(__name__)
 
 SERVICE_NAME = "tfhash.serving.HashSearch"
 
 
 def response_proto(pair: ServedPair, results: list[Neighbours]):
-    response = search_pb2.SearchResponse(model_version=str(pair.version), index_kind=pair.index.kind, exact=pair.index.exact)
+    response = search_pb2.SearchResponse(model_version=str(pair.version), index_kind=pair.index.format_tag, exact=pair.index.exact)
     for found in results:
         response.results.add(ids=found.ids.tolist(), distances=found.distances.tolist())
     return response
@@ -72,7 +73,7 @@ def in_process_searcher(model_base_dir: str, index_base_dir: str, kind: str = "B
     of the database modality (e.g. ``"BFlat-text"`` for image -> text)."""
 
     def path(version: int) -> str:
-        return os.path.join(model_base_dir, str(version))
+        return model_version_dir(model_base_dir, version)
 
     return VersionedSearcher(index_base_dir, kind, lambda: list_versions(model_base_dir),
                              lambda v: InProcessEncoder(path(v), v, max_batch_size=encode_batch_size, query_modality=query_modality),
@@ -98,7 +99,7 @@ def remote_searcher(target: str, model_name: str, index_base_dir: str, kind: str
             return None
 
     def model_dir(version: int) -> str | None:
-        return os.path.join(model_base_dir, str(version)) if model_base_dir else None
+        return model_version_dir(model_base_dir, version) if model_base_dir else None
 
     return VersionedSearcher(index_base_dir, kind, available, lambda v: RemoteEncoder(target, model_name, v, timeout, channel, query_modality),
                              model_dir, limits)  # fmt: skip

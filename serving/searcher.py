@@ -44,8 +44,9 @@ from tfhash.serving.errors import invalid, not_found, shown, unavailable
 from tfhash.serving.requests import DEFAULT_LIMITS, Limits, Query
 from tfhash.serving.versions import Retries, check_fingerprint, tree_stamp
 
+from tfhash.artifacts import index_dir
 from tfhash.codes import as_packed, pack_codes, sign_codes
-from tfhash.index import HashIndex, IndexError_, IndexFormatError, load_index, read_manifest
+from tfhash.index import HashIndex, HashIndexError, IndexFormatError, load_index, read_manifest
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +104,7 @@ class VersionedSearcher:
         return self._active is not None and self._reachable
 
     def index_path(self, version: int) -> str:
-        return os.path.join(self.index_base_dir, str(version), self.kind)
+        return index_dir(self.index_base_dir, version, self.kind)
 
     def refresh(self) -> bool:
         """Converge on the newest available version whose pair loads (module docstring); True if
@@ -197,7 +198,7 @@ class VersionedSearcher:
         radius = None if radius is None else min(int(radius), pair.index.bits)  # any radius >= K keeps all
         try:
             return pair, self._neighbours(pair.index, packed, int(k), radius)
-        except IndexError_ as err:
+        except HashIndexError as err:
             raise invalid(str(err)) from err
 
     def _packed_codes(self, pair: ServedPair, query: Query, timeout: float | None) -> np.ndarray:
@@ -228,6 +229,6 @@ class VersionedSearcher:
         pair = self._active
         if pair is None:
             return {"ready": False}
-        return {"ready": self.ready, "model_version": str(pair.version), "index_kind": pair.index.kind,
+        return {"ready": self.ready, "model_version": str(pair.version), "index_kind": pair.index.format_tag,
                 "count": pair.index.ntotal, "bits": pair.index.bits, "signature_fingerprint": pair.fingerprint or "",
                 "encoder": pair.encoder.describe(), "index_path": f"{pair.version}/{self.kind}"}  # fmt: skip

@@ -18,6 +18,7 @@ import os
 import time
 from dataclasses import dataclass
 
+from tfhash.artifacts import index_versions_dir, model_version_dir, signature_fingerprint
 from tfhash.index import IndexFormatError, read_manifest, verify_files
 
 
@@ -27,7 +28,7 @@ def list_versions(base_path: str) -> list[int]:
         return []
     found = []
     for name in os.listdir(base_path):
-        if name.isdigit() and int(name) > 0 and os.path.isfile(os.path.join(base_path, name, "saved_model.pb")):
+        if name.isdigit() and int(name) > 0 and os.path.isfile(os.path.join(model_version_dir(base_path, name), "saved_model.pb")):
             found.append(int(name))
     return sorted(found)
 
@@ -113,8 +114,6 @@ def model_fingerprint(model_dir: str | None) -> str | None:
     """The SavedModel fingerprint of a version folder (None when the folder is not visible here)."""
     if model_dir is None:
         return None
-    from tfhash.components.export import signature_fingerprint
-
     return signature_fingerprint(model_dir)
 
 
@@ -130,7 +129,7 @@ def pair_published(index_base_dir: str, version: int, model_dir: str | None) -> 
     """Whether some index under ``<index_base_dir>/<version>/`` pairs with the model version: its
     manifest names the version, its checksums verify and its fingerprint is the SavedModel's (what
     the search service checks before it serves a pair, short of loading it)."""
-    folder = os.path.join(index_base_dir, str(version))
+    folder = index_versions_dir(index_base_dir, version)
     for kind in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
         path = os.path.join(folder, kind)
         try:

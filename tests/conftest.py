@@ -13,8 +13,9 @@ def small_pipeline_run(tmp_path_factory):
     the JCCH coefficients computed by Transform (50 anchors), on exported data with three bad
     records added (policy "drop"). Returns ``(config, summary)``."""
     import tensorflow as tf
-    from tfhash.pipelines.pipeline import paths
     from tfhash.pipelines.runner import export_data, run_local
+
+    from tfhash.cli import write_serving_config
 
     root = tmp_path_factory.mktemp("pipeline")
     config = small_config(root, jcch_anchors=50, bad_records="drop",
@@ -24,7 +25,7 @@ def small_pipeline_run(tmp_path_factory):
     no_label = tf.train.Example(features=tf.train.Features(feature={
         "id": tf.train.Feature(int64_list=tf.train.Int64List(value=[10**6])), "image": image}))  # fmt: skip
     for split, records in {"train": [no_label.SerializeToString(), b"garbage"], "query": [b"\xff\xfe not a proto"]}.items():
-        with tf.io.TFRecordWriter(f"{paths(config)['data']}/{split}/zz-bad.tfrecord.gz", options="GZIP") as writer:
+        with tf.io.TFRecordWriter(f"{config.layout.data}/{split}/zz-bad.tfrecord.gz", options="GZIP") as writer:
             for record in records:
                 writer.write(record)
-    return config, run_local(config, log=lambda message: None)
+    return config, run_local(config, log=lambda message: None, after_push=write_serving_config)

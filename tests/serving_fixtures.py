@@ -53,8 +53,8 @@ def export_version(base_dir: str, version: int, seed: int) -> str:
 def build_index(model_dir: str, index_base_dir: str, version: int, vectors, ids, kind: str = "BFlat") -> str:
     """Encode ``vectors`` with the SavedModel and save the index as the IndexBuilder does."""
     import tensorflow as tf
-    from tfhash.components.export import signature_fingerprint
 
+    from tfhash.artifacts import signature_fingerprint
     from tfhash.index import index_factory
 
     packed = tf.saved_model.load(model_dir).signatures["encode_features"](features=tf.constant(vectors))["packed_codes"]

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import json
+import logging
+import os
+import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -84,3 +90,60 @@ def test_index_build_search_info(tmp_path):
     stale = runner.invoke(main, ["index", "search", str(out), "--queries", str(tmp_path / "codes.npz"),
                                  "--expected-model-version", "5"])  # fmt: skip
     assert stale.exit_code != 0 and "model version" in stale.output
+
+
+#: A line of TensorFlow's C++ log ("2024-01-01 10:00:00.123456: E external/...cuda_fft.cc:...]").
+TF_CPP_LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWEF] ", re.MULTILINE)
+
+
+def test_the_command_line_imports_tensorflow_only_inside_commands():
+    """``TF_CPP_MIN_LOG_LEVEL`` works only when set before TensorFlow's first import: the entry
+    point sets it in its group callback, so importing the command line must not import TensorFlow."""
+    code = "import sys, tfhash.cli; print(sorted({'tensorflow', 'tfx', 'keras'} & set(sys.modules)))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stdout + result.stderr
+
+
+def test_console_is_quiet_by_default_and_full_with_verbose(tmp_path):
+    """A command that imports TensorFlow and TFX (compiling a pipeline) writes nothing to stderr
+    by default: no TensorFlow C++ log (CUDA plugin registration, TensorRT, CPU features), no
+    third-party FutureWarnings; ``-v`` is accepted and brings that log back."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "metadata.json").write_text(json.dumps({"num_classes": 10, "modalities": {"image": {"kind": "image", "shape": [28, 28]}}}))
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"name": "console", "data_dir": "data", "run_dir": "run"}))
+    env = {key: value for key, value in os.environ.items() if key not in ("TF_CPP_MIN_LOG_LEVEL", "PYTHONWARNINGS")}
+
+    def compile_(*flags: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "tfhash.cli", *flags, "pipeline", "compile", "--config", str(config),
+                   "--output", str(tmp_path / "pipeline.json")]  # fmt: skip
+        return subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+
+    quiet = compile_()
+    assert quiet.returncode == 0, quiet.stderr
+    assert not TF_CPP_LOG_LINE.search(quiet.stderr) and "Warning" not in quiet.stderr, quiet.stderr
+    assert quiet.stdout.strip() == str(tmp_path / "pipeline.json")
+    verbose = compile_("-v")
+    assert verbose.returncode == 0, verbose.stderr
+    assert TF_CPP_LOG_LINE.search(verbose.stderr) or "FutureWarning" in verbose.stderr, verbose.stderr
+
+
+def test_pipeline_progress_is_one_line_per_component():
+    from tfhash.console import PipelineProgress
+
+    stream = io.StringIO()
+    progress = PipelineProgress(stream)
+
+    def passes(message: str, level: int = logging.INFO) -> bool:
+        return progress.filter(logging.LogRecord("absl", level, __file__, 1, message, None, None))
+
+    shown = [passes(message) for message in ("Component Trainer is running.", "Going to run a new execution 7",
+                                             "Component Trainer is finished.", "Component Pusher is running.",
+                                             "A cached execution 9 is used.", "Component Pusher is finished.")]  # fmt: skip
+    assert not any(shown)  # every INFO record is consumed
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("[tfhash] Trainer") and lines[0].endswith(" s")
+    assert lines[1].startswith("[tfhash] Pusher") and lines[1].endswith("(cached)")
+    assert not passes("ArtifactQuery.property_predicate is not supported.", logging.WARNING)
+    assert passes("Something else went wrong.", logging.WARNING) and passes("Failed.", logging.ERROR)

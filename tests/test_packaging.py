@@ -1,4 +1,4 @@
-"""The wheel installs everything under the tfhash namespace (issue 2: no top-level `components`,
+"""The wheel installs everything under the tfhash namespace (no top-level `components`,
 `pipelines` or `serving` modules in site-packages), with the search service's gRPC modules generated
 at build time."""
 

@@ -40,6 +40,106 @@ def test_small_pipeline_end_to_end(small_pipeline_run):
     assert set(loaded.signatures) == {"serving_default", "encode_features", "encode_pixels"}  # an image model
 
 
+@pytest.mark.slow
+def test_summary_reads_the_run_from_ml_metadata(small_pipeline_run):
+    """The summary is the run's own: newer output files of another execution under the pipeline
+    root (what a concurrent run, or a run after a cached one, leaves there) do not change it."""
+    import shutil
+
+    from tfhash.pipelines.runner import summarise
+
+    config, summary = small_pipeline_run
+    decoys = {("RetrievalEvaluator", "evaluation", "metrics.json"): {"metrics": {"mAP@all": 0.01}, "blessed": False},
+              ("RecordFilter", "report", "report.json"): {"bad_records": 99},
+              ("IndexBuilder", "index", "indexes.json"): {"model_version": "1", "model_dir": "/elsewhere", "indexes": {}}}  # fmt: skip
+    folders = []
+    try:
+        for (node, key, name), content in decoys.items():
+            folders.append(os.path.join(config.layout.pipeline_root, node, key, "999999"))
+            os.makedirs(folders[-1])
+            with open(os.path.join(folders[-1], name), "w") as handle:
+                json.dump(content, handle)
+        again = summarise(config)
+    finally:
+        for folder in folders:
+            shutil.rmtree(folder, ignore_errors=True)
+    for key in ("metrics", "blessed", "blessing_reason", "model_version", "model_dir", "indexes", "bad_records", "example_query"):
+        assert again[key] == summary[key], key
+
+
+def test_summary_follows_one_run_in_ml_metadata(tmp_path):
+    """``summarise`` takes the outputs that ML Metadata links to one run's executions: a cached
+    execution's are the earlier run's artifacts it reused; another pipeline's runs in the same
+    store, and failed executions, do not count."""
+    from ml_metadata.metadata_store import metadata_store
+    from ml_metadata.proto import metadata_store_pb2 as mlmd
+    from tfhash.pipelines.runner import summarise
+
+    config = small_config(tmp_path, name="tiny")
+    os.makedirs(config.layout.run_dir)
+    connection = mlmd.ConnectionConfig()
+    connection.sqlite.filename_uri = config.layout.metadata
+    store = metadata_store.MetadataStore(connection)
+    context_types = {kind: store.put_context_type(mlmd.ContextType(name=kind)) for kind in ("pipeline", "pipeline_run", "node")}
+    execution_type = store.put_execution_type(mlmd.ExecutionType(name="component"))
+    artifact_type = store.put_artifact_type(mlmd.ArtifactType(name="artifact"))
+    contexts = {}
+
+    def context(kind: str, name: str) -> int:
+        if (kind, name) not in contexts:
+            contexts[kind, name] = store.put_contexts([mlmd.Context(type_id=context_types[kind], name=name)])[0]
+        return contexts[kind, name]
+
+    def artifact(name: str, file: str | None = None, content=None, **properties) -> int:
+        folder = tmp_path / "artifacts" / name
+        folder.mkdir(parents=True)
+        if file:
+            (folder / file).write_text(json.dumps(content))
+        record = mlmd.Artifact(type_id=artifact_type, uri=str(folder))
+        for key, value in properties.items():
+            setattr(record.custom_properties[key], "int_value" if isinstance(value, int) else "string_value", value)
+        return store.put_artifacts([record])[0]
+
+    def execute(pipeline: str, run: str, node: str, outputs: dict, state=mlmd.Execution.COMPLETE) -> None:
+        [execution] = store.put_executions([mlmd.Execution(type_id=execution_type, last_known_state=state)])
+        events = []
+        for key, artifact_id in outputs.items():
+            event = mlmd.Event(artifact_id=artifact_id, execution_id=execution, type=mlmd.Event.OUTPUT)
+            event.path.steps.add().key = key
+            event.path.steps.add().index = 0
+            events.append(event)
+        store.put_events(events)
+        ids = [context("pipeline", pipeline), context("pipeline_run", run), context("node", f"{pipeline}.{node}")]
+        store.put_attributions_and_associations([], [mlmd.Association(context_id=i, execution_id=execution) for i in ids])
+
+    report = artifact("report-1", "report.json", {"bad_records": 3})
+    execute("tiny", "run-1", "RecordFilter", {"report": report})
+    execute("tiny", "run-1", "RetrievalEvaluator",
+            {"evaluation": artifact("evaluation-1", "metrics.json", {"metrics": {"mAP@all": 0.9}, "blessed": True})})
+    execute("tiny", "run-1", "Pusher", {"pushed_model": artifact("pushed-1", pushed=1, pushed_version="7", pushed_destination="/serving/7")})
+    execute("tiny", "run-1", "IndexBuilder",
+            {"index": artifact("index-1", "indexes.json", {"model_version": "7", "model_dir": "/serving/7", "indexes": {}})})
+    execute("tiny", "run-2", "RecordFilter", {"report": report}, mlmd.Execution.CACHED)
+    execute("tiny", "run-2", "RetrievalEvaluator",
+            {"evaluation": artifact("evaluation-2", "metrics.json", {"metrics": {"mAP@all": 0.5}, "blessed": False})})
+    execute("tiny", "run-2", "Pusher", {"pushed_model": artifact("pushed-2", pushed=0)})
+    execute("tiny", "run-2", "IndexBuilder", {"index": artifact("index-2")})
+    execute("tiny", "run-2", "RetrievalEvaluator",
+            {"evaluation": artifact("evaluation-x", "metrics.json", {"metrics": {"mAP@all": 0.0}})}, mlmd.Execution.FAILED)
+    execute("other", "run-3", "RetrievalEvaluator",
+            {"evaluation": artifact("evaluation-3", "metrics.json", {"metrics": {"mAP@all": 0.1}, "blessed": True})})
+
+    latest = summarise(config)  # run-2: the newest run of pipeline "tiny"
+    assert latest["metrics"] == {"mAP@all": 0.5} and latest["blessed"] is False
+    assert latest["bad_records"] == {"bad_records": 3}  # from the cached execution's reused artifact
+    assert (latest["model_version"], latest["model_dir"], latest["indexes"]) == (None, None, None)  # not pushed
+    first = summarise(config, "run-1")
+    assert first["metrics"] == {"mAP@all": 0.9} and first["blessed"] is True
+    assert (first["model_version"], first["model_dir"], first["indexes"]) == ("7", "/serving/7", {})
+    assert summarise(config, "run-3")["metrics"] is None  # another pipeline's run
+    assert summarise(config, "no such run")["metrics"] is None
+
+
 def test_kubeflow_compile_names_image_and_components(tmp_path):
     from tfhash.pipelines.runner import compile_kubeflow
 
@@ -170,7 +270,6 @@ def test_cross_modal_wiki_pipeline_and_search(tmp_path):
     modality, per-modality signatures; the search service answers image -> text like the library."""
     import numpy as np
     import tensorflow as tf
-    from tfhash.pipelines.pipeline import paths
     from tfhash.pipelines.runner import run_local
     from tfhash.serving.search_client import SearchClient
     from tfhash.serving.search_service import SearchServer, in_process_searcher
@@ -185,11 +284,11 @@ def test_cross_modal_wiki_pipeline_and_search(tmp_path):
     assert set(summary["indexes"]) == {"BFlat-image", "BFlat-text"}
     loaded = tf.saved_model.load(summary["model_dir"])
     assert {"serving_image", "serving_text", "encode_image", "encode_text"} <= set(loaded.signatures)
-    files = sorted(tf.io.gfile.glob(os.path.join(paths(config)["data"], "query", "*")))
+    files = sorted(tf.io.gfile.glob(os.path.join(config.layout.data, "query", "*")))
     queries = [r.numpy() for r in tf.data.TFRecordDataset(files, compression_type="GZIP").take(8)]
     packed = loaded.signatures["serving_image"](examples=tf.constant(queries))["packed_codes"].numpy()
     expected = load_index(summary["indexes"]["BFlat-text"]).search(packed, 5)
-    server = SearchServer(in_process_searcher(paths(config)["serving"], paths(config)["indexes"], "BFlat-text",
+    server = SearchServer(in_process_searcher(config.layout.serving, config.layout.indexes, "BFlat-text",
                                               query_modality="image")).start()  # fmt: skip
     try:
         with SearchClient(server.address) as client:
@@ -206,7 +305,6 @@ def test_pretrained_image_pipeline(tmp_path):
     a query's encoded example and its raw pixels get the same code, and the index answers it."""
     import numpy as np
     import tensorflow as tf
-    from tfhash.pipelines.pipeline import paths
     from tfhash.pipelines.runner import run_local
 
     from tfhash.index import load_index
@@ -219,7 +317,7 @@ def test_pretrained_image_pipeline(tmp_path):
     assert summary["blessed"] is True and summary["metrics"]["bits"] == 16
     loaded = tf.saved_model.load(summary["model_dir"])
     assert {"serving_default", "encode_pixels"} <= set(loaded.signatures)
-    files = sorted(tf.io.gfile.glob(os.path.join(paths(config)["data"], "query", "*")))
+    files = sorted(tf.io.gfile.glob(os.path.join(config.layout.data, "query", "*")))
     queries = [r.numpy() for r in tf.data.TFRecordDataset(files, compression_type="GZIP").take(4)]
     pixels = np.stack([tf.io.decode_image(tf.train.Example.FromString(q).features.feature["image"].bytes_list.value[0]).numpy()
                        for q in queries])  # fmt: skip

@@ -391,18 +391,17 @@ def test_pipeline_artifacts_served_end_to_end(small_pipeline_run):
     models.local.config), the search service encoding through it: answers equal the library's."""
     import glob
 
-    from tfhash.pipelines.pipeline import paths
 
     config, summary = small_pipeline_run
     version = summary["model_version"]
-    files = sorted(glob.glob(os.path.join(paths(config)["data"], "query", "*")))
+    files = sorted(glob.glob(os.path.join(config.layout.data, "query", "*")))
     queries = [r.numpy() for r in tf.data.TFRecordDataset(files, compression_type="GZIP").take(16)]
     packed = tf.saved_model.load(summary["model_dir"]).signatures["serving_default"](examples=tf.constant(queries))["packed_codes"].numpy()
     expected = load_index(summary["indexes"]["BFlat"], expected_model_version=version).search(packed, 10)
 
     model_server = DevModelServer(read_models_config(os.path.join(summary["tf_serving_config"], "models.local.config"))).start()
-    search_server = SearchServer(remote_searcher(model_server.address, config.name, paths(config)["indexes"],
-                                                 model_base_dir=paths(config)["serving"])).start()  # fmt: skip
+    search_server = SearchServer(remote_searcher(model_server.address, config.name, config.layout.indexes,
+                                                 model_base_dir=config.layout.serving)).start()  # fmt: skip
     # the graph-mode loader of tensorflow_model_server restores the Transform graph and the model too
     np.testing.assert_array_equal(graph_mode_outputs(summary["model_dir"], "serving_default", {"examples": np.array(queries, dtype=object)}), packed)
     try:

@@ -1,4 +1,4 @@
-"""Serving under hostile input and real deployments (issue 16), on loopback: a bounded fuzz of
+"""Serving under hostile input and real deployments, on loopback: a bounded fuzz of
 every front with an expected answer per request, hot swaps under load with broken and
 non-atomically copied versions (in process and through the model server), the model server
 withdrawing the paired version, SIGTERM under load, slow HTTP clients, the exported signature's

@@ -90,12 +90,11 @@ def test_bad_user_data_is_a_clear_error(tmp_path):
 
 def test_pipeline_config_reads_an_exported_data_dir(tmp_path):
     from tfhash.pipelines.config import PipelineConfig
-    from tfhash.pipelines.pipeline import paths
     from tfhash.pipelines.runner import export_data
 
     (tmp_path / "config.json").write_text(json.dumps({"name": "mine", "dataset": "custom", "data_dir": "exported"}))
     config = PipelineConfig.load(tmp_path / "config.json")
-    assert paths(config)["data"] == str(tmp_path / "exported")
+    assert config.layout.data == str(tmp_path / "exported")
     with pytest.raises(ValueError, match="export-user"):
         export_data(config)
     _image_tree(tmp_path / "images")

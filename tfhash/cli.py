@@ -3,27 +3,34 @@
 from __future__ import annotations
 
 import json
-import logging
-import os
 import sys
 
 import click
 
 from tfhash._version import __version__
+from tfhash.console import setup_console
+
+# Nothing above imports TensorFlow: ``main`` sets the console (TF_CPP_MIN_LOG_LEVEL among it) before
+# a command imports it, and the commands import their heavy modules inside their bodies.
 
 
-def _quiet_tensorflow() -> None:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+def write_serving_config(layout) -> dict:
+    """After a pipeline run that pushed a model version: TF Serving's models.config and the
+    deployment examples for the run's serving and index folders (:mod:`tfhash.serving.deployment`)."""
+    from tfhash.serving.deployment import write_deployment
+
+    write_deployment(layout.serving, layout.name, layout.tf_serving, index_base_dir=layout.indexes)
+    return {"tf_serving_config": layout.tf_serving}
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+# The command line joins the stages: a pipeline run is followed by the serving side's config.
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "obj": {"after_push": write_serving_config}})
 @click.version_option(__version__, prog_name="tfhash")
-@click.option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug).")
+@click.option("-v", "--verbose", count=True,
+              help="Show the full log: TensorFlow, TFX and library warnings (-v info, -vv debug).")
 def main(verbose: int) -> None:
     """tfhash: deep hashing for TensorFlow / Keras."""
-    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
-    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
-    _quiet_tensorflow()
+    setup_console(verbose)
 
 
 def _fail(err: Exception) -> None:
@@ -145,6 +152,17 @@ def data_export_user(output, images, image_size, features, labels, queries, trai
     except (DataFormatError, ValueError) as err:
         _fail(err)
     click.echo(json.dumps(metadata, indent=2))
+
+
+@main.command("methods")
+def methods_() -> None:
+    """The registered methods (tfhash.models.registry): name, label and what each needs."""
+    from tfhash.models.registry import get_method, method_names
+
+    flags = ("cross_modal", "needs_tag_statistics", "label_coefficients", "semi_supervised", "in_pipeline")
+    for name in method_names():
+        method = get_method(name)
+        click.echo(f"{name:10s} {method.label:22s} " + " ".join(flag for flag in flags if getattr(method, flag)))
 
 
 def _register_subgroups() -> None:
