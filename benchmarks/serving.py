@@ -43,12 +43,12 @@ def export_model(path: str, bits: int, seed: int) -> None:
     export_feature_model(model, path, "features", [DIM], bits)
 
 
-def start_service(model_base: str, index_base: str, kind: str, threads: int, faiss_threads: int):
+def start_service(model_base: str, index_base: str, kind: str, threads: int, search_threads: int):
     """``tfhash serve search`` as its own process (in-process encoder); returns (process, address)."""
     from tests.serving_fixtures import start_cli
 
     return start_cli(["serve", "search", "--model-base-dir", model_base, "--index-base-dir", index_base, "--kind", kind,
-                      "--port", "0", "--threads", str(threads), "--faiss-threads", str(faiss_threads)], "search service on ")  # fmt: skip
+                      "--port", "0", "--threads", str(threads), "--search-threads", str(search_threads)], "search service on ")  # fmt: skip
 
 
 def run_level(address: str, clients: int, seconds: float, make_request) -> dict:
@@ -115,7 +115,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="runs per row (median and range reported)")
     parser.add_argument("--modes", nargs="+", default=["codes", "features"], choices=["codes", "features"])
     parser.add_argument("--threads", type=int, default=8, help="server worker threads")
-    parser.add_argument("--faiss-threads", type=int, default=1, help="OpenMP threads per FAISS search in the server")
+    parser.add_argument("--search-threads", type=int, default=1, help="threads per index search in the server")
     parser.add_argument("--name", default="serving")
     args = parser.parse_args()
 
@@ -145,7 +145,7 @@ def main() -> None:
             index.save(os.path.join(index_base, "1", kind), model_version="1", signature_fingerprint=fingerprint)
             build_s = time.perf_counter() - build_start
             del index
-            process, address = start_service(model_base, index_base, kind, args.threads, args.faiss_threads)
+            process, address = start_service(model_base, index_base, kind, args.threads, args.search_threads)
             try:
                 for mode in args.modes:
                     for clients in args.clients:
@@ -163,7 +163,7 @@ def main() -> None:
     markdown = (
         "# Search service load benchmark\n\n"
         f"Command: `{command.strip()}`. One query per request, k = {K}, over gRPC on loopback; the search "
-        f"service (`tfhash serve search`, {args.threads} worker threads, {args.faiss_threads} FAISS thread(s) per search, in-process encoder) runs as its own "
+        f"service (`tfhash serve search`, {args.threads} worker threads, {args.search_threads} thread(s) per index search, in-process encoder) runs as its own "
         "process; the clients are threads of the benchmark process, one channel each, sending back to back "
         f"for {args.seconds:g} s per run after a warm-up, on the same {os.cpu_count()} cores as the server; each row "
         f"is run {args.repeats} times (qps, p50 and p99 are medians; min / max give the spread, which is wide on "

@@ -110,8 +110,9 @@ def model(model_config_file, model_name, model_base_path, host, port, poll_secon
 @click.option("--max-request-mb", default=8, show_default=True, type=click.IntRange(1))
 @click.option("--threads", default=8, show_default=True, type=click.IntRange(1), help="Worker threads of the gRPC front (and of the REST front).")
 @click.option("--poll-seconds", default=2.0, show_default=True, type=click.FloatRange(0.1))
-@click.option("--faiss-threads", default=1, show_default=True, type=click.IntRange(1),
-              help="OpenMP threads per FAISS search; concurrency comes from the worker threads.")
+@click.option("--search-threads", "--faiss-threads", "search_threads", default=1, show_default=True, type=click.IntRange(1),
+              help="Threads per index search (the exact kernel's and FAISS's); concurrency comes from the worker "
+                   "threads. (--faiss-threads: the former name.)")
 @click.option("--encode-batch-size", default=128, show_default=True, type=click.IntRange(1),
               help="In-process encoding: batch concurrent requests up to this many rows (1: off).")
 @click.option("--rest-timeout", default=10.0, show_default=True, type=click.FloatRange(0.1),
@@ -119,13 +120,15 @@ def model(model_config_file, model_name, model_base_path, host, port, poll_secon
 @click.option("--grace-seconds", default=10.0, show_default=True, type=click.FloatRange(0),
               help="On SIGTERM / Ctrl-C, how long in-flight requests may take to finish.")
 def search(config_path, index_base_dir, model_base_dir, model_server, model_name, kind, query_modality, host, port,
-           rest_port, max_k, max_batch, max_request_mb, threads, poll_seconds, faiss_threads, encode_batch_size,
+           rest_port, max_k, max_batch, max_request_mb, threads, poll_seconds, search_threads, encode_batch_size,
            rest_timeout, grace_seconds) -> None:  # fmt: skip
     """Run the search service until Ctrl-C / SIGTERM (then drain in-flight requests)."""
     import faiss
     from tfhash.serving.grpc_server import run_until_signal
     from tfhash.serving.requests import Limits
     from tfhash.serving.search_service import SearchServer, in_process_searcher, remote_searcher
+
+    from tfhash.hamming import set_threads
 
     if config_path:
         name, serving_dir, indexes_dir, _ = _pipeline_serving(config_path)
@@ -134,7 +137,8 @@ def search(config_path, index_base_dir, model_base_dir, model_server, model_name
         raise click.UsageError("pass --config, or --index-base-dir with --model-base-dir and/or --model-server")
     if model_server and not model_name:
         raise click.UsageError("--model-server needs --model-name")
-    faiss.omp_set_num_threads(faiss_threads)
+    faiss.omp_set_num_threads(search_threads)
+    set_threads(search_threads)
     limits = Limits(max_batch=max_batch, max_k=max_k)
     if model_server:
         searcher = remote_searcher(model_server, model_name, index_base_dir, kind, limits, model_base_dir,

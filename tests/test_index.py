@@ -272,16 +272,19 @@ def test_missing_backend_names_the_extra(monkeypatch):
     extras = Path(__file__).resolve().parents[1].joinpath("pyproject.toml").read_text()
     line = next(x for x in extras.splitlines() if x.startswith(f"{BACKEND_EXTRA} = ["))
     assert all(package in line for package in BACKEND_PACKAGES.values())
-    for module, name in (("faiss", "BFlat"), ("scann", "ScaNN")):
+    for module, name in (("faiss", "BIVF16"), ("faiss", "BMultiHash4"), ("scann", "ScaNN")):
         with monkeypatch.context() as patch:
             patch.setitem(sys.modules, module, None)  # what Python does for a module that is not installed
             with pytest.raises(ImportError, match=rf'needs the optional package {BACKEND_PACKAGES[module]} .*pip install "tfhash\[index\]"'):
                 index_factory(16, name)
-    # and `import tfhash.index` itself needs neither back-end
+    # `import tfhash.index` itself needs neither back-end, and the exact BFlat runs without them
     script = ("import sys; sys.modules['faiss'] = sys.modules['scann'] = None\n"
-              "import tfhash, tfhash.index\n"
-              "try:\n    tfhash.index.index_factory(16, 'BFlat')\nexcept ImportError as err:\n    print(err)")  # fmt: skip
+              "import numpy as np, tfhash, tfhash.index\n"
+              "flat = tfhash.index.index_factory(16, 'BFlat'); flat.add(np.zeros((3, 2), np.uint8))\n"
+              "print(flat.search(np.zeros((1, 2), np.uint8), 2).ids.tolist())\n"
+              "try:\n    tfhash.index.index_factory(16, 'BIVF16')\nexcept ImportError as err:\n    print(err)")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines()[0] == "[[0, 1]]"
     assert 'pip install "tfhash[index]"' in out.stdout
 
 

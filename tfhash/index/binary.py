@@ -1,15 +1,18 @@
-"""Binary Hamming indexes over packed codes, backed by FAISS binary indexes.
+"""Binary Hamming indexes over packed codes.
 
-Methods: ``flat``: exact k-NN (``IndexBinaryFlat`` with its counting search, ``use_heap = False``,
-which returns ties in insertion order). ``ivf``: inverted lists over a binary k-means quantizer
-(``IndexBinaryIVF``), approximate, ``nprobe`` lists visited. ``multihash``: multi-index hashing
-(``IndexBinaryMultiHash``), approximate for k-NN (an item is found only if one of its sub-codes
-lies within ``nflip`` bits of the query's).
+Methods: ``flat``: exact k-NN and range search with tfhash's compiled kernel
+(:mod:`tfhash.hamming`: vectorised popcount, a histogram threshold instead of a heap), ties in
+insertion order, the same answers as FAISS's ``IndexBinaryFlat`` with ``use_heap = False``, which
+the tests and ``benchmarks/index.py`` keep as the reference; it holds nothing but the codes.
+``ivf``: inverted lists over a binary k-means quantizer (FAISS ``IndexBinaryIVF``), approximate,
+``nprobe`` lists visited. ``multihash``: multi-index hashing (FAISS ``IndexBinaryMultiHash``),
+approximate for k-NN (an item is found only if one of its sub-codes lies within ``nflip`` bits of
+the query's).
 
 :class:`~tfhash.index.base.HashIndex` keeps the packed codes and external ids (insertion order);
 FAISS holds positions. Removal compacts the arrays and rebuilds the FAISS structure (O(n); an IVF
-keeps its trained quantizer). FAISS is imported when an index is created, so ``import
-tfhash.index`` works without it.
+keeps its trained quantizer). FAISS is imported when an ``ivf`` or ``multihash`` index is created,
+so ``import tfhash.index`` and ``flat`` work without it.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import os
 import numpy as np
 
 from tfhash.codes import hamming_distances
+from tfhash.hamming import knn_search, range_search
 from tfhash.index.base import (
     PACKED,
     RANGE_SEARCH,
@@ -79,11 +83,11 @@ class BinaryIndex(HashIndex):
         self._faiss = self._new_faiss()
 
     def _new_faiss(self):
-        faiss = _faiss()
+        """The FAISS structure of an approximate method (``None`` for ``flat``: the kernel scans the codes)."""
         if self.method == "flat":
-            index = faiss.IndexBinaryFlat(self.bits)
-            index.use_heap = False
-        elif self.method == "ivf":
+            return None
+        faiss = _faiss()
+        if self.method == "ivf":
             index = faiss.IndexBinaryIVF(faiss.IndexBinaryFlat(self.bits), self.bits, self.nlist)
             index.nprobe = self.nprobe
             index.cp.seed = self.seed
@@ -115,11 +119,15 @@ class BinaryIndex(HashIndex):
         self._faiss.train(rows)
 
     def _add_rows(self, rows: np.ndarray) -> None:
+        if self._faiss is None:
+            return
         if self.method == "ivf" and not self._faiss.is_trained:
             self._train(rows)
         self._faiss.add(rows)
 
     def _items_removed(self) -> None:
+        if self._faiss is None:
+            return
         self._faiss.reset()
         if self._rows.shape[0]:
             self._faiss.add(self._rows)
@@ -127,12 +135,19 @@ class BinaryIndex(HashIndex):
     def _search(self, rows: np.ndarray, k: int) -> SearchResult:
         """``int32`` Hamming distances and ``int64`` ids, nearest first, ties in insertion order
         (exact for ``flat``)."""
+        if self._faiss is None:
+            distances, positions = knn_search(rows, self._rows, k)
+            return SearchResult(distances, self._ids[positions])
         distances, positions = self._faiss.search(rows, k)
         return SearchResult(distances.astype(np.int32), ids_at(self._ids, positions))
 
     def _range_search(self, rows: np.ndarray, radius: int) -> list[SearchResult]:
         """Sorted by distance then insertion order: the "hash lookup" mode of the papers. Exact
         for ``flat``."""
+        if self._faiss is None:
+            offsets, distances, positions = range_search(rows, self._rows, radius)
+            return [SearchResult(distances[offsets[i] : offsets[i + 1]], self._ids[positions[offsets[i] : offsets[i + 1]]])
+                    for i in range(rows.shape[0])]  # fmt: skip
         limits, distances, positions = self._faiss.range_search(rows, radius + 1)  # FAISS: d < radius
         results = []
         for i in range(rows.shape[0]):

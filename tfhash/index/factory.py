@@ -5,7 +5,7 @@ classes, read both to build an empty index (:func:`index_factory`, in the spirit
 ========================  ==============================================================
 index type                index
 ========================  ==============================================================
-``BFlat``                 exact Hamming k-NN (FAISS IndexBinaryFlat)
+``BFlat``                 exact Hamming k-NN (compiled kernel, tfhash.hamming)
 ``BIVF<nlist>``           inverted lists, approximate (``nprobe`` keyword, default 16)
 ``BMultiHash<nhash>``     multi-index hashing, approximate (``nflip`` keyword, default 1)
 ``ScaNN``                 ScaNN tree + asymmetric hashing + reordering, approximate

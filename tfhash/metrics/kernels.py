@@ -2,8 +2,8 @@
 pass over the database, without sorting and without any queries x database matrix.
 
 For each query, database items are visited in index order. The Hamming distance is the hardware
-popcount of the XOR of packed 64-bit (or 8-bit) words (LLVM ``ctpop``); relevance is a non-empty
-AND of label bitmasks. With ties broken by database index (docs/design.md s.3) the rank of item j at
+popcount of the XOR of packed words (:func:`tfhash.hamming.popcount`, LLVM ``ctpop``); relevance
+is a non-empty AND of label bitmasks. With ties broken by database index (docs/design.md s.3) the rank of item j at
 distance h is ``(items at distance < h) + (items at distance h with index <= j)``, and the number
 of relevant items ranked at or before a relevant j is ``(relevant at distance < h) + (relevant at
 distance h with index <= j)``. The visit builds the two histograms (K + 1 bins) and notes, at
@@ -17,20 +17,8 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-from numba import types
-from numba.extending import intrinsic
 
-
-@intrinsic
-def popcount(typingctx, value):  # pragma: no cover - compiled
-    """Number of set bits of an unsigned integer (LLVM ctpop: one instruction on x86-64)."""
-    if not isinstance(value, types.Integer):
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.ctpop(args[0])
-
-    return value(value), codegen
+from tfhash.hamming import popcount
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
@@ -41,7 +29,7 @@ def ranking_statistics(query_words, db_words, query_labels, db_labels, bits, dep
     (database items / relevant items at distance h).
 
     Args:
-        query_words, db_words: packed codes as ``uint64`` (K multiple of 64) or ``uint8`` words.
+        query_words, db_words: packed codes as words (:func:`tfhash.hamming.code_words`).
         query_labels, db_labels: ``uint64`` label bitmasks, one or more words per row.
         bits: K.  depth: R of AP@R.  ns: ``int64`` N of P@N.  threads: number of row blocks.
     """

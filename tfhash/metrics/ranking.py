@@ -8,13 +8,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from tfhash.codes import as_packed
+from tfhash.hamming import code_words
 
 
 @dataclass(frozen=True)
 class RetrievalProblem:
-    """Codes as packed words (``uint64`` when K is a multiple of 64, else ``uint8``) and labels as
-    ``uint64`` bitmasks (bit c of a row set when the item carries class c); an item is relevant to
-    a query when their masks share a bit."""
+    """Codes as packed words (:func:`tfhash.hamming.code_words`: ``uint64`` when K is a multiple of
+    64) and labels as ``uint64`` bitmasks (bit c of a row set when the item carries class c); an
+    item is relevant to a query when their masks share a bit."""
 
     query_words: np.ndarray
     db_words: np.ndarray
@@ -59,12 +60,6 @@ def label_bitmasks(labels: np.ndarray, num_classes: int) -> np.ndarray:
     padded = np.zeros((multi_hot.shape[0], words * 64), dtype=bool)
     padded[:, : multi_hot.shape[1]] = multi_hot
     return np.ascontiguousarray(np.packbits(padded, axis=1, bitorder="little").view(np.uint64))
-
-
-def code_words(packed: np.ndarray) -> np.ndarray:
-    """Packed ``uint8`` codes as 64-bit words when the width allows, else as bytes."""
-    packed = np.ascontiguousarray(packed)
-    return packed.view(np.uint64) if packed.shape[1] % 8 == 0 else packed
 
 
 def prepare(query_codes, db_codes, query_labels, db_labels) -> RetrievalProblem:
