@@ -50,6 +50,16 @@ def make_strategy():
     return tf.distribute.MirroredStrategy()
 
 
+def train(model, data, epochs: int, callbacks: list):
+    """Train ``model``: ``fit`` on one machine; on several workers :func:`tfhash.distribute.fit_distributed`
+    (Keras 3's ``fit`` does not run under MultiWorkerMirroredStrategy). Returns the History."""
+    if is_multi_worker():
+        from tfhash.distribute import fit_distributed
+
+        return fit_distributed(model, data, epochs, callbacks, verbose=2)
+    return model.fit(data, epochs=epochs, verbose=2, callbacks=callbacks)
+
+
 def export_directory(serving_model_dir: str) -> str:
     """Where this task exports: the real directory on the chief, a throw-away one elsewhere
     (every worker must run the save for collective ops, only the chief's copy is kept)."""
@@ -199,7 +209,7 @@ def run_fn(fn_args) -> None:
     transform_output = tft.TFTransformOutput(fn_args.transform_output)
     inputs = {name: list(shape) for name, shape in config["inputs"].items()}
     batch = batch_size(training)
-    train, steps_per_epoch = training_dataset(fn_args.data_accessor, fn_args.train_files, transform_output.transformed_metadata.schema,
+    train_data, steps_per_epoch = training_dataset(fn_args.data_accessor, fn_args.train_files, transform_output.transformed_metadata.schema,
                                               list(inputs), batch, int(training["seed"]), bool(training.get("label_coefficients")))  # fmt: skip
     epochs = int(training["epochs"])
     strategy = make_strategy()
@@ -211,7 +221,7 @@ def run_fn(fn_args) -> None:
             recipe = training_recipe(training).scaled_to_batch(batch / int(training["batch_size"]))
             compile_fine_tuning(model, recipe, epochs, steps_per_epoch)
         callbacks = [keras.callbacks.TensorBoard(log_dir=fn_args.model_run_dir)] if fn_args.model_run_dir else []
-        model.fit(train, epochs=epochs, verbose=2, callbacks=callbacks)
+        train(model, train_data, epochs, callbacks)
     finally:
         keras.mixed_precision.set_global_policy("float32")
     warmup = warmup_records(config) or None

@@ -1,5 +1,5 @@
-"""The TFX pipeline: a small real local run (LocalDagRunner, Beam in memory), Kubeflow compile,
-and the multi-worker chief logic."""
+"""The TFX pipeline: a small real local run (LocalDagRunner, Beam in memory, and again with the
+multi-process direct runner), Kubeflow compile, and the multi-worker chief logic."""
 
 from __future__ import annotations
 
@@ -38,6 +38,65 @@ def test_small_pipeline_end_to_end(small_pipeline_run):
 
     loaded = tf.saved_model.load(summary["model_dir"])
     assert set(loaded.signatures) == {"serving_default", "encode_features", "encode_pixels"}  # an image model
+
+
+def _transformed_records(config) -> dict:
+    """Every transformed record of a run's Transform, by split and id (feature maps)."""
+    import glob
+
+    import tensorflow as tf
+
+    records = {}
+    for path in glob.glob(os.path.join(config.layout.pipeline_root, "Transform", "transformed_examples", "*", "Split-*", "*")):
+        split = os.path.basename(os.path.dirname(path))
+        for raw in tf.data.TFRecordDataset(path, compression_type="GZIP"):
+            example = tf.train.Example.FromString(raw.numpy())
+            key = (split, example.features.feature["id"].int64_list.value[0])
+            records[key] = {name: feature.SerializeToString(deterministic=True) for name, feature in example.features.feature.items()}
+    return records
+
+
+@pytest.mark.slow
+def test_beam_components_on_the_multi_process_runner(small_pipeline_run, tmp_path):
+    """The same run with Beam's direct runner in multi-process mode (2 worker processes per Beam
+    job): worker processes do the work, and the Beam components give the same answers as in
+    memory (RecordFilter's counts, every record Transform writes with its JCCH coefficients)."""
+    import shutil
+    import threading
+    import time
+
+    import psutil
+    from tfhash.pipelines.runner import run_local
+
+    in_memory, expected = small_pipeline_run
+    config = small_config(tmp_path, jcch_anchors=50, bad_records="drop",
+                          beam_args=["--direct_running_mode=multi_processing", "--direct_num_workers=2"],
+                          training={"method": "scdh", "bits": 16, "epochs": 3, "batch_size": 64, "label_coefficients": True})  # fmt: skip
+    shutil.copytree(in_memory.layout.data, config.layout.data)  # the same records, bad ones included
+    workers, running = set(), [True]
+
+    def watch():  # Beam's worker processes are children of this process
+        while running[0]:
+            for child in psutil.Process().children(recursive=True):
+                try:
+                    if "sdk_worker_main" in " ".join(child.cmdline()):
+                        workers.add(child.pid)
+                except psutil.Error:
+                    pass
+            time.sleep(0.1)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        summary = run_local(config, log=lambda message: None)
+    finally:
+        running[0] = False
+        watcher.join()
+    assert len(workers) >= 2
+    assert summary["bad_records"]["by_split"] == expected["bad_records"]["by_split"]
+    assert summary["metrics"]["database"] == expected["metrics"]["database"] and summary["blessed"]
+    records = _transformed_records(config)
+    assert len(records) == 1200 and records == _transformed_records(in_memory)
 
 
 @pytest.mark.slow
