@@ -91,6 +91,21 @@ def test_word_views_and_distances():
         knn_search(_random(rng, 2, 32), _random(rng, 5, 64), 1)
 
 
+def test_bad_arguments_are_clear_errors():
+    rng = np.random.default_rng(7)
+    db, queries = _random(rng, 10, 64), _random(rng, 2, 64)
+    for k in (0, 11, -1, 2.0, True):
+        with pytest.raises(ValueError, match=r"k must be an integer in 1\.\.10"):
+            knn_search(queries, db, k)
+    with pytest.raises(ValueError, match="queries must be packed codes, a 2-D uint8 array"):
+        knn_search(np.ones((2, 64), np.int8), db, 1)  # +-1 codes, not packed
+    with pytest.raises(ValueError, match="database must be packed codes"):
+        knn_search(queries, db[0], 1)
+    for radius in (-1, 1.5):
+        with pytest.raises(ValueError, match="radius must be an integer >= 0"):
+            range_search(queries, db, radius)
+
+
 def test_flat_index_uses_the_kernel_and_holds_only_the_codes():
     rng = np.random.default_rng(4)
     db = _clustered(rng, 5000, 64)

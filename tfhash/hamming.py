@@ -349,6 +349,11 @@ def _tasks(num_queries: int, threads: int) -> tuple[int, int]:
 
 
 def _words(query_packed: np.ndarray, db_packed: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    for name, packed in (("queries", query_packed), ("database", db_packed)):
+        if not isinstance(packed, np.ndarray) or packed.dtype != np.uint8 or packed.ndim != 2:
+            raise ValueError(f"{name} must be packed codes, a 2-D uint8 array (n, K/8), got "
+                             f"{getattr(packed, 'dtype', type(packed).__name__)} of shape {np.shape(packed)}; "
+                             "pack +-1 codes with tfhash.codes.pack_codes")  # fmt: skip
     if query_packed.shape[1] * 8 != bits or db_packed.shape[1] * 8 != bits:
         raise ValueError(f"queries ({query_packed.shape[1] * 8} bits) and database ({db_packed.shape[1] * 8} bits) "
                          f"must both hold {bits}-bit codes")  # fmt: skip
@@ -360,7 +365,7 @@ def knn_search(query_packed: np.ndarray, db_packed: np.ndarray, k: int, threads:
 
     Args:
         query_packed: ``(m, K/8)`` packed queries.  db_packed: ``(n, K/8)`` packed database.
-        k: neighbours per query, ``1 <= k <= n`` (the caller checks it).
+        k: neighbours per query, ``1 <= k <= n``.
         threads: threads to use (default: :func:`set_threads`'s setting, else all of numba's);
             1 runs on the calling thread with the GIL released.
 
@@ -368,8 +373,10 @@ def knn_search(query_packed: np.ndarray, db_packed: np.ndarray, k: int, threads:
         ``(distances, positions)``: ``int32`` and ``int64`` ``(m, k)``, nearest first, ties in
         database order (the row position).
     """
-    bits = db_packed.shape[1] * 8
+    bits = np.shape(db_packed)[-1] * 8
     query_words, db_words = _words(query_packed, db_packed, bits)
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= db_words.shape[0]:
+        raise ValueError(f"k must be an integer in 1..{db_words.shape[0]} (the database rows), got {k!r}")
     m = query_words.shape[0]
     distances = np.empty((m, k), np.int32)
     positions = np.empty((m, k), np.int64)
@@ -397,8 +404,10 @@ def range_search(query_packed: np.ndarray, db_packed: np.ndarray, radius: int, t
         ``(offsets, distances, positions)``: query i's hits are ``offsets[i]:offsets[i + 1]`` of the
         ``int32`` distances and ``int64`` row positions, sorted by distance, ties in database order.
     """
-    bits = db_packed.shape[1] * 8
+    bits = np.shape(db_packed)[-1] * 8
     query_words, db_words = _words(query_packed, db_packed, bits)
+    if isinstance(radius, bool) or not isinstance(radius, (int, np.integer)) or radius < 0:
+        raise ValueError(f"radius must be an integer >= 0, got {radius!r}")
     radius = min(int(radius), bits)
     run = _range_serial if int(threads or _settings["threads"] or numba.get_num_threads()) == 1 else _range_parallel
     n, db_flat = db_words.shape[0], db_words.reshape(-1)
