@@ -3,7 +3,7 @@ index kind on random-but-clustered codes, beside plain FAISS calls and a NumPy r
 exact kernel (:mod:`tfhash.hamming`, behind ``BFlat``) beside ``faiss.IndexBinaryFlat`` against
 the machine's limits.
 
-    python -m benchmarks.index [--seed 0] [--sizes 1000000 10000000] [--bits 64 128] [--part indexes kernel]
+    python -m benchmarks.index [--seed 0] [--sizes 1000000 10000000] [--bits 64 128] [--part indexes kernel milvus]
 
 Data: 1,000 random centre codes; each item copies a centre and flips every bit with probability
 1/8 (generated packed, in chunks). Queries come from the same distribution. recall@k is measured up
@@ -16,11 +16,18 @@ of three timings each. The roofline: a search must read the database once (``n K
 the measured read bandwidth) and XOR + popcount + add ``m n K / 64`` words (at the measured
 throughput of that loop on data in L1, all threads); its time is at least the larger of the two,
 and each row reports which share of that limit it reaches.
+
+``milvus`` part (default sizes 100,000 and 1,000,000, 64 bits): the ``Milvus`` index (a Milvus Lite
+file in a temporary folder: the embedded server, over gRPC on a local socket) beside ``BFlat`` on
+the same codes: build time (create + add), queries per second for single queries (k = 10) and
+for one batch of all queries (k = 10 and 100), recall@k up to ties against ``BFlat``, and the
+memory of the process (plus, for Milvus, of its server process).
 """
 
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
 
 import faiss
@@ -114,6 +121,53 @@ def run(n: int, bits: int, seed: int, n_queries: int, numpy_queries: int) -> lis
                          "seed": seed})  # fmt: skip
             print(rows[-1], flush=True)
         del index
+    return rows
+
+
+def _qps(search, queries, k, single: bool) -> float:
+    """Queries per second: one call per query (``single``) or one call for the batch (median of 3)."""
+    search(queries[:1], k)  # warm
+    if single:
+        seconds, _ = _median_time(lambda: [search(queries[i : i + 1], k) for i in range(len(queries))])
+    else:
+        seconds, _ = _median_time(lambda: search(queries, k))
+    return len(queries) / seconds
+
+
+def _milvus_lite_version() -> str:
+    from importlib.metadata import version
+
+    return version("milvus-lite")
+
+
+def milvus_rows(n: int, bits: int, seed: int, n_queries: int, single_queries: int) -> list[dict]:
+    """``BFlat`` and ``Milvus`` (Lite) on the same clustered codes (see the module docstring)."""
+    rng = np.random.default_rng(seed)
+    centres = rng.integers(0, 256, (1000, bits // 8), dtype=np.uint8)
+    db = clustered_packed(n, centres, rng)
+    queries = clustered_packed(n_queries, centres, rng)
+    rows, truth = [], {}
+    with tempfile.TemporaryDirectory(prefix="tfhash-milvus-") as folder:
+        for description in ("BFlat", "Milvus"):
+            where = {"uri": f"{folder}/bench.db", "collection": f"bench_{n}_{bits}"} if description == "Milvus" else {}
+            before = rss_mib()
+            start = time.perf_counter()
+            index = index_factory(bits, description, **where)
+            index.add(db)
+            build = time.perf_counter() - start
+            server = sum(child.memory_info().rss for child in psutil.Process().children(recursive=True)) / 2**20
+            memory = rss_mib() - before + (server if description == "Milvus" else 0.0)
+            for k, single in ((10, True), (10, False), (100, False)):
+                result = index.search(queries, k)
+                truth.setdefault(k, result.distances)  # BFlat runs first: the exact answer
+                qps = _qps(index.search, queries[:single_queries] if single else queries, k, single)
+                rows.append({"n": n, "bits": bits, "index": description, "k": k,
+                             "queries": f"single x {single_queries}" if single else f"batch of {n_queries}",
+                             "build_s": round(build, 2), "memory_MiB": round(memory, 1), "QPS": round(qps, 1),
+                             "recall@k": recall_up_to_ties(result.distances, truth[k]), "seed": seed})  # fmt: skip
+                print(rows[-1], flush=True)
+            index.close()
+            del index
     return rows
 
 
@@ -254,9 +308,25 @@ def main() -> None:
     parser.add_argument("--bits", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--queries", type=int, default=1000)
     parser.add_argument("--name", default=None, help="results file name (default: index, or index_kernel for --part kernel)")
-    parser.add_argument("--part", choices=["indexes", "kernel"], default="indexes",
-                        help="indexes: every index type; kernel: BFlat's kernel beside faiss.IndexBinaryFlat and the roofline")
+    parser.add_argument("--part", choices=["indexes", "kernel", "milvus"], default="indexes",
+                        help="indexes: every index type; kernel: BFlat's kernel beside faiss.IndexBinaryFlat and the roofline; "
+                             "milvus: the Milvus index (Lite) beside BFlat")  # fmt: skip
     args = parser.parse_args()
+    if args.part == "milvus":
+        sizes = args.sizes if args.sizes != parser.get_default("sizes") else [100_000, 1_000_000]
+        bits = args.bits if args.bits != parser.get_default("bits") else [64]
+        name = args.name or "index_milvus"
+        rows = [row for n in sizes for b in bits for row in milvus_rows(n, b, args.seed, args.queries, 200)]
+        command = (f"python -m benchmarks.index --part milvus --seed {args.seed} --sizes {' '.join(map(str, sizes))} "
+                   f"--bits {' '.join(map(str, bits))}")  # fmt: skip
+        md = (f"# Milvus index beside BFlat\n\nCommand: `{command}`. Milvus Lite {_milvus_lite_version()} (embedded server, "
+              f"local socket), BIN_FLAT, HAMMING; BFlat threads: {numba.get_num_threads()}. QPS: median of 3 timings; "
+              "single: one search call per query; batch: one call for all queries. recall@k: returned items within "
+              "BFlat's k-th distance. memory_MiB: process RSS growth during the build, plus the Milvus Lite server's "
+              "RSS for Milvus.\n\n"
+              + markdown_table(rows, ["n", "bits", "index", "k", "queries", "build_s", "memory_MiB", "QPS", "recall@k"]) + "\n")  # fmt: skip
+        write_results(name, {"seed": args.seed, "rows": rows}, md)
+        return
     if args.part == "kernel":
         name = args.name or "index_kernel"
         faiss.omp_set_num_threads(numba.get_num_threads())

@@ -3,7 +3,12 @@ tfhash indexes (manifest naming that version and the signature fingerprint) next
 ``<index_base_dir>/<version>/<kind>/``, or for a cross-modal model one per database modality,
 ``<index_base_dir>/<version>/<kind>-<modality>/`` (encoded with ``serving_<modality>``). Codes
 the RetrievalEvaluator computed with a model of the same SavedModel fingerprint are read from its
-artifact instead of being encoded again (:func:`tfhash.components.encoding.encode_split_cached`)."""
+artifact instead of being encoded again (:func:`tfhash.components.encoding.encode_split_cached`).
+
+A ``Milvus`` index goes to the Milvus at ``milvus_uri``, into the collection
+``<collection_prefix>_v<version>[_<modality>]`` (one per model version, so the version being served
+keeps its collection until the search service swaps; a rebuild of the same version replaces it);
+its index directory points at that collection and the collection is locked to the version."""
 
 
 import json
@@ -42,9 +47,13 @@ def IndexBuilder(
     kinds: Parameter[str] = "BFlat",
     database_split: Parameter[str] = "database",
     modalities: Parameter[str] = "",
+    milvus_uri: Parameter[str] = "",
+    collection_prefix: Parameter[str] = "tfhash",
     evaluation: InputArtifact[standard_artifacts.ModelEvaluation] = None,  # optional: its cached database codes
 ) -> None:
-    from tfhash.index import index_factory
+    from tfhash.index import MilvusIndex, index_factory
+    from tfhash.index.factory import parse_index_type
+    from tfhash.index.milvus import collection_name
 
     os.makedirs(index.uri, exist_ok=True)
     if not pushed_model.get_int_custom_property("pushed"):
@@ -61,10 +70,18 @@ def IndexBuilder(
         codes, _, ids = encode_split_cached(model_dir, files, num_classes, evaluation.uri if evaluation else None,
                                             examples_signature(modality))  # fmt: skip
         for kind in [k.strip() for k in kinds.split(",") if k.strip()]:
-            built = index_factory(codes.shape[1] * 8, kind)
-            built.add(codes, ids)
-            path = index_dir(index_base_dir, version, kind, modality)
-            built.save(path, model_version=version, signature_fingerprint=fingerprint)
+            placement = {}
+            if parse_index_type(kind)[0].cls is MilvusIndex:
+                if not milvus_uri:
+                    raise ValueError(f"IndexBuilder: index kind {kind} needs milvus_uri (a Milvus server URI or a Milvus Lite file)")
+                placement = {"uri": milvus_uri, "collection": collection_name(collection_prefix, version, modality), "replace": True}
+            built = index_factory(codes.shape[1] * 8, kind, **placement)
+            try:
+                built.add(codes, ids)
+                path = index_dir(index_base_dir, version, kind, modality)
+                built.save(path, model_version=version, signature_fingerprint=fingerprint)
+            finally:
+                built.close()
             written[index_name(kind, modality)] = path
     with open(os.path.join(index.uri, INDEXES_FILE), "w") as handle:
         json.dump({"model_version": version, "model_dir": model_dir, "indexes": written}, handle, indent=2)

@@ -41,7 +41,8 @@ def run(obj, config_path: str) -> None:
     click.echo(
         f"model version {summary.get('model_version')}: mAP@all {metrics.get('mAP@all', float('nan')):.4f}, "
         f"P@H<=2 {metrics.get('P@H<=2', float('nan')):.4f}, blessed {summary.get('blessed')}, "
-        f"index {next(iter((summary.get('indexes') or {}).values()), None)}"
+        f"indexes {', '.join(summary.get('indexes') or {}) or None}"
+        + (f" (same distances for the example query: {example['same_distances']})" if (example := summary.get("example_query")) else "")
     )
 
 

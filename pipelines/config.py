@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from tfhash.artifacts import DEFAULT_RUN_DIR, RunLayout, resolve_path
+from tfhash.index.factory import parse_index_type
 from tfhash.models.registry import get_method, method_names
 
 
@@ -149,6 +150,7 @@ class PipelineConfig:
     map_threshold: float = 0.5
     max_regression: float = 0.01
     index_kinds: list[str] = field(default_factory=lambda: ["BFlat"])
+    milvus_uri: str | None = None  # the Milvus of the "Milvus" index kind: a server URI, or a Milvus Lite file (default: in run_dir)
     jcch_anchors: int | None = None  # anchors of the JCCH coefficients computed in Transform (None: off)
     bad_records: str = "fail"  # RecordFilter policy: "fail" stops the run on any bad record, "drop" leaves them out
     beam_args: list[str] = field(default_factory=lambda: ["--direct_running_mode=in_memory", "--direct_num_workers=1"])
@@ -161,6 +163,10 @@ class PipelineConfig:
             if unknown:
                 raise ValueError(f"unknown training settings {sorted(unknown)}")
             self.training = TrainingConfig(**with_recipe(self.training))
+        if not self.index_kinds:
+            raise ValueError('index_kinds is empty; name at least one index type, e.g. ["BFlat"]')
+        for kind in self.index_kinds:
+            parse_index_type(kind)  # an unknown or misspelt type fails here, before any training
         if self.bad_records not in ("fail", "drop"):
             raise ValueError(f"bad_records must be 'fail' or 'drop', got {self.bad_records!r}")
         method = get_method(self.training.method)
@@ -185,6 +191,11 @@ class PipelineConfig:
     def layout(self) -> RunLayout:
         """Every location this run uses (:class:`tfhash.artifacts.RunLayout`)."""
         return RunLayout(self.run_dir, self.name, self.data_dir)
+
+    @property
+    def milvus(self) -> str:
+        """The Milvus that ``Milvus`` indexes go to: ``milvus_uri``, else the run's Milvus Lite file."""
+        return self.milvus_uri or self.layout.milvus_lite
 
     @property
     def inputs(self) -> list[str]:
@@ -213,6 +224,8 @@ class PipelineConfig:
         config = cls(**raw)
         for key in ("run_dir", "data_root", "data_dir"):
             setattr(config, key, resolve_path(base, getattr(config, key)))
+        if config.milvus_uri and "://" not in config.milvus_uri:  # a Milvus Lite file, relative to the config
+            config.milvus_uri = resolve_path(base, config.milvus_uri)
         return config
 
     def to_dict(self) -> dict:

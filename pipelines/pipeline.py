@@ -106,6 +106,8 @@ def create_pipeline(config: PipelineConfig, metadata: dict, metadata_connection=
         num_classes=num_classes,
         kinds=",".join(config.index_kinds),
         modalities=cross_modal,
+        milvus_uri=config.milvus,
+        collection_prefix=config.name,
     )
     return tfx.dsl.Pipeline(
         pipeline_name=config.name,

@@ -187,7 +187,8 @@ def summarise(config: PipelineConfig, run_id: str | None = None) -> dict:
 
 
 def example_query(config: PipelineConfig, indexes: dict) -> dict:
-    """Encode the first query example with the pushed model and search the first index."""
+    """Encode the first query example with the pushed model and search every index built for it:
+    the 5 nearest ids and distances from each, and whether all indexes agree on the distances."""
     import tensorflow as tf
 
     from tfhash.index import load_index
@@ -196,16 +197,20 @@ def example_query(config: PipelineConfig, indexes: dict) -> dict:
     first = next(iter(tf.data.TFRecordDataset(query_files, compression_type="GZIP").take(1)))
     serve = tf.saved_model.load(indexes["model_dir"]).signatures[EXAMPLES_SIGNATURE]
     code = serve(**{EXAMPLES_INPUT: tf.reshape(first, [1])})[PACKED_CODES].numpy()
-    kind, path = next(iter(indexes["indexes"].items()))
-    index = load_index(path, expected_model_version=indexes["model_version"])
-    result = index.search(code, 5)
+    answers = {}
+    for kind, path in indexes["indexes"].items():
+        index = load_index(path, expected_model_version=indexes["model_version"])
+        try:
+            result = index.search(code, 5)
+        finally:
+            index.close()
+        answers[kind] = {"nearest_ids": result.ids[0].tolist(), "distances": np.asarray(result.distances[0]).tolist()}
     parsed = tf.io.parse_single_example(first, label_spec())
     return {
         "query_id": int(parsed[ID].numpy()[0]),
         "query_labels": tf.sparse.to_dense(parsed[LABELS]).numpy().tolist(),
-        "index": kind,
-        "nearest_ids": result.ids[0].tolist(),
-        "distances": np.asarray(result.distances[0]).tolist(),
+        "answers": answers,
+        "same_distances": len({tuple(answer["distances"]) for answer in answers.values()}) == 1,
     }
 
 

@@ -53,7 +53,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 .venv/bin/python -m pip install -q -c constraints/py310.txt -e ".[all]" 2>&1 \
   | grep -v -e "is ignored: it is neither a file nor a directory" -e "legacy 'setup.py install'" || true
 # pip's own exit status is lost in the pipe above: check the result directly.
-TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python -W ignore -c 'import tfhash, tensorflow, keras, faiss, scann, tfx, tfhash.serving.search_pb2_grpc' >/dev/null 2>&1 \
+TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python -W ignore -c 'import tfhash, tensorflow, keras, faiss, scann, pymilvus, milvus_lite, tfx, tfhash.serving.search_pb2_grpc' >/dev/null 2>&1 \
   || { echo "setup_env: installation failed (see pip output above)" >&2; exit 1; }
 echo "$want" > .venv/.tfhash-stamp
 echo "setup_env: done"

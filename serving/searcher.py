@@ -46,7 +46,14 @@ from tfhash.serving.versions import Retries, check_fingerprint, tree_stamp
 
 from tfhash.artifacts import index_dir
 from tfhash.codes import as_packed, pack_codes, sign_codes
-from tfhash.index import HashIndex, HashIndexError, IndexFormatError, load_index, read_manifest
+from tfhash.index import (
+    HashIndex,
+    HashIndexError,
+    IndexFormatError,
+    IndexUnavailableError,
+    load_index,
+    read_manifest,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -180,7 +187,7 @@ class VersionedSearcher:
             ServingError: INVALID_ARGUMENT for an empty or oversized batch, k outside 1..max_k or
                 above the database size, a negative radius, malformed inputs or codes of the wrong
                 width; NOT_FOUND for a pinned version that is not served; UNAVAILABLE when no pair
-                is ready.
+                is ready, or when the index's store (a Milvus server) does not answer.
         """
         n = query.size
         if n == 0:
@@ -200,6 +207,10 @@ class VersionedSearcher:
             return pair, self._neighbours(pair.index, packed, int(k), radius)
         except HashIndexError as err:
             raise invalid(str(err)) from err
+        except IndexUnavailableError as err:  # the index's store (a Milvus server) failed: retry later
+            logger.error("model version %d: %s", pair.version, err)  # the details name hosts and paths: logged only
+            raise unavailable(f"the index of model version {pair.version} did not answer (its store is unreachable); "
+                              "retry later") from err  # fmt: skip
 
     def _packed_codes(self, pair: ServedPair, query: Query, timeout: float | None) -> np.ndarray:
         if query.examples is not None:

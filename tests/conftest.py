@@ -11,14 +11,15 @@ from tests.pipeline_fixtures import small_config
 def small_pipeline_run(tmp_path_factory):
     """One real local run of the MNIST pipeline (LocalDagRunner, Beam in memory): SCDH trained with
     the JCCH coefficients computed by Transform (50 anchors), on exported data with three bad
-    records added (policy "drop"). Returns ``(config, summary)``."""
+    records added (policy "drop"), indexed by BFlat and by Milvus (the run's Milvus Lite file).
+    Returns ``(config, summary)``."""
     import tensorflow as tf
     from tfhash.pipelines.runner import export_data, run_local
 
     from tfhash.cli import write_serving_config
 
     root = tmp_path_factory.mktemp("pipeline")
-    config = small_config(root, jcch_anchors=50, bad_records="drop",
+    config = small_config(root, jcch_anchors=50, bad_records="drop", index_kinds=["BFlat", "Milvus"],
                           training={"method": "scdh", "bits": 16, "epochs": 3, "batch_size": 64, "label_coefficients": True})  # fmt: skip
     export_data(config, log=lambda message: None)
     image = tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"not a png"]))

@@ -50,25 +50,29 @@ def export_version(base_dir: str, version: int, seed: int) -> str:
     return path
 
 
-def build_index(model_dir: str, index_base_dir: str, version: int, vectors, ids, kind: str = "BFlat") -> str:
-    """Encode ``vectors`` with the SavedModel and save the index as the IndexBuilder does."""
+def build_index(model_dir: str, index_base_dir: str, version: int, vectors, ids, kind: str = "BFlat", **params) -> str:
+    """Encode ``vectors`` with the SavedModel and save the index as the IndexBuilder does
+    (``params``: the index type's keywords, e.g. a Milvus index's ``uri`` and ``collection``)."""
     import tensorflow as tf
 
     from tfhash.artifacts import signature_fingerprint
     from tfhash.index import index_factory
 
     packed = tf.saved_model.load(model_dir).signatures["encode_features"](features=tf.constant(vectors))["packed_codes"]
-    index = index_factory(BITS, kind)
-    index.add(packed.numpy(), ids)
-    path = os.path.join(index_base_dir, str(version), kind)
-    index.save(path, model_version=str(version), signature_fingerprint=signature_fingerprint(model_dir))
+    index = index_factory(BITS, kind, **params)
+    try:
+        index.add(packed.numpy(), ids)
+        path = os.path.join(index_base_dir, str(version), kind)
+        index.save(path, model_version=str(version), signature_fingerprint=signature_fingerprint(model_dir))
+    finally:
+        index.close()
     return path
 
 
-def push_version(base_dir: str, index_base_dir: str, version: int, seed: int, vectors, ids, kind: str = "BFlat"):
+def push_version(base_dir: str, index_base_dir: str, version: int, seed: int, vectors, ids, kind: str = "BFlat", **params):
     """What the pipeline's Pusher + IndexBuilder leave behind for one version."""
     model_dir = export_version(base_dir, version, seed)
-    return model_dir, build_index(model_dir, index_base_dir, version, vectors, ids, kind)
+    return model_dir, build_index(model_dir, index_base_dir, version, vectors, ids, kind, **params)
 
 
 def reference(model_dir: str, index_dir: str, vectors: np.ndarray, k: int):

@@ -92,6 +92,27 @@ def test_index_build_search_info(tmp_path):
     assert stale.exit_code != 0 and "model version" in stale.output
 
 
+def test_index_build_and_search_in_milvus(tmp_path):
+    import pymilvus  # noqa: F401  # imported here first: its log handler keeps the stderr of its first import, which CliRunner closes
+
+    rng = np.random.default_rng(2)
+    db = rng.choice(np.array([-1, 1], np.int8), size=(200, 32))
+    np.savez(tmp_path / "codes.npz", db_codes=db, query_codes=db[:2])
+    runner = CliRunner()
+    out, lite = tmp_path / "idx", str(tmp_path / "milvus.db")
+    missing = runner.invoke(main, ["index", "build", str(tmp_path / "codes.npz"), "--kind", "Milvus", "--output", str(out)])
+    assert missing.exit_code != 0 and "needs uri=" in missing.output
+    built = runner.invoke(main, ["index", "build", str(tmp_path / "codes.npz"), "--kind", "Milvus", "--uri", lite,
+                                 "--collection", "codes_v4", "--output", str(out), "--model-version", "4"])  # fmt: skip
+    assert built.exit_code == 0, built.output
+    shown = json.loads(runner.invoke(main, ["index", "info", str(out)]).output)
+    assert shown["kind"] == "milvus-flat" and shown["params"]["collection"] == "codes_v4" and shown["count"] == 200
+    found = runner.invoke(main, ["index", "search", str(out), "--queries", str(tmp_path / "codes.npz"), "-k", "1",
+                                 "--expected-model-version", "4"])  # fmt: skip
+    assert found.exit_code == 0, found.output
+    assert [json.loads(line)["distances"] for line in found.output.splitlines()] == [[0], [0]]
+
+
 #: A line of TensorFlow's C++ log ("2024-01-01 10:00:00.123456: E external/...cuda_fft.cc:...]").
 TF_CPP_LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWEF] ", re.MULTILINE)
 

@@ -19,6 +19,8 @@ from tfhash.index import (
     BinaryIndex,
     HashIndexError,
     IndexFormatError,
+    InProcessIndex,
+    MilvusIndex,
     index_factory,
     load_index,
     read_manifest,
@@ -188,10 +190,16 @@ def _written(row) -> str:
     return f"{row.name}8" if row.size_param else row.name
 
 
+def _make(bits: int, row, tmp_path, collection: str = "items"):
+    """An empty index of the table row ``row``; a Milvus one in a Milvus Lite file under ``tmp_path``."""
+    where = {"uri": str(tmp_path / "milvus.db"), "collection": collection} if row.cls is MilvusIndex else {}
+    return index_factory(bits, _written(row), **where)
+
+
 # The format tags and method params keys of format version 1, as written on disk by every
 # tfhash since; they must not change, or saved indexes stop loading.
 FORMAT_1 = {"BFlat": ("binary-flat", "kind"), "BIVF": ("binary-ivf", "kind"), "BMultiHash": ("binary-multihash", "kind"),
-            "ScaNN": ("scann-ah", "mode"), "ScaNNBrute": ("scann-brute", "mode")}  # fmt: skip
+            "ScaNN": ("scann-ah", "mode"), "ScaNNBrute": ("scann-brute", "mode"), "Milvus": ("milvus-flat", "method")}  # fmt: skip
 
 
 def test_one_type_table_for_factory_and_loader(tmp_path):
@@ -199,7 +207,7 @@ def test_one_type_table_for_factory_and_loader(tmp_path):
     assert len(FORMAT_TAGS) == len(INDEX_TYPES)  # one format tag per index type
     codes = _codes(np.random.default_rng(8), 40, 32)
     for name, row in INDEX_TYPES.items():
-        index = index_factory(32, _written(row))
+        index = _make(32, row, tmp_path)
         assert type(index) is row.cls and index.method == row.method and index.format_tag == row.format_tag
         index.add(codes, np.arange(40) + 1000)
         index.save(tmp_path / name)
@@ -209,6 +217,8 @@ def test_one_type_table_for_factory_and_loader(tmp_path):
         loaded = load_index(tmp_path / name)
         assert type(loaded) is row.cls and loaded.format_tag == tag and loaded.params() == index.params()
         np.testing.assert_array_equal(loaded.ids(), index.ids())
+        index.close()
+        loaded.close()
     manifest = json.loads((tmp_path / "BFlat" / "manifest.json").read_text())
     manifest["kind"] = "binary-hnsw"
     (tmp_path / "BFlat" / "manifest.json").write_text(json.dumps(manifest))
@@ -247,13 +257,14 @@ def test_capabilities_are_declared_and_refused_clearly():
 
 
 @pytest.mark.parametrize("name", list(INDEX_TYPES))
-def test_automatic_ids_and_duplicates_for_every_index_type(name):
+def test_automatic_ids_and_duplicates_for_every_index_type(name, tmp_path):
     codes = _codes(np.random.default_rng(10), 300, 32)  # enough for the ScaNN tree's training
-    index = index_factory(32, _written(INDEX_TYPES[name]))
+    index = _make(32, INDEX_TYPES[name], tmp_path)
     index.add(codes[:200])  # automatic ids 0..199
     index.add(codes[200:202], [500, 250])
     index.add(codes[202:204])  # automatic ids continue after the largest: 501, 502
-    assert index.ids().tolist() == [*range(200), 500, 250, 501, 502]
+    inserted = [*range(200), 500, 250, 501, 502]  # in-process indexes keep insertion order, Milvus ascending ids
+    assert index.ids().tolist() == (inserted if isinstance(index, InProcessIndex) else sorted(inserted))
     with pytest.raises(HashIndexError, match=r"ids \[250\] are already in the index; use upsert"):
         index.add(codes[204:206], [600, 250])
     with pytest.raises(HashIndexError, match=r"ids must be unique; repeated: \[7\]"):
@@ -263,22 +274,23 @@ def test_automatic_ids_and_duplicates_for_every_index_type(name):
     assert index.ntotal == 204  # a refused add leaves the index as it was
     assert index.remove([502, 501]) == 2
     index.add(codes[204:205])
-    assert index.ids()[-1] == 501
+    assert index.ids().max() == 501 and index.ntotal == 203
     hit = index.search(codes[204:205], 1)
     assert hit.distances[0, 0] == 0
+    index.close()
 
 
 def test_missing_backend_names_the_extra(monkeypatch):
     extras = Path(__file__).resolve().parents[1].joinpath("pyproject.toml").read_text()
     line = next(x for x in extras.splitlines() if x.startswith(f"{BACKEND_EXTRA} = ["))
     assert all(package in line for package in BACKEND_PACKAGES.values())
-    for module, name in (("faiss", "BIVF16"), ("faiss", "BMultiHash4"), ("scann", "ScaNN")):
+    for module, name in (("faiss", "BIVF16"), ("faiss", "BMultiHash4"), ("scann", "ScaNN"), ("pymilvus", "Milvus")):
         with monkeypatch.context() as patch:
             patch.setitem(sys.modules, module, None)  # what Python does for a module that is not installed
             with pytest.raises(ImportError, match=rf'needs the optional package {BACKEND_PACKAGES[module]} .*pip install "tfhash\[index\]"'):
                 index_factory(16, name)
     # `import tfhash.index` itself needs neither back-end, and the exact BFlat runs without them
-    script = ("import sys; sys.modules['faiss'] = sys.modules['scann'] = None\n"
+    script = ("import sys; sys.modules['faiss'] = sys.modules['scann'] = sys.modules['pymilvus'] = None\n"
               "import numpy as np, tfhash, tfhash.index\n"
               "flat = tfhash.index.index_factory(16, 'BFlat'); flat.add(np.zeros((3, 2), np.uint8))\n"
               "print(flat.search(np.zeros((1, 2), np.uint8), 2).ids.tolist())\n"

@@ -29,6 +29,11 @@ def test_small_pipeline_end_to_end(small_pipeline_run):
     version = summary["model_version"]
     index = load_index(summary["indexes"]["BFlat"], expected_model_version=version)
     assert index.ntotal == 400
+    milvus = load_index(summary["indexes"]["Milvus"], expected_model_version=version)
+    assert milvus.ntotal == 400 and milvus.uri == config.layout.milvus_lite and milvus.collection == f"tiny_mnist_v{version}"
+    milvus.close()
+    example = summary["example_query"]  # the first query, answered by both indexes alike
+    assert set(example["answers"]) == {"BFlat", "Milvus"} and example["same_distances"]
     warmup = os.path.join(config.run_dir, "serving", "tiny-mnist", version, "assets.extra", "tf_serving_warmup_requests")
     assert os.path.isfile(warmup)
     assert os.path.isfile(os.path.join(config.run_dir, "summary.json"))
@@ -265,6 +270,23 @@ def test_config_errors_are_clear(tmp_path):
     path.write_text(json.dumps({"name": "x", "bad_records": "ignore"}))
     with pytest.raises(ValueError, match="bad_records"):
         PipelineConfig.load(path)
+    path.write_text(json.dumps({"name": "x", "index_kinds": ["BFlat", "Milvsu"]}))
+    with pytest.raises(ValueError, match="unknown index type 'Milvsu'; use BFlat"):
+        PipelineConfig.load(path)
+    path.write_text(json.dumps({"name": "x", "index_kinds": []}))
+    with pytest.raises(ValueError, match="index_kinds is empty"):
+        PipelineConfig.load(path)
+
+
+def test_milvus_uri_defaults_to_the_runs_lite_file_and_resolves_like_paths(tmp_path):
+    path = tmp_path / "configs" / "run.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps({"name": "x", "run_dir": "runs", "index_kinds": ["Milvus"]}))
+    assert PipelineConfig.load(path).milvus == str(tmp_path / "configs" / "runs" / "milvus" / "x.db")
+    path.write_text(json.dumps({"name": "x", "milvus_uri": "../lite/indexes.db"}))
+    assert PipelineConfig.load(path).milvus == str(tmp_path / "lite" / "indexes.db")
+    path.write_text(json.dumps({"name": "x", "milvus_uri": "http://milvus.retrieval:19530"}))
+    assert PipelineConfig.load(path).milvus == "http://milvus.retrieval:19530"  # a server URI is kept as written
 
 
 def test_a_recipe_fills_the_training_section_under_its_own_keys():

@@ -286,6 +286,60 @@ def test_mismatched_or_corrupt_pairs_are_never_served(artifacts, tmp_path):
         server.stop(0)
 
 
+def _unreachable_uri() -> str:
+    import socket
+
+    with socket.socket() as probe:  # a port with nothing listening
+        probe.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{probe.getsockname()[1]}"
+
+
+def test_milvus_pairs_swap_and_an_unreachable_store_keeps_the_old_pair(artifacts, tmp_path):
+    """Versions whose index lives in Milvus (Lite) pair and swap like file indexes: answers equal
+    BFlat's distances; a new version whose Milvus cannot be reached is not served (the old pair
+    stays), and is served once reachable; a store that dies under the active pair answers
+    UNAVAILABLE with a message naming no host or path."""
+    from milvus_lite.server_manager import server_manager_instance
+
+    models, indexes, lite = str(tmp_path / "models"), str(tmp_path / "indexes"), str(tmp_path / "milvus.db")
+    vectors, ids = artifacts["vectors"], artifacts["ids"]
+    model_1, _ = push_version(models, indexes, 1, 0, vectors, ids, "Milvus", uri=lite, collection="vectors_v1", timeout=2)
+    bflat_1 = build_index(model_1, indexes, 1, vectors, ids, "BFlat")
+    searcher = in_process_searcher(models, indexes, kind="Milvus")
+    server = SearchServer(searcher, poll_seconds=60).start()
+    try:
+        with SearchClient(server.address) as client:
+            assert client.status().model_version == "1"  # the server paired version 1 on start
+            answer = client.search(features=vectors[:20], k=10)
+            _, expected = reference(model_1, bflat_1, vectors[:20], 10)
+            assert answer.index_kind == "milvus-flat" and not answer.exact
+            np.testing.assert_array_equal(np.stack(answer.distances), expected.distances)
+
+            # version 2's index points at a Milvus that does not answer: version 1 keeps serving
+            path_2 = push_version(models, indexes, 2, 5, vectors, ids, "Milvus", uri=lite, collection="vectors_v2", timeout=2)[1]
+            manifest_file = os.path.join(path_2, "manifest.json")
+            good = open(manifest_file).read()
+            manifest = json.loads(good)
+            manifest["params"].update(uri=_unreachable_uri(), timeout=1)
+            with open(manifest_file, "w") as handle:
+                json.dump(manifest, handle)
+            assert not searcher.refresh()
+            assert "IndexUnavailableError: cannot reach Milvus" in searcher.retries.errors()[2]
+            assert client.search(features=vectors[:1], k=3).model_version == "1"
+            with open(manifest_file, "w") as handle:  # reachable again (the file changed: retried at once)
+                handle.write(good)
+            assert searcher.refresh() and client.search(features=vectors[:1], k=3).model_version == "2"
+
+            # the store dies under the served pair: UNAVAILABLE, nothing about where it lives
+            server_manager_instance.release_server(lite)
+            with pytest.raises(ServingError) as err:
+                client.search(features=vectors[:1], k=3)
+            assert err.value.code == grpc.StatusCode.UNAVAILABLE
+            assert "index of model version 2 did not answer" in err.value.message and lite not in err.value.message
+    finally:
+        server.stop(0)
+
+
 def rest_call(port: int, method: str, path: str, body: bytes | None = None, headers: dict | None = None):
     """(status, parsed JSON body) of one HTTP request to the REST front."""
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
@@ -412,6 +466,16 @@ def test_pipeline_artifacts_served_end_to_end(small_pipeline_run):
         assert answer.model_version == version and answer.exact
         np.testing.assert_array_equal(np.stack(answer.ids), expected.ids)
         np.testing.assert_array_equal(np.stack(answer.distances), expected.distances)
+        # the same pipeline's Milvus index behind the same service: the same distances
+        milvus_server = SearchServer(remote_searcher(model_server.address, config.name, config.layout.indexes, kind="Milvus",
+                                                     model_base_dir=config.layout.serving)).start()  # fmt: skip
+        try:
+            with SearchClient(milvus_server.address) as client:
+                from_milvus = client.search(examples=queries, k=10)
+        finally:
+            milvus_server.stop(0)
+        assert from_milvus.model_version == version and from_milvus.index_kind == "milvus-flat"
+        np.testing.assert_array_equal(np.stack(from_milvus.distances), expected.distances)
     finally:
         search_server.stop(0)
         model_server.stop(0)

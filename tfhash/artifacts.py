@@ -208,6 +208,11 @@ class RunLayout:
         return os.path.join(self.run_dir, "indexes", self.name)
 
     @property
+    def milvus_lite(self) -> str:
+        """The Milvus Lite file that holds the run's ``Milvus`` indexes when no server is configured."""
+        return os.path.join(self.run_dir, "milvus", f"{self.name}.db")
+
+    @property
     def tf_serving(self) -> str:
         """TF Serving's models.config and the deployment examples."""
         return os.path.join(self.run_dir, "tf_serving")

@@ -1,6 +1,6 @@
 """Retrieval indexes over hash codes: a small abstract index (add / search / save / load),
-FAISS-backed binary Hamming indexes, ScaNN, a pure-TF Hamming top-k module, and versioned,
-checksummed persistence.
+binary Hamming indexes (tfhash's exact kernel, FAISS IVF and multi-hash), ScaNN, Milvus, a pure-TF
+Hamming top-k module, and versioned, checksummed persistence.
 
     index = index_factory(64, "BFlat")
     index.add(codes, ids)
@@ -9,13 +9,22 @@ checksummed persistence.
     index = load_index("runs/index", expected_model_version="3")
 
 An index type (``BFlat``, ``BIVF1024``, ...) names a class and its search method (``flat``,
-``ivf``, ...); :data:`INDEX_TYPES` is the one table of them. FAISS and ScaNN (the ``index``
-extra) are needed only when an index of theirs is created.
+``ivf``, ...); :data:`INDEX_TYPES` is the one table of them. FAISS, ScaNN and pymilvus (the
+``index`` extra) are needed only when an index of theirs is created.
 """
 
-from tfhash.index.base import RANGE_SEARCH, TRAIN, HashIndex, HashIndexError, SearchResult
+from tfhash.index.base import (
+    RANGE_SEARCH,
+    TRAIN,
+    HashIndex,
+    HashIndexError,
+    IndexUnavailableError,
+    InProcessIndex,
+    SearchResult,
+)
 from tfhash.index.binary import BinaryIndex
 from tfhash.index.factory import INDEX_TYPES, IndexType, index_factory, load_index, read_manifest
+from tfhash.index.milvus import MilvusIndex
 from tfhash.index.persistence import FORMAT_VERSION, IndexFormatError, save_index, verify_files
 from tfhash.index.scann_index import ScannIndex
 
@@ -28,6 +37,9 @@ __all__ = [
     "HashIndex",
     "HashIndexError",
     "IndexFormatError",
+    "IndexUnavailableError",
+    "InProcessIndex",
+    "MilvusIndex",
     "IndexType",
     "ScannIndex",
     "SearchResult",

@@ -2,19 +2,23 @@
 
 Words used across :mod:`tfhash.index`:
 
-* **index type**: the name a user writes to ask for an index, ``BFlat``, ``BIVF1024``, ``ScaNN``
-  (the table in :mod:`tfhash.index.factory`);
+* **index type**: the name a user writes to ask for an index, ``BFlat``, ``BIVF1024``, ``ScaNN``,
+  ``Milvus`` (the table in :mod:`tfhash.index.factory`);
 * **method**: the search method inside one index class, ``flat`` / ``ivf`` / ``multihash`` for
   :class:`~tfhash.index.binary.BinaryIndex`, ``ah`` / ``brute`` for
   :class:`~tfhash.index.scann_index.ScannIndex`;
 * **format tag**: ``<format family>-<method>``, e.g. ``binary-flat``, recorded in an index
   directory's manifest (under the field ``kind``) so that a loader knows which class reads it.
 
-:class:`HashIndex` owns everything the index classes share: the external ids (validation,
-automatic ids, bookkeeping in insertion order), the stored rows, the checks on codes, queries and
-``k``, and the declared capabilities. A subclass implements only its search structure through the
-``_add_rows`` / ``_items_removed`` / ``_search`` hooks (plus ``_train`` and ``_range_search`` when
-it declares those capabilities).
+:class:`HashIndex` owns what every index shares wherever its items live: the checks on codes,
+queries, ids and ``k``, automatic ids, upsert, the declared capabilities and the manifest. Where
+the items are kept is a subclass's: it implements the storage primitives ``ntotal``, ``ids``,
+``_insert``, ``_delete`` (and may speed up ``_existing`` / ``_next_ids``) and ``_search``.
+:class:`InProcessIndex` keeps rows and ids in this process, in insertion order, and writes them
+into the index directory; its subclasses implement only their search structure through the
+``_add_rows`` / ``_items_removed`` / ``_search`` hooks (plus ``_train`` and ``_range_search``
+when they declare those capabilities). :class:`~tfhash.index.milvus.MilvusIndex` keeps its items
+in a Milvus collection, and its index directory only points at it.
 """
 
 from __future__ import annotations
@@ -45,12 +49,17 @@ IDS_FILE = "ids.npy"
 #: The optional-dependency extra of tfhash that installs the index back-ends.
 BACKEND_EXTRA = "index"
 #: The pip package that provides each back-end module.
-BACKEND_PACKAGES = {"faiss": "faiss-cpu", "scann": "scann"}
+BACKEND_PACKAGES = {"faiss": "faiss-cpu", "scann": "scann", "pymilvus": "pymilvus"}
 
 
 class HashIndexError(ValueError):
     """Invalid use of an index (bad k, unknown or repeated ids, wrong code width, a capability
     the index lacks)."""
+
+
+class IndexUnavailableError(RuntimeError):
+    """The store that holds an index's items cannot be reached or failed (a Milvus server down, a
+    timeout); the request may succeed later. Invalid use is :class:`HashIndexError` instead."""
 
 
 @dataclass
@@ -115,9 +124,8 @@ def validate_radius(radius) -> int:
     return int(radius)
 
 
-def validate_ids(ids, count: int, existing: np.ndarray | None = None) -> np.ndarray:
-    """Return ``int64`` ids of length ``count``; refuse duplicates within the batch and ids
-    already in ``existing``."""
+def validate_ids(ids, count: int) -> np.ndarray:
+    """Return ``int64`` ids of length ``count``; refuse duplicates within the batch."""
     ids = np.asarray(ids)
     if ids.shape != (count,):
         raise HashIndexError(f"expected {count} ids (one per code), got shape {ids.shape}")
@@ -127,12 +135,6 @@ def validate_ids(ids, count: int, existing: np.ndarray | None = None) -> np.ndar
     values, counts = np.unique(ids, return_counts=True)
     if values.size != ids.size:
         raise HashIndexError(f"ids must be unique; repeated: {values[counts > 1][:5].tolist()}")
-    if existing is not None and existing.size:
-        clash = ids[np.isin(ids, existing)]
-        if clash.size:
-            raise HashIndexError(
-                f"ids {clash[:5].tolist()} are already in the index; use upsert() to replace them"
-            )
     return ids
 
 
@@ -182,19 +184,16 @@ def empty_rows(layout: str, bits: int) -> np.ndarray:
 
 
 class HashIndex(abc.ABC):
-    """Codes with int64 external ids, kept in insertion order.
-
-    Ties in distance are returned in insertion order (an item added earlier comes first) by the
-    exact methods; approximate methods make no promise about ties.
+    """Codes with int64 external ids, wherever a subclass keeps them.
 
     Class attributes a subclass sets:
-        format_family: first part of the format tag (``binary``, ``scann``).
+        format_family: first part of the format tag (``binary``, ``scann``, ``milvus``).
         methods: the search methods the class offers; the first is the default.
-        exact_methods: the methods whose k-NN answers are exact.
+        exact_methods: the methods whose k-NN answers are exact (distances, and ties in
+            insertion order).
         method_param: the params key under which the manifest records the method (kept as
             written by earlier versions, so their index directories still load).
-        row_layout: :data:`PACKED` or :data:`VECTORS`, how rows are stored and queries read.
-        rows_file: the ``.npy`` file that holds the rows in an index directory.
+        row_layout: :data:`PACKED` or :data:`VECTORS`, how codes and queries are read.
         capabilities: the optional operations the class implements (:data:`TRAIN`,
             :data:`RANGE_SEARCH`); see :meth:`supports`.
     """
@@ -204,7 +203,6 @@ class HashIndex(abc.ABC):
     exact_methods: ClassVar[frozenset[str]] = frozenset()
     method_param: ClassVar[str] = "method"
     row_layout: ClassVar[str] = PACKED
-    rows_file: ClassVar[str] = "codes.npy"
     capabilities: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, bits: int, method: str):
@@ -214,8 +212,6 @@ class HashIndex(abc.ABC):
                 f"unknown {type(self).__name__} method {method!r}; choose one of {', '.join(self.methods)}"
             )
         self.method = method
-        self._rows = empty_rows(self.row_layout, self.bits)
-        self._ids = np.zeros(0, dtype=np.int64)
 
     # --- what the index is -------------------------------------------------------------------
 
@@ -268,15 +264,34 @@ class HashIndex(abc.ABC):
         return {FORMAT_TAG_FIELD: self.format_tag, "bits": self.bits, "count": self.ntotal, "exact": self.exact,
                 "params": self.params()}  # fmt: skip
 
-    # --- items and ids -----------------------------------------------------------------------
+    # --- storage primitives (where the items live) -------------------------------------------
 
     @property
+    @abc.abstractmethod
     def ntotal(self) -> int:
-        return int(self._ids.size)
+        """How many items the index holds."""
 
+    @abc.abstractmethod
     def ids(self) -> np.ndarray:
-        """External ids in insertion order."""
-        return self._ids.copy()
+        """The external ids (insertion order where the store keeps one)."""
+
+    @abc.abstractmethod
+    def _insert(self, rows: np.ndarray, ids: np.ndarray) -> None:
+        """Store checked rows under checked, new ids."""
+
+    @abc.abstractmethod
+    def _delete(self, ids: np.ndarray) -> int:
+        """Delete the items with these ids (unknown ones ignored); return how many went."""
+
+    def _existing(self, ids: np.ndarray) -> np.ndarray:
+        """The ids among ``ids`` that the index holds."""
+        return ids[np.isin(ids, self.ids())]
+
+    def _next_ids(self, count: int) -> np.ndarray:
+        """Automatic ids for ``count`` new items (see :func:`next_ids`)."""
+        return next_ids(self.ids(), count)
+
+    # --- items and ids -----------------------------------------------------------------------
 
     def _read_rows(self, codes, name: str) -> np.ndarray:
         return _ROW_READERS[self.row_layout](codes, self.bits, name)
@@ -285,24 +300,21 @@ class HashIndex(abc.ABC):
         """Append ``codes`` with int64 ``ids`` (default: consecutive ids after the largest one);
         an id already in the index is refused (see :meth:`upsert`)."""
         rows = self._read_rows(codes, "codes")
-        ids = validate_ids(next_ids(self._ids, rows.shape[0]) if ids is None else ids, rows.shape[0], self._ids)
-        self._add_rows(rows)
-        self._rows = np.concatenate([self._rows, rows])
-        self._ids = np.concatenate([self._ids, ids])
+        ids = validate_ids(self._next_ids(rows.shape[0]) if ids is None else ids, rows.shape[0])
+        clash = self._existing(ids) if self.ntotal else ids[:0]
+        if clash.size:
+            raise HashIndexError(f"ids {clash[:5].tolist()} are already in the index; use upsert() to replace them")
+        self._insert(rows, ids)
 
     def remove(self, ids) -> int:
         """Remove the items with these ids (unknown ids are ignored); return how many went."""
-        keep = ~np.isin(self._ids, np.asarray(ids, dtype=np.int64))
-        removed = int((~keep).sum())
-        if removed:
-            self._rows, self._ids = self._rows[keep], self._ids[keep]
-            self._items_removed()
-        return removed
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        return self._delete(ids) if ids.size and self.ntotal else 0
 
     def upsert(self, codes, ids) -> None:
         """Replace the items with these ids (or add them when new)."""
         ids = np.asarray(ids, dtype=np.int64)
-        self.remove(ids[np.isin(ids, self._ids)])
+        self.remove(self._existing(ids))
         self.add(codes, ids)
 
     # --- queries -----------------------------------------------------------------------------
@@ -328,16 +340,6 @@ class HashIndex(abc.ABC):
             return [SearchResult(np.zeros(0, np.int32), np.zeros(0, np.int64)) for _ in range(rows.shape[0])]
         return self._range_search(rows, radius)
 
-    # --- hooks for the search structure ------------------------------------------------------
-
-    @abc.abstractmethod
-    def _add_rows(self, rows: np.ndarray) -> None:
-        """Take new rows into the search structure (called before they join ``_rows``)."""
-
-    @abc.abstractmethod
-    def _items_removed(self) -> None:
-        """``_rows`` and ``_ids`` lost some items: bring the search structure in line."""
-
     @abc.abstractmethod
     def _search(self, rows: np.ndarray, k: int) -> SearchResult: ...
 
@@ -353,17 +355,84 @@ class HashIndex(abc.ABC):
         """Persist atomically to the directory ``path`` with a manifest (see :mod:`.persistence`)."""
         save_index(self, path, model_version, signature_fingerprint)
 
+    @abc.abstractmethod
     def write_files(self, directory) -> None:
-        """Write the index's data files into ``directory`` (``.npy`` without pickle, plus
-        :meth:`_write_structure`)."""
+        """Write the index's data files into ``directory`` (the manifest is written around them)."""
+
+    @classmethod
+    @abc.abstractmethod
+    def read_files(cls, directory, manifest: dict) -> HashIndex:
+        """The index that :meth:`write_files` wrote into ``directory``, whose checked manifest is
+        ``manifest``."""
+
+    def close(self) -> None:
+        """Release what the index holds outside this object (a connection); nothing by default."""
+        return None
+
+
+class InProcessIndex(HashIndex):
+    """An index whose rows and ids live in this process, in insertion order; ties in distance are
+    returned in insertion order (an item added earlier comes first) by the exact methods.
+
+    Class attribute a subclass sets besides :class:`HashIndex`'s:
+        rows_file: the ``.npy`` file that holds the rows in an index directory.
+    """
+
+    rows_file: ClassVar[str] = "codes.npy"
+
+    def __init__(self, bits: int, method: str):
+        super().__init__(bits, method)
+        self._rows = empty_rows(self.row_layout, self.bits)
+        self._ids = np.zeros(0, dtype=np.int64)
+
+    @property
+    def ntotal(self) -> int:
+        return int(self._ids.size)
+
+    def ids(self) -> np.ndarray:
+        """External ids in insertion order."""
+        return self._ids.copy()
+
+    def _existing(self, ids: np.ndarray) -> np.ndarray:
+        return ids[np.isin(ids, self._ids)]
+
+    def _next_ids(self, count: int) -> np.ndarray:
+        return next_ids(self._ids, count)
+
+    def _insert(self, rows: np.ndarray, ids: np.ndarray) -> None:
+        self._add_rows(rows)
+        self._rows = np.concatenate([self._rows, rows])
+        self._ids = np.concatenate([self._ids, ids])
+
+    def _delete(self, ids: np.ndarray) -> int:
+        keep = ~np.isin(self._ids, ids)
+        removed = int((~keep).sum())
+        if removed:
+            self._rows, self._ids = self._rows[keep], self._ids[keep]
+            self._items_removed()
+        return removed
+
+    # --- hooks for the search structure ------------------------------------------------------
+
+    @abc.abstractmethod
+    def _add_rows(self, rows: np.ndarray) -> None:
+        """Take new rows into the search structure (called before they join ``_rows``)."""
+
+    @abc.abstractmethod
+    def _items_removed(self) -> None:
+        """``_rows`` and ``_ids`` lost some items: bring the search structure in line."""
+
+    # --- files -------------------------------------------------------------------------------
+
+    def write_files(self, directory) -> None:
+        """Write rows and ids (``.npy`` without pickle), plus :meth:`_write_structure`."""
         np.save(os.path.join(directory, self.rows_file), self._rows, allow_pickle=False)
         np.save(os.path.join(directory, IDS_FILE), self._ids, allow_pickle=False)
         self._write_structure(directory)
 
     @classmethod
-    def read_files(cls, directory, bits: int, params: dict) -> HashIndex:
-        """The index whose files :meth:`write_files` wrote into ``directory``."""
-        index = cls.from_params(bits, params)
+    def read_files(cls, directory, manifest: dict) -> HashIndex:
+        index = cls.from_params(manifest["bits"], manifest["params"])
         rows = np.load(os.path.join(directory, cls.rows_file), allow_pickle=False)
         ids = np.load(os.path.join(directory, IDS_FILE), allow_pickle=False)
         index._restore(directory, rows, ids)

@@ -9,7 +9,7 @@ the tests and ``benchmarks/index.py`` keep as the reference; it holds nothing bu
 approximate for k-NN (an item is found only if one of its sub-codes lies within ``nflip`` bits of
 the query's).
 
-:class:`~tfhash.index.base.HashIndex` keeps the packed codes and external ids (insertion order);
+:class:`~tfhash.index.base.InProcessIndex` keeps the packed codes and external ids (insertion order);
 FAISS holds positions. Removal compacts the arrays and rebuilds the FAISS structure (O(n); an IVF
 keeps its trained quantizer). FAISS is imported when an ``ivf`` or ``multihash`` index is created,
 so ``import tfhash.index`` and ``flat`` work without it.
@@ -27,8 +27,8 @@ from tfhash.index.base import (
     PACKED,
     RANGE_SEARCH,
     TRAIN,
-    HashIndex,
     HashIndexError,
+    InProcessIndex,
     SearchResult,
     import_backend,
 )
@@ -52,7 +52,7 @@ def nearest_first(distances: np.ndarray, positions: np.ndarray) -> np.ndarray:
     return np.lexsort((positions, distances))
 
 
-class BinaryIndex(HashIndex):
+class BinaryIndex(InProcessIndex):
     """Hamming k-NN and range search over packed binary codes with int64 external ids.
 
     Args:

@@ -37,26 +37,31 @@ def index_group() -> None:
 @click.option("--model-version", default=None, help="SavedModel version the codes came from (recorded).")
 @click.option("--signature-fingerprint", default=None, help="Fingerprint of the encoding signature (recorded).")
 @click.option("--batch-size", default=100_000, show_default=True, type=click.IntRange(1))
-def build(codes_file, array_name, ids_array, index_type, bits, output, model_version, signature_fingerprint, batch_size) -> None:
+@click.option("--uri", default=None, help="Milvus index: a Milvus Lite file or a server URI (token: $TFHASH_MILVUS_TOKEN).")
+@click.option("--collection", default=None, help="Milvus index: the collection to create.")
+def build(codes_file, array_name, ids_array, index_type, bits, output, model_version, signature_fingerprint, batch_size,
+          uri, collection) -> None:  # fmt: skip
     """Build an index from codes in an .npz file (+-1 or packed uint8)."""
     from tqdm import tqdm
 
-    from tfhash.index import TRAIN, index_factory
+    from tfhash.index import TRAIN, IndexUnavailableError, index_factory
 
     codes = _load_array(codes_file, array_name)
     ids = _load_array(codes_file, ids_array) if ids_array else np.arange(codes.shape[0])
     if bits is None:
         bits = codes.shape[1] * 8 if codes.dtype == np.uint8 else codes.shape[1]
+    where = {key: value for key, value in (("uri", uri), ("collection", collection)) if value is not None}
     try:
-        index = index_factory(bits, index_type)
+        index = index_factory(bits, index_type, **where)
         if index.supports(TRAIN):
             index.train(codes[: max(batch_size, 100_000)])
         for start in tqdm(range(0, codes.shape[0], batch_size), desc="adding", unit="batch", file=sys.stderr):
             index.add(codes[start : start + batch_size], ids[start : start + batch_size])
         index.save(output, model_version=model_version, signature_fingerprint=signature_fingerprint)
-    except (ValueError, ImportError) as err:  # HashIndexError is a ValueError; ImportError: a missing back-end
+    except (ValueError, ImportError, IndexUnavailableError) as err:  # HashIndexError is a ValueError; ImportError: a missing back-end
         raise click.ClickException(str(err)) from err
     click.echo(json.dumps(index.describe(), indent=2))
+    index.close()
 
 
 @index_group.command("search")
@@ -67,12 +72,15 @@ def build(codes_file, array_name, ids_array, index_type, bits, output, model_ver
 @click.option("--expected-model-version", default=None, help="Refuse an index built for another model version.")
 def search(index_dir, queries_file, array_name, k, expected_model_version) -> None:
     """k nearest ids and distances for each query (JSON lines on stdout)."""
-    from tfhash.index import load_index
+    from tfhash.index import IndexUnavailableError, load_index
 
     try:
         index = load_index(index_dir, expected_model_version=expected_model_version)
-        result = index.search(_load_array(queries_file, array_name), k)
-    except (ValueError, ImportError) as err:  # HashIndexError and IndexFormatError are ValueErrors
+        try:
+            result = index.search(_load_array(queries_file, array_name), k)
+        finally:
+            index.close()
+    except (ValueError, ImportError, IndexUnavailableError) as err:  # HashIndexError and IndexFormatError are ValueErrors
         raise click.ClickException(str(err)) from err
     for row_ids, row_distances in zip(result.ids, result.distances, strict=True):
         click.echo(json.dumps({"ids": row_ids.tolist(), "distances": row_distances.tolist()}))

@@ -10,6 +10,8 @@ index type                index
 ``BMultiHash<nhash>``     multi-index hashing, approximate (``nflip`` keyword, default 1)
 ``ScaNN``                 ScaNN tree + asymmetric hashing + reordering, approximate
 ``ScaNNBrute``            ScaNN brute force (exact distances, ties in any order)
+``Milvus``                a Milvus collection, ``BIN_FLAT`` (exact distances, ties in id
+                          order); ``uri`` and ``collection`` keywords (tfhash.index.milvus)
 ========================  ==============================================================
 
 Each index type is one class and one method of it, so it has one format tag (``binary-flat``,
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 
 from tfhash.index.base import HashIndex, HashIndexError
 from tfhash.index.binary import BinaryIndex
+from tfhash.index.milvus import MilvusIndex
 from tfhash.index.persistence import FORMAT_TAG_FIELD, open_index, parse_manifest
 from tfhash.index.scann_index import ScannIndex
 
@@ -63,6 +66,7 @@ INDEX_TYPES: dict[str, IndexType] = {
         IndexType("BMultiHash", BinaryIndex, "multihash", "nhash"),
         IndexType("ScaNN", ScannIndex, "ah", None),
         IndexType("ScaNNBrute", ScannIndex, "brute", None),
+        IndexType("Milvus", MilvusIndex, "flat", None),
     )
 }
 
@@ -103,8 +107,9 @@ def index_factory(bits: int, index_type: str, **params) -> HashIndex:
 
     Raises:
         HashIndexError: an unknown index type or bad parameters.
-        ImportError: the index type's back-end (FAISS or ScaNN) is not installed; the message
-            names the extra to install.
+        ImportError: the index type's back-end (FAISS, ScaNN or pymilvus) is not installed; the
+            message names the extra to install.
+        IndexUnavailableError: a Milvus index whose server cannot be reached.
     """
     row, size = parse_index_type(index_type)
     return row.cls(bits, row.method, **size, **params)
@@ -126,8 +131,10 @@ def load_index(path, expected_model_version: str | None = None) -> HashIndex:
         expected_model_version: when given, refuse an index built from another model version.
 
     Raises:
-        IndexFormatError: corrupt files, unknown format, or a model version mismatch.
+        IndexFormatError: corrupt files, unknown format, or a model version mismatch (for a Milvus
+            index also: a collection missing, of another dimension, or locked to another model).
         ImportError: the index's back-end is not installed.
+        IndexUnavailableError: a Milvus index whose server cannot be reached.
     """
     manifest = read_manifest(path)
     row = FORMAT_TAGS[manifest[FORMAT_TAG_FIELD]]

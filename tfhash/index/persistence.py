@@ -128,7 +128,7 @@ def verify_files(path, manifest: dict) -> None:
 
 def open_index(path, manifest: dict, read_files: Callable, expected_model_version: str | None = None):
     """Read the index directory ``path`` whose checked ``manifest`` is given, with ``read_files``
-    (the class's ``read_files(directory, bits, params)``), after verifying the model version and
+    (the class's ``read_files(directory, manifest)``), after verifying the model version and
     the checksums.
 
     Raises:
@@ -140,7 +140,7 @@ def open_index(path, manifest: dict, read_files: Callable, expected_model_versio
             f"not {expected_model_version!r}"
         )
     verify_files(path, manifest)
-    index = read_files(path, manifest["bits"], manifest["params"])
+    index = read_files(path, manifest)
     if index.ntotal != manifest["count"]:
         raise IndexFormatError(f"{path}: manifest says {manifest['count']} items, files hold {index.ntotal}")
     return index

@@ -24,8 +24,8 @@ import numpy as np
 
 from tfhash.index.base import (
     VECTORS,
-    HashIndex,
     HashIndexError,
+    InProcessIndex,
     SearchResult,
     import_backend,
     require_backend,
@@ -47,7 +47,7 @@ def seeded_config(config: str, seed: int) -> str:
     return config.replace("partitioning {", f"partitioning {{\n        clustering_seed: {seed}", 1)
 
 
-class ScannIndex(HashIndex):
+class ScannIndex(InProcessIndex):
     """ScaNN searcher over codes with int64 external ids (rebuilt lazily after add / remove).
 
     Args:
