@@ -151,8 +151,10 @@ class VersionedSearcher:
         try:
             pair = self._load_pair(version, path, stamp)
         except Exception as err:  # a broken or incomplete pair is reported and retried, never served
-            logger.error("model version %d is not served (yet): %s", version, err)
-            self.retries.failed(version, stamp, f"{type(err).__name__}: {err}")
+            # the text only: a kept exception would hold its frames, and with them the pair they held
+            error = f"{type(err).__name__}: {err}"
+            logger.error("model version %d is not served (yet): %s", version, error)
+            self.retries.failed(version, stamp, error)
             return None
         self.retries.succeeded(version)
         return pair

@@ -4,6 +4,7 @@ server, names and limits)."""
 
 from __future__ import annotations
 
+import gc
 import socket
 import subprocess
 import sys
@@ -205,4 +206,9 @@ def test_closing_frees_the_lite_file_for_another_process(lite, tmp_path):
     out = subprocess.run([sys.executable, "-c", script, str(tmp_path / "idx")], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split()[-1] == "3"
-    assert isinstance(load_index(tmp_path / "idx"), MilvusIndex)
+    dropped = load_index(tmp_path / "idx")  # dropped without close(): released once unreferenced
+    assert isinstance(dropped, MilvusIndex)
+    del dropped
+    gc.collect()
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path / "idx")], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]

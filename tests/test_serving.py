@@ -6,6 +6,7 @@ scenarios: test_serving_robustness.py)."""
 from __future__ import annotations
 
 import base64
+import gc
 import http.client
 import json
 import os
@@ -294,6 +295,13 @@ def _unreachable_uri() -> str:
         return f"http://127.0.0.1:{probe.getsockname()[1]}"
 
 
+def milvus_connections() -> int:
+    """The Milvus connections that tfhash indexes of this process hold open."""
+    from pymilvus import connections
+
+    return sum(alias.startswith("tfhash-") for alias, _ in connections.list_connections())
+
+
 def test_milvus_pairs_swap_and_an_unreachable_store_keeps_the_old_pair(artifacts, tmp_path):
     """Versions whose index lives in Milvus (Lite) pair and swap like file indexes: answers equal
     BFlat's distances; a new version whose Milvus cannot be reached is not served (the old pair
@@ -328,7 +336,10 @@ def test_milvus_pairs_swap_and_an_unreachable_store_keeps_the_old_pair(artifacts
             assert client.search(features=vectors[:1], k=3).model_version == "1"
             with open(manifest_file, "w") as handle:  # reachable again (the file changed: retried at once)
                 handle.write(good)
+            assert milvus_connections() == 1  # version 1's
             assert searcher.refresh() and client.search(features=vectors[:1], k=3).model_version == "2"
+            gc.collect()
+            assert milvus_connections() == 1  # version 2's: the swapped-out index closed its connection
 
             # the store dies under the served pair: UNAVAILABLE, nothing about where it lives
             server_manager_instance.release_server(lite)

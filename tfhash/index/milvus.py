@@ -40,6 +40,7 @@ import re
 import threading
 import time
 import uuid
+import weakref
 
 import numpy as np
 
@@ -100,6 +101,19 @@ def collection_name(prefix: str, model_version, modality: str | None = None) -> 
     return check_collection_name(f"{base}_v{model_version}" + (f"_{re.sub(r'[^A-Za-z0-9_]', '_', modality)}" if modality else ""))
 
 
+def _release(client, uri: str) -> None:
+    """Close ``client``; stop the Milvus Lite server of ``uri`` when no index of this process uses it."""
+    client.close()
+    if is_local(uri):
+        with _lite_lock:
+            _lite_users[uri] -= 1
+            if _lite_users[uri] == 0:
+                del _lite_users[uri]
+                from milvus_lite.server_manager import server_manager_instance
+
+                server_manager_instance.release_server(uri)
+
+
 def _ids_filter(ids: np.ndarray) -> str:
     return f"{ID_FIELD} in [{','.join(str(int(i)) for i in ids)}]"
 
@@ -146,6 +160,9 @@ class MilvusIndex(HashIndex):
             raise HashIndexError(f"timeout must be a positive number of seconds, got {timeout!r}")
         self.timeout = float(timeout)
         self._client, self._count = self._connect(), 0
+        # an index dropped without close() (a pair the search service swapped out or failed to load)
+        # releases its connection once unreferenced; close() runs the same release at once
+        self._closer = weakref.finalize(self, _release, self._client, self.uri)
         try:
             if _create:
                 self._create(replace)
@@ -187,19 +204,11 @@ class MilvusIndex(HashIndex):
 
     def close(self) -> None:
         """Close the connection; the last index of this process on a Milvus Lite file stops its
-        server, which frees the file for other processes."""
-        client, self._client = self._client, None
-        if client is None:
-            return
-        client.close()
-        if is_local(self.uri):
-            with _lite_lock:
-                _lite_users[self.uri] -= 1
-                if _lite_users[self.uri] == 0:
-                    del _lite_users[self.uri]
-                    from milvus_lite.server_manager import server_manager_instance
-
-                    server_manager_instance.release_server(self.uri)
+        server, which frees the file for other processes. An index that is no longer referenced
+        is closed the same way when it is collected."""
+        if self._client is not None:
+            self._client = None
+            self._closer()
 
     # --- the collection ------------------------------------------------------------------------
 
