@@ -30,12 +30,14 @@ def run(obj, config_path: str) -> None:
     :func:`tfhash.pipelines.runner.run_local`)."""
     from tfhash.pipelines.runner import run_local
 
+    from tfhash.index import IndexUnavailableError
+
     config = _load(config_path)
     try:
         summary = run_local(config, log=lambda message: click.echo(f"[tfhash] {message}", err=True),
                             after_push=(obj or {}).get("after_push"))  # fmt: skip
-    except ValueError as err:  # bad records under policy "fail", unusable data or settings
-        raise click.ClickException(str(err)) from err
+    except (ValueError, IndexUnavailableError) as err:  # bad records under policy "fail", unusable data or
+        raise click.ClickException(str(err)) from err  # settings, a Milvus that cannot be reached
     click.echo(json.dumps(summary, indent=2))
     metrics = summary.get("metrics") or {}
     click.echo(

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from tfhash.artifacts import DEFAULT_RUN_DIR, RunLayout, resolve_path
 from tfhash.index.factory import parse_index_type
+from tfhash.index.milvus import MilvusIndex, is_local
 from tfhash.models.registry import get_method, method_names
 
 
@@ -165,8 +166,13 @@ class PipelineConfig:
             self.training = TrainingConfig(**with_recipe(self.training))
         if not self.index_kinds:
             raise ValueError('index_kinds is empty; name at least one index type, e.g. ["BFlat"]')
+        if not isinstance(self.index_kinds, list) or not all(isinstance(kind, str) for kind in self.index_kinds):
+            raise ValueError(f'index_kinds must be a list of index type names, e.g. ["BFlat", "Milvus"], got {self.index_kinds!r}')
         for kind in self.index_kinds:
             parse_index_type(kind)  # an unknown or misspelt type fails here, before any training
+        if self.milvus_uri is not None and (not isinstance(self.milvus_uri, str) or not self.milvus_uri.strip()):
+            raise ValueError(f"milvus_uri must be a Milvus server address such as http://milvus:19530 or a Milvus Lite "
+                             f"file such as runs/milvus.db (or absent: the run's own Lite file), got {self.milvus_uri!r}")  # fmt: skip
         if self.bad_records not in ("fail", "drop"):
             raise ValueError(f"bad_records must be 'fail' or 'drop', got {self.bad_records!r}")
         method = get_method(self.training.method)
@@ -198,6 +204,11 @@ class PipelineConfig:
         return self.milvus_uri or self.layout.milvus_lite
 
     @property
+    def uses_milvus(self) -> bool:
+        """Whether an index of ``index_kinds`` goes to :attr:`milvus`."""
+        return any(parse_index_type(kind)[0].cls is MilvusIndex for kind in self.index_kinds)
+
+    @property
     def inputs(self) -> list[str]:
         """The modalities the model reads: ``modalities`` (cross-modal) or ``[modality]``."""
         return list(self.modalities) or [self.modality]
@@ -224,7 +235,7 @@ class PipelineConfig:
         config = cls(**raw)
         for key in ("run_dir", "data_root", "data_dir"):
             setattr(config, key, resolve_path(base, getattr(config, key)))
-        if config.milvus_uri and "://" not in config.milvus_uri:  # a Milvus Lite file, relative to the config
+        if config.milvus_uri and is_local(config.milvus_uri):  # a Milvus Lite file, relative to the config
             config.milvus_uri = resolve_path(base, config.milvus_uri)
         return config
 

@@ -54,6 +54,10 @@ def run_local(config: PipelineConfig, log=print, after_push: Callable[[RunLayout
     from tfx import v1 as tfx
 
     start = time.perf_counter()
+    if config.uses_milvus:  # an unreachable Milvus (or a Lite file another process holds) fails now, not after training
+        from tfhash.index.milvus import check_reachable
+
+        check_reachable(config.milvus)
     metadata = export_data(config, log)
     where = config.layout
     connection = tfx.orchestration.metadata.sqlite_metadata_connection_config(where.metadata)

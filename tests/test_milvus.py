@@ -197,12 +197,15 @@ def test_closing_frees_the_lite_file_for_another_process(lite, tmp_path):
     index = lite(16, "items")
     index.add(np.ones((3, 16), np.int8))
     index.save(tmp_path / "idx", model_version="1")
+    script = ("import sys; from tfhash.index import load_index\n"
+              "index = load_index(sys.argv[1], expected_model_version='1'); print(index.ntotal); index.close()")  # fmt: skip
+    held = subprocess.run([sys.executable, "-c", script, str(tmp_path / "idx")], capture_output=True, text=True, timeout=120)
+    assert held.returncode != 0 and "IndexUnavailableError: cannot open the Milvus Lite file" in held.stderr
+    assert "a Lite file is open in one process at a time" in held.stderr  # while this process holds it
     index.close()
     index.close()  # twice is harmless
     with pytest.raises(HashIndexError, match="is closed; load it again"):
         index.search(np.ones((1, 16), np.int8), 1)
-    script = ("import sys; from tfhash.index import load_index\n"
-              "index = load_index(sys.argv[1], expected_model_version='1'); print(index.ntotal); index.close()")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", script, str(tmp_path / "idx")], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split()[-1] == "3"

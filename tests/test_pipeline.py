@@ -276,6 +276,13 @@ def test_config_errors_are_clear(tmp_path):
     path.write_text(json.dumps({"name": "x", "index_kinds": []}))
     with pytest.raises(ValueError, match="index_kinds is empty"):
         PipelineConfig.load(path)
+    path.write_text(json.dumps({"name": "x", "index_kinds": "BFlat"}))
+    with pytest.raises(ValueError, match=r"index_kinds must be a list of index type names, e\.g\. \["):
+        PipelineConfig.load(path)
+    for uri in (19530, "", " "):
+        path.write_text(json.dumps({"name": "x", "index_kinds": ["Milvus"], "milvus_uri": uri}))
+        with pytest.raises(ValueError, match="milvus_uri must be a Milvus server address"):
+            PipelineConfig.load(path)
 
 
 def test_milvus_uri_defaults_to_the_runs_lite_file_and_resolves_like_paths(tmp_path):
@@ -287,6 +294,26 @@ def test_milvus_uri_defaults_to_the_runs_lite_file_and_resolves_like_paths(tmp_p
     assert PipelineConfig.load(path).milvus == str(tmp_path / "lite" / "indexes.db")
     path.write_text(json.dumps({"name": "x", "milvus_uri": "http://milvus.retrieval:19530"}))
     assert PipelineConfig.load(path).milvus == "http://milvus.retrieval:19530"  # a server URI is kept as written
+
+
+def test_an_unreachable_milvus_stops_the_run_before_any_work(tmp_path):
+    """The run checks the Milvus its index goes to first: a clear error, no data exported, no training."""
+    import socket
+
+    import pymilvus  # noqa: F401  # imported here first: its log handler keeps the stderr of its first import, which CliRunner closes
+    from click.testing import CliRunner
+
+    from tfhash.cli import main
+
+    with socket.socket() as probe:  # a port with nothing listening
+        probe.bind(("127.0.0.1", 0))
+        uri = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"name": "x", "run_dir": "runs", "index_kinds": ["BFlat", "Milvus"], "milvus_uri": uri}))
+    result = CliRunner().invoke(main, ["pipeline", "run", "--config", str(path)])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    assert f"Error: cannot reach Milvus at {uri} within 10 s" in result.output and "check that the server runs" in result.output
+    assert not (tmp_path / "runs").exists()  # nothing exported, nothing trained
 
 
 def test_a_recipe_fills_the_training_section_under_its_own_keys():

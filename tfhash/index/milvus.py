@@ -84,6 +84,11 @@ def is_local(uri: str) -> bool:
     return "://" not in uri
 
 
+def normalised(uri: str) -> str:
+    """``uri`` as indexes record it: a Milvus Lite file made absolute, a server address stripped."""
+    return os.path.abspath(uri) if is_local(uri) else uri.strip()
+
+
 def check_collection_name(name) -> str:
     """A Milvus collection name: a letter or ``_``, then letters, digits and ``_`` (255 at most)."""
     if not isinstance(name, str) or not _NAME.fullmatch(name):
@@ -99,6 +104,46 @@ def collection_name(prefix: str, model_version, modality: str | None = None) -> 
     base = re.sub(r"[^A-Za-z0-9_]", "_", prefix)
     base = base if base[:1].isalpha() or base[:1] == "_" else f"_{base}"
     return check_collection_name(f"{base}_v{model_version}" + (f"_{re.sub(r'[^A-Za-z0-9_]', '_', modality)}" if modality else ""))
+
+
+def _connect(uri: str, timeout: float):
+    """A ``MilvusClient`` of its own for the Milvus at ``uri`` (as :func:`normalised` writes it);
+    close it with :func:`_release`.
+
+    Raises:
+        IndexUnavailableError: Milvus cannot be reached at ``uri`` within ``timeout`` seconds (for a
+            Milvus Lite file: another process holds it).
+    """
+    pymilvus = _pymilvus()
+    if is_local(uri):
+        os.makedirs(os.path.dirname(uri), exist_ok=True)
+    try:
+        # its own connection (pymilvus shares one per URI otherwise, and closing one would close all)
+        client = pymilvus.MilvusClient(uri=uri, token=os.environ.get(TOKEN_ENV, ""), timeout=timeout,
+                                       alias=f"tfhash-{uuid.uuid4().hex}")  # fmt: skip
+    except Exception as err:  # pymilvus raises MilvusException and its subclasses, grpc errors
+        if is_local(uri):
+            raise IndexUnavailableError(f"cannot open the Milvus Lite file {uri} ({err}); a Lite file is open in one "
+                                        f"process at a time: stop the other one (a search service serving it?) or "
+                                        f"use another file") from err  # fmt: skip
+        raise IndexUnavailableError(f"cannot reach Milvus at {uri} within {timeout:g} s ({err}); check that the "
+                                    f"server runs and the URI is right") from err  # fmt: skip
+    if is_local(uri):
+        with _lite_lock:
+            _lite_users[uri] = _lite_users.get(uri, 0) + 1
+    return client
+
+
+def check_reachable(uri: str, timeout: float = 10.0) -> None:
+    """Connect to the Milvus at ``uri`` and disconnect: a run that will write an index there fails
+    before its work, not after it.
+
+    Raises:
+        IndexUnavailableError: Milvus cannot be reached at ``uri`` within ``timeout`` seconds (for a
+            Milvus Lite file: another process holds it).
+    """
+    uri = normalised(uri)
+    _release(_connect(uri, timeout), uri)
 
 
 def _release(client, uri: str) -> None:
@@ -154,12 +199,12 @@ class MilvusIndex(HashIndex):
         if not isinstance(uri, str) or not uri.strip():
             raise HashIndexError("a Milvus index needs uri=: a Milvus Lite file such as runs/milvus.db, or a server "
                                  "address such as http://localhost:19530")  # fmt: skip
-        self.uri = os.path.abspath(uri) if is_local(uri) else uri.strip()
+        self.uri = normalised(uri)
         self.collection = check_collection_name(collection)
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
             raise HashIndexError(f"timeout must be a positive number of seconds, got {timeout!r}")
         self.timeout = float(timeout)
-        self._client, self._count = self._connect(), 0
+        self._client, self._count = _connect(self.uri, self.timeout), 0
         # an index dropped without close() (a pair the search service swapped out or failed to load)
         # releases its connection once unreferenced; close() runs the same release at once
         self._closer = weakref.finalize(self, _release, self._client, self.uri)
@@ -173,24 +218,6 @@ class MilvusIndex(HashIndex):
             raise
 
     # --- connection ----------------------------------------------------------------------------
-
-    def _connect(self):
-        pymilvus = _pymilvus()
-        if is_local(self.uri):
-            os.makedirs(os.path.dirname(self.uri), exist_ok=True)
-        try:
-            # its own connection (pymilvus shares one per URI otherwise, and closing one would close all)
-            client = pymilvus.MilvusClient(uri=self.uri, token=os.environ.get(TOKEN_ENV, ""), timeout=self.timeout,
-                                           alias=f"tfhash-{uuid.uuid4().hex}")  # fmt: skip
-        except Exception as err:  # pymilvus raises MilvusException and its subclasses, grpc errors
-            raise IndexUnavailableError(
-                f"cannot reach Milvus at {self.uri} within {self.timeout:g} s ({err}); check that the server runs "
-                f"and the URI is right" + (" (a Milvus Lite file is open in one process at a time)" if is_local(self.uri) else "")
-            ) from err
-        if is_local(self.uri):
-            with _lite_lock:
-                _lite_users[self.uri] = _lite_users.get(self.uri, 0) + 1
-        return client
 
     def _call(self, what: str, method: str, *args, **kwargs):
         """``self._client.<method>(...)``, a Milvus failure turned into :class:`IndexUnavailableError`."""
