@@ -134,3 +134,25 @@ def test_threads_setting():
         set_threads(0)
     with pytest.raises(ValueError, match="threads must be an int >= 0"):
         set_threads(-1)
+
+
+def test_read_only_queries_reuse_the_compiled_kernels():
+    """Queries decoded from a request's bytes (``np.frombuffer``) are read-only; numba would compile
+    every kernel again for them, seconds that a first request's deadline does not have."""
+    from tfhash import hamming
+
+    rng = np.random.default_rng(8)
+    db, queries = _random(rng, 300, 64), _random(rng, 3, 64)
+    kernels = (hamming._knn_serial, hamming._knn_parallel, hamming._range_serial, hamming._range_parallel)
+    for threads in (1, 2):
+        knn_search(queries, db, 4, threads=threads)
+        range_search(queries, db, 20, threads=threads)
+    compiled = [len(kernel.signatures) for kernel in kernels]
+    read_only = np.frombuffer(queries.tobytes(), np.uint8).reshape(queries.shape)
+    assert not read_only.flags.writeable
+    for threads in (1, 2):
+        for got, want in zip(knn_search(read_only, db, 4, threads=threads), knn_search(queries, db, 4, threads=threads), strict=True):
+            np.testing.assert_array_equal(got, want)
+        for got, want in zip(range_search(read_only, db, 20, threads=threads), range_search(queries, db, 20, threads=threads), strict=True):
+            np.testing.assert_array_equal(got, want)
+    assert [len(kernel.signatures) for kernel in kernels] == compiled

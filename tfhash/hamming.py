@@ -357,6 +357,8 @@ def _words(query_packed: np.ndarray, db_packed: np.ndarray, bits: int) -> tuple[
     if query_packed.shape[1] * 8 != bits or db_packed.shape[1] * 8 != bits:
         raise ValueError(f"queries ({query_packed.shape[1] * 8} bits) and database ({db_packed.shape[1] * 8} bits) "
                          f"must both hold {bits}-bit codes")  # fmt: skip
+    if not query_packed.flags.writeable:  # numba compiles every kernel anew for read-only arrays (seconds, on
+        query_packed = query_packed.copy()  # first use): queries decoded from a request's bytes are copied
     return code_words(query_packed), code_words(db_packed)
 
 
