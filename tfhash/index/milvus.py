@@ -62,6 +62,8 @@ from tfhash.index.persistence import IndexFormatError
 LOCKS_COLLECTION = "tfhash_index_locks"
 #: The environment variable holding the token (``user:password`` or an API key) of a Milvus server.
 TOKEN_ENV = "TFHASH_MILVUS_TOKEN"
+#: Seconds to wait for Milvus on connection and on each call, unless an index names its own.
+DEFAULT_TIMEOUT = 10.0
 #: Milvus's limit on the results of one query (``topk``) and on queries per search call.
 MAX_RESULTS = 16384
 ID_FIELD, CODE_FIELD = "id", "code"
@@ -134,7 +136,7 @@ def _connect(uri: str, timeout: float):
     return client
 
 
-def check_reachable(uri: str, timeout: float = 10.0) -> None:
+def check_reachable(uri: str, timeout: float = DEFAULT_TIMEOUT) -> None:
     """Connect to the Milvus at ``uri`` and disconnect: a run that will write an index there fails
     before its work, not after it.
 
@@ -193,7 +195,7 @@ class MilvusIndex(HashIndex):
     capabilities = frozenset({RANGE_SEARCH})
 
     def __init__(self, bits: int, method: str = "flat", uri: str | None = None, collection: str | None = None,
-                 timeout: float = 10.0, replace: bool = False, *, _create: bool = True):  # fmt: skip
+                 timeout: float = DEFAULT_TIMEOUT, replace: bool = False, *, _create: bool = True):  # fmt: skip
         require_backend("pymilvus", "MilvusIndex")
         super().__init__(bits, method)
         if not isinstance(uri, str) or not uri.strip():
