@@ -23,8 +23,8 @@ from tfhash.data import load_mnist  # noqa: E402
 from tfhash.data.splits import Split  # noqa: E402
 from tfhash.metrics import evaluate_retrieval  # noqa: E402
 from tfhash.models import mlp  # noqa: E402
-from tfhash.models.registry import BuildInputs, TagStatistics, get_method, method_names  # noqa: E402
-from tfhash.models.registry import build_method as build  # noqa: E402
+from tfhash.registry import BuildInputs, TagStatistics, get_method, method_names  # noqa: E402
+from tfhash.registry import build_method as build  # noqa: E402
 
 SINGLE_LABEL_METHODS = ("SCDH", "SCDH-S", "MT-SCDH", "HCLM", "sHCLM", "sHCLM+triplet", "HyP2",
                         "DPSH-style pairwise", "CNNBH-style softmax")  # fmt: skip
@@ -91,7 +91,7 @@ def cifar_squeezenet(seed: int) -> FeatureData:
                        "frozen ImageNet SqueezeNet v1.1, 128x128, global average pool (512)")  # fmt: skip
 
 
-#: Benchmark rows that train a registered method (:mod:`tfhash.models.registry`) with other
+#: Benchmark rows that train a registered method (:mod:`tfhash.registry`) with other
 #: settings: row name -> (method name, its options).
 VARIANTS = {"sHCLM+triplet": ("shclm", {"triplet_weight": 1.0}), "SCDH multi-label": ("scdh", {}),
             "SCDH + JCCH coefficients": ("scdh", {}), "sHCLM (balanced BCE)": ("shclm", {})}  # fmt: skip

@@ -113,7 +113,7 @@ def batch_size(training: dict) -> int:
 
 
 def build_model(training: dict, inputs: dict, num_classes: int, tag_statistics: tuple | None = None, data_root=None):
-    """The registered method (:mod:`tfhash.models.registry`) that the run config's ``training``
+    """The registered method (:mod:`tfhash.registry`) that the run config's ``training``
     section names; ``inputs``: ``{name: shape}`` (two entries for a cross-modal method: one tower
     each). ``tag_statistics``: ``(n, C x C co-occurrence)`` of the training labels (from Transform),
     for the methods that need them (the proxy methods' balanced BCE and sHCLM's assignment).
@@ -121,7 +121,7 @@ def build_model(training: dict, inputs: dict, num_classes: int, tag_statistics: 
     Raises:
         ValueError: as the method's builder does (e.g. sHCLM on single-label data).
     """
-    from tfhash.models.registry import BuildInputs, TagStatistics, build_method
+    from tfhash.registry import BuildInputs, TagStatistics, build_method
 
     def backbone(modality: str):
         name = f"backbone_{modality}" if len(inputs) > 1 else "backbone"
@@ -199,7 +199,7 @@ def run_fn(fn_args) -> None:
     ``raw_examples_dir`` (the exported data, whose first usable training records become the TF
     Serving warmup requests)."""
     from tfhash.fine_tuning import compile_fine_tuning
-    from tfhash.models.registry import get_method
+    from tfhash.registry import get_method
 
     config = fn_args.custom_config
     training = config["training"]

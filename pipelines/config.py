@@ -11,7 +11,7 @@ from pathlib import Path
 from tfhash.artifacts import DEFAULT_RUN_DIR, RunLayout, resolve_path
 from tfhash.index.factory import parse_index_type
 from tfhash.index.milvus import MilvusIndex, is_local
-from tfhash.models.registry import get_method, method_names
+from tfhash.registry import get_method, method_names
 
 
 @dataclass

@@ -14,7 +14,7 @@ from tfx import v1 as tfx
 from tfx.proto import example_gen_pb2, transform_pb2
 
 from tfhash.artifacts import SPLITS
-from tfhash.models.registry import get_method
+from tfhash.registry import get_method
 
 
 def model_inputs(metadata: dict, names: list[str]) -> dict[str, list[int]]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tfhash.models.registry import (
+from tfhash.registry import (
     BuildInputs,
     Method,
     TagStatistics,

@@ -156,8 +156,8 @@ def data_export_user(output, images, image_size, features, labels, queries, trai
 
 @main.command("methods")
 def methods_() -> None:
-    """The registered methods (tfhash.models.registry): name, label and what each needs."""
-    from tfhash.models.registry import get_method, method_names
+    """The registered methods (tfhash.registry): name, label and what each needs."""
+    from tfhash.registry import get_method, method_names
 
     flags = ("cross_modal", "needs_tag_statistics", "label_coefficients", "semi_supervised", "in_pipeline")
     for name in method_names():

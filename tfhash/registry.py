@@ -15,9 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import keras
 import numpy as np
+
+if TYPE_CHECKING:  # the table itself imports no TensorFlow: `tfhash methods` and config checks start fast
+    import keras
 
 
 @dataclass(frozen=True)
