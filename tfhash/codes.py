@@ -17,6 +17,19 @@ import numpy as np
 POPCOUNT_TABLE = np.array([bin(i).count("1") for i in range(256)], dtype=np.uint8)
 
 
+def check_bits(bits) -> int:
+    """The code length K as an ``int``: a positive multiple of 8, the lengths packed storage holds
+    (one code is K / 8 whole bytes).
+
+    Raises:
+        ValueError: any other value, naming it and lengths that work.
+    """
+    if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or bits <= 0 or bits % 8:
+        raise ValueError(f"bits must be a positive multiple of 8 (a code is stored as K / 8 whole bytes), got {bits!r}; "
+                         "use e.g. 16, 32, 48 or 64")  # fmt: skip
+    return int(bits)
+
+
 def sign_codes(values: np.ndarray) -> np.ndarray:
     """Return the +-1 ``int8`` code of continuous values, with sign(0) = +1 (docs/design.md s.2)."""
     values = np.asarray(values)
