@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 
 from tfhash.artifacts import index_versions_dir, model_version_dir, signature_fingerprint
-from tfhash.index import IndexFormatError, read_manifest, verify_files
+from tfhash.index import IndexFormatError, check_model, read_manifest, verify_files
 
 
 def list_versions(base_path: str) -> list[int]:
@@ -118,10 +118,12 @@ def model_fingerprint(model_dir: str | None) -> str | None:
 
 
 def check_fingerprint(index_path: str, manifest: dict, model_dir: str | None) -> str | None:
-    """The pair's fingerprint; IndexFormatError when the index records another SavedModel's."""
+    """The pair's fingerprint; IndexFormatError (from :func:`tfhash.index.persistence.check_model`,
+    the library's check) when the index records another SavedModel's. Compared only when both
+    sides have one: an index that records none, or a model folder not visible here, passes."""
     recorded, actual = manifest["model"].get("signature_fingerprint"), model_fingerprint(model_dir)
-    if recorded and actual and recorded != actual:
-        raise IndexFormatError(f"{index_path}: built by a SavedModel with fingerprint {recorded}, the model version has {actual}")
+    if recorded and actual:
+        check_model(index_path, manifest, expected_signature_fingerprint=actual)
     return actual or recorded
 
 

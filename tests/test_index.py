@@ -21,6 +21,7 @@ from tfhash.index import (
     IndexFormatError,
     InProcessIndex,
     MilvusIndex,
+    check_model,
     index_factory,
     load_index,
     read_manifest,
@@ -163,7 +164,7 @@ def test_corrupt_and_unknown_indexes_are_refused(tmp_path):
     index.add(np.ones((4, 16), np.int8))
     path = tmp_path / "idx"
     index.save(path, model_version="1")
-    with pytest.raises(IndexFormatError, match="model version"):
+    with pytest.raises(IndexFormatError, match="built for model version '1', not '2'; rebuild the index from this model, or load the model"):
         load_index(path, expected_model_version="2")
     codes_file = path / "codes.npy"
     data = bytearray(codes_file.read_bytes())
@@ -183,6 +184,39 @@ def test_corrupt_and_unknown_indexes_are_refused(tmp_path):
         load_index(path)
     with pytest.raises(IndexFormatError, match="no manifest.json"):
         load_index(tmp_path)
+
+
+def test_load_index_checks_the_signature_fingerprint(tmp_path):
+    index = BinaryIndex(16)
+    index.add(np.ones((4, 16), np.int8))
+    index.save(tmp_path / "idx", model_version="1", signature_fingerprint="fp-a")
+    assert len(load_index(tmp_path / "idx", expected_model_version="1", expected_signature_fingerprint="fp-a")) == 4
+    with pytest.raises(IndexFormatError, match="built for SavedModel signature fingerprint 'fp-a', not 'fp-b'; rebuild the "
+                                               "index from this model, or load the model it was built with"):  # fmt: skip
+        load_index(tmp_path / "idx", expected_model_version="1", expected_signature_fingerprint="fp-b")
+    index.save(tmp_path / "unchecked")  # records neither a model version nor a fingerprint
+    assert len(load_index(tmp_path / "unchecked")) == 4  # nothing expected: nothing to check
+    with pytest.raises(IndexFormatError, match="records no SavedModel signature fingerprint, so it cannot be checked "
+                                               "against 'fp-a'; rebuild .* save it with signature_fingerprint='fp-a'"):  # fmt: skip
+        load_index(tmp_path / "unchecked", expected_signature_fingerprint="fp-a")
+    with pytest.raises(IndexFormatError, match="records no model version, so it cannot be checked against '1'"):
+        load_index(tmp_path / "unchecked", expected_model_version=1)
+
+
+def test_the_search_service_runs_the_same_check(monkeypatch):
+    """``check_fingerprint`` refuses with :func:`check_model`'s message, and compares only when
+    the manifest records a fingerprint and the model folder is visible (what it serves today)."""
+    from tfhash.serving import versions
+
+    monkeypatch.setattr(versions, "model_fingerprint", lambda model_dir: {"models/1": "fp-b"}.get(model_dir))
+    manifest = {"model": {"version": "1", "signature_fingerprint": "fp-a"}}
+    with pytest.raises(IndexFormatError) as served:
+        versions.check_fingerprint("idx", manifest, "models/1")
+    with pytest.raises(IndexFormatError) as loaded:
+        check_model("idx", manifest, expected_signature_fingerprint="fp-b")
+    assert str(served.value) == str(loaded.value) and "'fp-a', not 'fp-b'" in str(served.value)
+    assert versions.check_fingerprint("idx", manifest, None) == "fp-a"  # the model folder is not visible here
+    assert versions.check_fingerprint("idx", {"model": {"version": "1", "signature_fingerprint": None}}, "models/1") == "fp-b"
 
 
 def _written(row) -> str:
@@ -278,6 +312,28 @@ def test_automatic_ids_and_duplicates_for_every_index_type(name, tmp_path):
     hit = index.search(codes[204:205], 1)
     assert hit.distances[0, 0] == 0
     index.close()
+
+
+@pytest.mark.parametrize("name", list(INDEX_TYPES))
+def test_search_unpacks_like_faiss_and_len_counts_for_every_index_type(name, tmp_path):
+    codes = _codes(np.random.default_rng(11), 300, 32)  # enough for the ScaNN tree's training
+    index = _make(32, INDEX_TYPES[name], tmp_path)
+    try:
+        assert len(index) == 0 and not index
+        index.add(codes)
+        assert len(index) == index.ntotal == 300
+        result = index.search(codes[:3], 5)
+        distances, ids = result  # FAISS's order: distances, then ids
+        assert distances is result.distances and ids is result.ids and ids.shape == distances.shape == (3, 5)
+        assert np.all(distances[:, 0] == 0) and ids[:, 0].tolist() == [0, 1, 2]  # each query finds itself first
+        if index.supports(RANGE_SEARCH):
+            for query, found in enumerate(index.range_search(codes[:2], 4)):  # one result per query
+                near, near_ids = found
+                assert near is found.distances and near_ids is found.ids and near_ids[0] == query
+        index.remove([0, 1])
+        assert len(index) == 298
+    finally:
+        index.close()
 
 
 def test_missing_backend_names_the_extra(monkeypatch):

@@ -128,6 +128,35 @@ def test_save_load_and_the_model_version_lock(lite, tmp_path):
     assert load_index(tmp_path / "4" / "Milvus").ntotal == 501
 
 
+def test_load_checks_the_signature_fingerprint_through_manifest_and_lock(lite, tmp_path):
+    rng = np.random.default_rng(5)
+    codes = _clustered(rng, 100, 32)
+    index = lite(32, "items_v5")
+    index.add(codes)
+    index.save(tmp_path / "a" / "Milvus", model_version="5", signature_fingerprint="fp-a")
+    loaded = load_index(tmp_path / "a" / "Milvus", expected_model_version="5", expected_signature_fingerprint="fp-a")
+    try:
+        assert len(loaded) == 100
+        distances, ids = loaded.search(codes[:3], 4)  # FAISS's order, as every index type
+        np.testing.assert_array_equal(distances, index.search(codes[:3], 4).distances)
+    finally:
+        loaded.close()
+    with pytest.raises(IndexFormatError, match="built for SavedModel signature fingerprint 'fp-a', not 'fp-b'; rebuild"):
+        load_index(tmp_path / "a" / "Milvus", expected_signature_fingerprint="fp-b")  # refused by its manifest
+
+    # the collection rebuilt by another SavedModel of the same version: the old directory's manifest
+    # still names fp-a, as expected, but the collection's lock names fp-b
+    rebuilt = lite(32, "items_v5", replace=True)
+    rebuilt.add(codes)
+    rebuilt.save(tmp_path / "b" / "Milvus", model_version="5", signature_fingerprint="fp-b")
+    with pytest.raises(IndexFormatError, match="locked to model signature fingerprint 'fp-b', the index directory names 'fp-a'"):
+        load_index(tmp_path / "a" / "Milvus", expected_signature_fingerprint="fp-a")
+    assert len(load_index(tmp_path / "b" / "Milvus", expected_signature_fingerprint="fp-b")) == 100
+    rebuilt.save(tmp_path / "c" / "Milvus", model_version="5")  # no fingerprint recorded
+    with pytest.raises(IndexFormatError, match="records no SavedModel signature fingerprint, so it cannot be checked against 'fp-b'"):
+        load_index(tmp_path / "c" / "Milvus", expected_signature_fingerprint="fp-b")
+
+
 def test_a_collection_of_another_dimension_or_count_is_refused(lite, tmp_path):
     from pymilvus import MilvusClient
 

@@ -4,9 +4,15 @@ Hamming top-k module, and versioned, checksummed persistence.
 
     index = index_factory(64, "BFlat")
     index.add(codes, ids)
-    result = index.search(queries, k=10)
-    index.save("runs/index", model_version="3")
-    index = load_index("runs/index", expected_model_version="3")
+    distances, neighbours = index.search(queries, k=10)  # FAISS's order: distances, then ids
+    len(index)  # the items it holds (index.ntotal)
+    index.save("runs/index", model_version="3", signature_fingerprint=fingerprint)
+    index = load_index("runs/index", expected_model_version="3", expected_signature_fingerprint=fingerprint)
+
+``search`` returns a :class:`SearchResult`, a named tuple that unpacks as above and names its fields
+(``result.distances``, ``result.ids``). ``fingerprint`` is the SavedModel's
+(:func:`tfhash.artifacts.signature_fingerprint`): loading refuses an index built from another
+model version or SavedModel, or that records none to check (:func:`check_model`).
 
 An index type (``BFlat``, ``BIVF1024``, ...) names a class and its search method (``flat``,
 ``ivf``, ...); :data:`INDEX_TYPES` is the one table of them. FAISS, ScaNN and pymilvus (the
@@ -25,7 +31,13 @@ from tfhash.index.base import (
 from tfhash.index.binary import BinaryIndex
 from tfhash.index.factory import INDEX_TYPES, IndexType, index_factory, load_index, read_manifest
 from tfhash.index.milvus import MilvusIndex
-from tfhash.index.persistence import FORMAT_VERSION, IndexFormatError, save_index, verify_files
+from tfhash.index.persistence import (
+    FORMAT_VERSION,
+    IndexFormatError,
+    check_model,
+    save_index,
+    verify_files,
+)
 from tfhash.index.scann_index import ScannIndex
 
 __all__ = [
@@ -43,6 +55,7 @@ __all__ = [
     "IndexType",
     "ScannIndex",
     "SearchResult",
+    "check_model",
     "index_factory",
     "load_index",
     "read_manifest",

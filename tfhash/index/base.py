@@ -27,12 +27,12 @@ import abc
 import importlib
 import importlib.util
 import os
-from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 import numpy as np
 
 from tfhash.codes import as_packed, unpack_codes
+from tfhash.codes import check_bits as check_code_length
 from tfhash.index.persistence import FORMAT_TAG_FIELD, save_index
 
 #: Capability: ``index.train(codes)`` takes training codes before (or instead of) the first add.
@@ -62,9 +62,10 @@ class IndexUnavailableError(RuntimeError):
     timeout); the request may succeed later. Invalid use is :class:`HashIndexError` instead."""
 
 
-@dataclass
-class SearchResult:
-    """``distances`` and ``ids`` of shape ``(queries, k)``, nearest first."""
+class SearchResult(NamedTuple):
+    """``distances`` and ``ids`` of shape ``(queries, k)``, nearest first (a range search: one
+    result of 1-D arrays per query). A tuple in FAISS's order, so ``distances, ids =
+    index.search(queries, k)`` unpacks it, and ``result.distances`` / ``result.ids`` name them."""
 
     distances: np.ndarray
     ids: np.ndarray
@@ -98,10 +99,12 @@ def import_backend(module: str, needed_by: str):
 
 
 def check_bits(bits) -> int:
-    """The code length K as an ``int``; it must be a positive multiple of 8 (packed storage)."""
-    if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or bits <= 0 or bits % 8:
-        raise HashIndexError(f"bits must be a positive multiple of 8, got {bits!r}; use e.g. 16, 32 or 64")
-    return int(bits)
+    """The code length K as an ``int``, by the rule of :func:`tfhash.codes.check_bits` (a positive
+    multiple of 8), refused as :class:`HashIndexError` with that function's message."""
+    try:
+        return check_code_length(bits)
+    except ValueError as err:
+        raise HashIndexError(str(err)) from None
 
 
 def validate_k(k: int, ntotal: int) -> int:
@@ -292,6 +295,10 @@ class HashIndex(abc.ABC):
         return next_ids(self.ids(), count)
 
     # --- items and ids -----------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        """:attr:`ntotal`, so ``len(index)`` counts the items (an empty index is falsy)."""
+        return self.ntotal
 
     def _read_rows(self, codes, name: str) -> np.ndarray:
         return _ROW_READERS[self.row_layout](codes, self.bits, name)

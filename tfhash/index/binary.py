@@ -21,7 +21,6 @@ import os
 
 import numpy as np
 
-from tfhash.codes import hamming_distances
 from tfhash.hamming import knn_search, range_search
 from tfhash.index.base import (
     PACKED,
@@ -172,10 +171,3 @@ class BinaryIndex(InProcessIndex):
                 f"{directory}: the IVF file holds {self._faiss.ntotal} items, {self.rows_file} holds {rows.shape[0]}"
             )
         self._rows, self._ids = rows, ids
-
-
-def brute_force_search(db_packed: np.ndarray, queries_packed: np.ndarray, k: int) -> SearchResult:
-    """Reference exact search with the stable tie order (positions as ids)."""
-    distances = hamming_distances(queries_packed, db_packed)
-    order = np.argsort(distances, axis=1, kind="stable")[:, :k]
-    return SearchResult(np.take_along_axis(distances, order, axis=1).astype(np.int32), order.astype(np.int64))

@@ -124,18 +124,24 @@ def read_manifest(path) -> dict:
     return parse_manifest(path, FORMAT_TAGS)
 
 
-def load_index(path, expected_model_version: str | None = None) -> HashIndex:
-    """Load an index directory after verifying its manifest and checksums.
+def load_index(path, expected_model_version: str | None = None,
+               expected_signature_fingerprint: str | None = None) -> HashIndex:  # fmt: skip
+    """Load an index directory after verifying its manifest, its model and its checksums.
 
     Args:
-        expected_model_version: when given, refuse an index built from another model version.
+        expected_model_version: when given, refuse an index built from another model version, or
+            that records none.
+        expected_signature_fingerprint: when given, refuse an index built from a SavedModel with
+            another signature fingerprint (``tfhash.artifacts.signature_fingerprint``), or that
+            records none.
 
     Raises:
-        IndexFormatError: corrupt files, unknown format, or a model version mismatch (for a Milvus
-            index also: a collection missing, of another dimension, or locked to another model).
+        IndexFormatError: corrupt files, unknown format, or another model than expected
+            (:func:`~tfhash.index.persistence.check_model`; for a Milvus index also: a collection
+            missing, of another dimension, or locked to another model than its manifest names).
         ImportError: the index's back-end is not installed.
         IndexUnavailableError: a Milvus index whose server cannot be reached.
     """
     manifest = read_manifest(path)
     row = FORMAT_TAGS[manifest[FORMAT_TAG_FIELD]]
-    return open_index(path, manifest, row.cls.read_files, expected_model_version)
+    return open_index(path, manifest, row.cls.read_files, expected_model_version, expected_signature_fingerprint)

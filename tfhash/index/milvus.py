@@ -4,7 +4,7 @@
     index = index_factory(64, "Milvus", uri="runs/milvus.db", collection="items_v3")
     index.add(codes, ids)
     index.save("runs/index/3/Milvus", model_version="3", signature_fingerprint=fp)
-    index = load_index("runs/index/3/Milvus", expected_model_version="3")
+    index = load_index("runs/index/3/Milvus", expected_model_version="3", expected_signature_fingerprint=fp)
 
 ``uri`` is either a local file, served by the embedded Milvus Lite (tests, the demo, one process
 at a time: Milvus Lite locks the file), or the address of a Milvus server or cluster
@@ -15,9 +15,11 @@ The index directory that :meth:`MilvusIndex.save` writes holds no data, only the
 the URI, the collection and the model version, like every index directory. The model-version lock
 is kept in Milvus too: ``save`` writes a lock row (model version, signature fingerprint, bits,
 count) into the collection :data:`LOCKS_COLLECTION` of the same Milvus, and every change made
-through tfhash (add, remove, upsert) deletes it first. Loading checks the collection's dimension,
-its lock against the manifest (a collection rebuilt or changed since the save is refused) and its
-item count. Changes made to the collection by other Milvus clients are not seen by the lock
+through tfhash (add, remove, upsert) deletes it first. Loading checks the manifest against the
+expected model (:func:`~tfhash.index.persistence.check_model`, before connecting), then the
+collection's dimension, its lock against the manifest (a collection rebuilt or changed since the
+save is refused) and its item count: the collection is checked against the expected model through
+its manifest. Changes made to the collection by other Milvus clients are not seen by the lock
 except through the count.
 
 Answers: ``BIN_FLAT`` scans every code, so distances are exact; Milvus orders equal distances as

@@ -34,7 +34,7 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 #: The manifest field that holds the format tag (named ``kind`` since format version 1).
 FORMAT_TAG_FIELD = "kind"
-REQUIRED_FIELDS = (FORMAT_TAG_FIELD, "bits", "count", "files", "params")
+REQUIRED_FIELDS = (FORMAT_TAG_FIELD, "bits", "count", "files", "params", "model")
 
 
 class IndexFormatError(ValueError):
@@ -108,6 +108,8 @@ def parse_manifest(path, format_tags: Collection[str]) -> dict:
     for key in REQUIRED_FIELDS:
         if key not in manifest:
             raise IndexFormatError(f"{manifest_path}: missing field {key!r}")
+    if not isinstance(manifest["model"], dict):
+        raise IndexFormatError(f"{manifest_path}: field 'model' must be an object {{\"version\", \"signature_fingerprint\"}}")
     if manifest[FORMAT_TAG_FIELD] not in format_tags:
         raise IndexFormatError(
             f"{path}: unknown index format tag {manifest[FORMAT_TAG_FIELD]!r} (field {FORMAT_TAG_FIELD!r}); "
@@ -126,19 +128,50 @@ def verify_files(path, manifest: dict) -> None:
             raise IndexFormatError(f"{path}: checksum mismatch for {name}: the file is corrupt or was modified")
 
 
-def open_index(path, manifest: dict, read_files: Callable, expected_model_version: str | None = None):
-    """Read the index directory ``path`` whose checked ``manifest`` is given, with ``read_files``
-    (the class's ``read_files(directory, manifest)``), after verifying the model version and
-    the checksums.
+#: What an index records of its model: manifest ``model`` field, its name in messages, and the
+#: ``save`` parameter that records it.
+MODEL_FIELDS = (("version", "model version", "model_version"),
+                ("signature_fingerprint", "SavedModel signature fingerprint", "signature_fingerprint"))  # fmt: skip
+
+
+def check_model(path, manifest: dict, expected_model_version: str | None = None,
+                expected_signature_fingerprint: str | None = None) -> None:  # fmt: skip
+    """Refuse the index directory ``path`` (its checked ``manifest`` given) when it was built from
+    another model than the expected one; an expectation left ``None`` is not checked.
+
+    The one check of an index against its model: :func:`open_index` runs it on load, the search
+    service on the pairs it serves.
 
     Raises:
-        IndexFormatError: corrupt files, a model version mismatch, or a count the files disagree with.
+        IndexFormatError: the manifest records another model version or SavedModel signature
+            fingerprint than expected (the message names both), or none where one is expected
+            (an index that cannot be checked must not pass for a checked one).
     """
-    if expected_model_version is not None and manifest["model"].get("version") != str(expected_model_version):
-        raise IndexFormatError(
-            f"{path}: index was built for model version {manifest['model'].get('version')!r}, "
-            f"not {expected_model_version!r}"
-        )
+    expected = {"version": None if expected_model_version is None else str(expected_model_version),
+                "signature_fingerprint": expected_signature_fingerprint}  # fmt: skip
+    for field, what, save_param in MODEL_FIELDS:
+        want, recorded = expected[field], manifest["model"].get(field)
+        if want is None:
+            continue
+        if not recorded:
+            raise IndexFormatError(f"{path}: index records no {what}, so it cannot be checked against {want!r}; "
+                                   f"rebuild the index from this model and save it with {save_param}={want!r}")  # fmt: skip
+        if recorded != want:
+            raise IndexFormatError(f"{path}: index was built for {what} {recorded!r}, not {want!r}; rebuild the "
+                                   f"index from this model, or load the model it was built with")  # fmt: skip
+
+
+def open_index(path, manifest: dict, read_files: Callable, expected_model_version: str | None = None,
+               expected_signature_fingerprint: str | None = None):  # fmt: skip
+    """Read the index directory ``path`` whose checked ``manifest`` is given, with ``read_files``
+    (the class's ``read_files(directory, manifest)``), after :func:`check_model` and verifying the
+    checksums.
+
+    Raises:
+        IndexFormatError: corrupt files, another model than expected, or a count the files
+            disagree with.
+    """
+    check_model(path, manifest, expected_model_version, expected_signature_fingerprint)
     verify_files(path, manifest)
     index = read_files(path, manifest)
     if index.ntotal != manifest["count"]:
