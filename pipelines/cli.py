@@ -6,6 +6,8 @@ import json
 
 import click
 
+from tfhash.console import BadInput
+
 
 @click.group("pipeline")
 def pipeline_group() -> None:
@@ -18,7 +20,7 @@ def _load(config_path: str):
     try:
         return PipelineConfig.load(config_path)
     except ValueError as err:
-        raise click.ClickException(str(err)) from err
+        raise BadInput(str(err)) from err
 
 
 @pipeline_group.command("run")
@@ -28,16 +30,18 @@ def run(obj, config_path: str) -> None:
     """Run the pipeline with LocalDagRunner and print the summary (also written to the run dir).
     The ``tfhash`` command's context object may carry ``after_push`` (see
     :func:`tfhash.pipelines.runner.run_local`)."""
+    config = _load(config_path)  # a bad config is refused before TFX loads
     from tfhash.pipelines.runner import run_local
 
     from tfhash.index import IndexUnavailableError
 
-    config = _load(config_path)
     try:
         summary = run_local(config, log=lambda message: click.echo(f"[tfhash] {message}", err=True),
                             after_push=(obj or {}).get("after_push"))  # fmt: skip
-    except (ValueError, IndexUnavailableError) as err:  # bad records under policy "fail", unusable data or
-        raise click.ClickException(str(err)) from err  # settings, a Milvus that cannot be reached
+    except ValueError as err:  # bad records under policy "fail", unusable data or settings
+        raise BadInput(str(err)) from err
+    except IndexUnavailableError as err:  # a Milvus that cannot be reached
+        raise click.ClickException(str(err)) from err
     click.echo(json.dumps(summary, indent=2))
     metrics = summary.get("metrics") or {}
     click.echo(
@@ -53,6 +57,7 @@ def run(obj, config_path: str) -> None:
 @click.option("--output", required=True, help="Kubeflow Pipelines v2 JSON to write.")
 def compile_(config_path: str, output: str) -> None:
     """Compile the pipeline for Kubeflow Pipelines (KubeflowV2DagRunner)."""
+    config = _load(config_path)  # a bad config is refused before TFX loads
     from tfhash.pipelines.runner import compile_kubeflow
 
-    click.echo(compile_kubeflow(_load(config_path), output))
+    click.echo(compile_kubeflow(config, output))

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from tfhash.artifacts import DEFAULT_RUN_DIR, RunLayout, resolve_path
+from tfhash.codes import check_bits
 from tfhash.index.factory import parse_index_type
 from tfhash.index.milvus import MilvusIndex, is_local
 from tfhash.registry import get_method, method_names
@@ -44,8 +45,7 @@ class TrainingConfig:
 
         if self.method not in method_names(in_pipeline=True):
             raise ValueError(f"unknown method {self.method!r}; the pipeline trains {method_names(in_pipeline=True)}")
-        if self.bits <= 0 or self.bits % 8:
-            raise ValueError("bits must be a positive multiple of 8 (packed codes)")
+        check_bits(self.bits)
         check_backbone_name(self.backbone)
         if self.image_size is not None and not (isinstance(self.image_size, int) and 16 <= self.image_size <= 1024):
             raise ValueError(f"image_size must be an integer side from 16 to 1024 pixels, got {self.image_size!r}")

@@ -6,6 +6,8 @@ import json
 
 import click
 
+from tfhash.console import BadInput
+
 
 @click.group("serve")
 def serve_group() -> None:
@@ -19,7 +21,7 @@ def _pipeline_serving(config_path: str) -> tuple[str, str, str, str]:
     try:
         layout = RunLayout.from_config_file(config_path)
     except ValueError as err:
-        raise click.ClickException(str(err)) from err
+        raise BadInput(str(err)) from err
     return layout.name, layout.serving, layout.indexes, layout.tf_serving
 
 
@@ -45,7 +47,7 @@ def config_(config_path, base_path, model_name, index_base_dir, output, num_vers
     try:
         summary = write_deployment(base_path, model_name, output, num_versions=num_versions, index_base_dir=index_base_dir)
     except ValueError as err:
-        raise click.ClickException(str(err)) from err
+        raise BadInput(str(err)) from err
     click.echo(json.dumps({**summary, "output": os.path.abspath(output)}, indent=2))
 
 
@@ -78,7 +80,7 @@ def model(model_config_file, model_name, model_base_path, host, port, poll_secon
         try:
             server_config = read_models_config(model_config_file)
         except ValueError as err:
-            raise click.ClickException(str(err)) from err
+            raise BadInput(str(err)) from err
     elif model_name and model_base_path:
         server_config = models_config([model_config(model_name, model_base_path, num_versions=1)])
     else:

@@ -15,6 +15,14 @@ import pytest
 from click.testing import CliRunner
 
 from tfhash.cli import main
+from tfhash.codes import check_bits
+
+
+def check_bits_message(bits) -> str:
+    """What :func:`tfhash.codes.check_bits` says of ``bits``."""
+    with pytest.raises(ValueError) as refused:
+        check_bits(bits)
+    return str(refused.value)
 
 
 def test_help_lists_commands():
@@ -22,6 +30,18 @@ def test_help_lists_commands():
     assert result.exit_code == 0
     for command in ("quickstart", "evaluate", "data"):
         assert command in result.output
+    assert "The shipped datasets and your own: info, export, export-user." in result.output
+
+
+def test_evaluate_help_names_the_arrays_it_needs():
+    from tfhash.evaluation_report import REQUIRED_ARRAYS
+
+    result = CliRunner().invoke(main, ["evaluate", "--help"])
+    assert result.exit_code == 0, result.output
+    for name in REQUIRED_ARRAYS:
+        assert f"  {name}  " in result.output  # one line of the list each
+    for form in ("+-1 codes", "packed uint8", "class ids", "multi-hot"):
+        assert form in result.output
 
 
 def test_evaluate_writes_metrics_and_plots(tmp_path):
@@ -43,16 +63,46 @@ def test_evaluate_refuses_bad_files(tmp_path):
     bad = tmp_path / "bad.npz"
     bad.write_bytes(b"not an npz")
     result = CliRunner().invoke(main, ["evaluate", str(bad), "--output-dir", str(tmp_path / "o")])
-    assert result.exit_code == 2 and "not a readable .npz" in result.output
+    assert result.exit_code == 2 and result.output.startswith(f"Error: {bad}: not a readable .npz"), result.output
     partial = tmp_path / "partial.npz"
     np.savez(partial, query_codes=np.ones((2, 8), np.int8))
     result = CliRunner().invoke(main, ["evaluate", str(partial), "--output-dir", str(tmp_path / "o")])
-    assert result.exit_code == 2 and "missing arrays" in result.output
+    assert result.exit_code == 2 and result.output.startswith(f"Error: {partial}: missing arrays"), result.output
 
 
 def test_missing_data_root_is_a_clear_error(tmp_path):
     result = CliRunner().invoke(main, ["data", "info", "mnist", "--data-root", str(tmp_path)])
-    assert result.exit_code == 2 and "looked for" in result.output
+    assert result.exit_code == 2 and result.output.startswith("Error: dataset file") and "looked for" in result.output
+
+
+def test_every_command_reports_bad_input_alike(tmp_path):
+    """The data, index, pipeline and serve commands print a refused input as click does its usage
+    errors: ``Error: <message>`` and exit code 2."""
+    (tmp_path / "broken.json").write_text("{")
+    (tmp_path / "bits.json").write_text(json.dumps({"name": "x", "training": {"bits": 30}}))
+    (tmp_path / "empty").mkdir()
+    commands = {
+        "data": (["data", "export-user", "--features", "nopath", "--output", str(tmp_path / "o")], "takes NAME=PATH"),
+        "index": (["index", "info", str(tmp_path / "empty")], "no manifest.json"),
+        "pipeline": (["pipeline", "compile", "--config", str(tmp_path / "bits.json"), "--output", str(tmp_path / "p.json")],
+                     check_bits_message(30)),
+        "serve": (["serve", "config", "--config", str(tmp_path / "broken.json")], "cannot read the pipeline config"),
+    }  # fmt: skip
+    for group, (args, message) in commands.items():
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 2, (group, result.output)
+        error = [line for line in result.output.splitlines() if "rror" in line]
+        assert len(error) == 1 and error[0].startswith("Error: ") and message in error[0], (group, result.output)
+
+
+def test_quickstart_refuses_a_code_length_before_loading_anything(tmp_path):
+    """``--bits 30`` fits the option's range but no packed code: refused while the options are
+    parsed, with check_bits's message, before the data (here: none) or the model."""
+    out = tmp_path / "run"
+    result = CliRunner().invoke(main, ["quickstart", "--bits", "30", "--data-root", str(tmp_path), "--output-dir", str(out)])
+    assert result.exit_code == 2, result.output
+    assert f"Error: Invalid value for '--bits': {check_bits_message(30)}" in result.output
+    assert "SCDH" not in result.output and not out.exists()  # no banner: the command never started
 
 
 @pytest.mark.slow
@@ -67,6 +117,18 @@ def test_quickstart_end_to_end_on_mnist(tmp_path):
     assert summary["mAP@all"] > 0.5  # one epoch already separates digits far above chance (0.1)
     with np.load(out / "codes.npz") as codes:
         assert codes["db_codes"].shape == (69000, 2)
+        query_codes = codes["query_codes"]
+    model_path = out / "model.keras"
+    assert summary["model_path"] == str(model_path) and f"model written to {model_path}" in result.output
+    import keras
+
+    import tfhash.models  # noqa: F401  # registers the model classes that load_model rebuilds
+    from tfhash.codes import pack_codes
+    from tfhash.data import load_mnist
+
+    restored = keras.saving.load_model(model_path)
+    queries, _ = load_mnist(seed=0).part("query")
+    np.testing.assert_array_equal(pack_codes(restored.encode(queries["image"])), query_codes)  # the same batches of 512
 
 
 def test_index_build_search_info(tmp_path):
@@ -86,10 +148,13 @@ def test_index_build_search_info(tmp_path):
     shown = runner.invoke(main, ["index", "info", str(out)])
     assert json.loads(shown.output)["model"]["version"] == "4"
     wrong = runner.invoke(main, ["index", "search", str(out), "--queries", str(tmp_path / "codes.npz"), "-k", "301"])
-    assert wrong.exit_code != 0 and "larger than the 300 items" in wrong.output
+    assert wrong.exit_code == 2 and wrong.output.startswith("Error: ") and "larger than the 300 items" in wrong.output
     stale = runner.invoke(main, ["index", "search", str(out), "--queries", str(tmp_path / "codes.npz"),
                                  "--expected-model-version", "5"])  # fmt: skip
-    assert stale.exit_code != 0 and "model version" in stale.output
+    assert stale.exit_code == 2 and stale.output.startswith("Error: ") and "model version" in stale.output
+    unchecked = runner.invoke(main, ["index", "search", str(out), "--queries", str(tmp_path / "codes.npz"),
+                                     "--expected-signature-fingerprint", "abc"])  # fmt: skip
+    assert unchecked.exit_code == 2 and "records no SavedModel signature fingerprint" in unchecked.output
 
 
 def test_index_build_and_search_in_milvus(tmp_path):
@@ -101,7 +166,7 @@ def test_index_build_and_search_in_milvus(tmp_path):
     runner = CliRunner()
     out, lite = tmp_path / "idx", str(tmp_path / "milvus.db")
     missing = runner.invoke(main, ["index", "build", str(tmp_path / "codes.npz"), "--kind", "Milvus", "--output", str(out)])
-    assert missing.exit_code != 0 and "needs uri=" in missing.output
+    assert missing.exit_code == 2 and missing.output.startswith("Error: ") and "needs uri=" in missing.output
     built = runner.invoke(main, ["index", "build", str(tmp_path / "codes.npz"), "--kind", "Milvus", "--uri", lite,
                                  "--collection", "codes_v4", "--output", str(out), "--model-version", "4"])  # fmt: skip
     assert built.exit_code == 0, built.output
@@ -117,12 +182,26 @@ def test_index_build_and_search_in_milvus(tmp_path):
 TF_CPP_LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWEF] ", re.MULTILINE)
 
 
+def output_then_heavy_modules(code: str) -> list[str]:
+    """Run ``code`` in a fresh Python and return the lines it printed, then a last line naming the
+    heavy frameworks (TensorFlow, TFX, Keras) the process holds after it."""
+    code += "; print(sorted({'tensorflow', 'tfx', 'keras'} & set(sys.modules)))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout.splitlines()
+
+
 def test_the_command_line_imports_tensorflow_only_inside_commands():
     """``TF_CPP_MIN_LOG_LEVEL`` works only when set before TensorFlow's first import: the entry
     point sets it in its group callback, so importing the command line must not import TensorFlow."""
-    code = "import sys, tfhash.cli; print(sorted({'tensorflow', 'tfx', 'keras'} & set(sys.modules)))"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stdout + result.stderr
+    assert output_then_heavy_modules("import sys, tfhash.cli") == ["[]"]
+
+
+def test_tfhash_methods_lists_the_methods_without_tensorflow():
+    """``tfhash methods`` reads :mod:`tfhash.registry`, which imports no TensorFlow: it starts as
+    fast as ``tfhash --help`` (importing TensorFlow made it take seconds)."""
+    lines = output_then_heavy_modules("import sys; from tfhash.cli import main; main(['methods'], standalone_mode=False)")
+    assert lines[0].startswith("scdh ") and lines[-1] == "[]", lines
 
 
 def test_console_is_quiet_by_default_and_full_with_verbose(tmp_path):

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import sys
 
 import click
 
 from tfhash._version import __version__
-from tfhash.console import setup_console
+from tfhash.codes import check_bits
+from tfhash.console import BadInput, setup_console
 
 # Nothing above imports TensorFlow: ``main`` sets the console (TF_CPP_MIN_LOG_LEVEL among it) before
 # a command imports it, and the commands import their heavy modules inside their bodies.
@@ -33,13 +33,19 @@ def main(verbose: int) -> None:
     setup_console(verbose)
 
 
-def _fail(err: Exception) -> None:
-    click.echo(f"error: {err}", err=True)
-    sys.exit(2)
+def _code_length(ctx: click.Context, param: click.Parameter, bits: int) -> int:
+    """click callback of ``--bits``: refuse a length that packed codes cannot hold while the options
+    are parsed, before any data or TensorFlow loads, with the message of
+    :func:`tfhash.codes.check_bits` (the one statement of which lengths exist)."""
+    try:
+        return check_bits(bits)
+    except ValueError as err:
+        raise click.BadParameter(str(err), ctx, param) from err
 
 
 @main.command()
-@click.option("--bits", default=48, show_default=True, type=click.IntRange(8, 256))
+@click.option("--bits", default=48, show_default=True, type=click.IntRange(max=256), callback=_code_length,
+              help="Code length K: a multiple of 8.")
 @click.option("--epochs", default=20, show_default=True, type=click.IntRange(1))
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--data-root", default=None, help="Folder holding mnist/ (default: $TFHASH_DATA_ROOT or ../shared/data).")
@@ -54,13 +60,14 @@ def quickstart(bits: int, epochs: int, seed: int, data_root: str | None, output_
     try:
         summary = run_quickstart(bits=bits, epochs=epochs, seed=seed, data_root=data_root, output_dir=output_dir, verbose=2)
     except (DataNotFoundError, DataFormatError) as err:
-        _fail(err)
+        raise BadInput(str(err)) from err
     example = summary["example_query"]
     click.echo(f"training: {summary['train_seconds']} s; encoding 70,000 images: {summary['encode_seconds']} s")
     click.echo(f"example query (class {example['query_label']}): nearest classes {example['nearest_labels']} "
                f"at Hamming distances {example['nearest_distances']}")  # fmt: skip
     click.echo(f"P@H<=2: {summary['P@H<=2']:.4f}   P@1000: {summary['P@1000']:.4f}")
     click.echo(f"summary written to {summary['output_dir']}/summary.json")
+    click.echo(f"model written to {summary['model_path']} (keras.saving.load_model after import tfhash.models)")
     click.echo(f"mAP@all: {summary['mAP@all']:.4f}")
 
 
@@ -72,19 +79,32 @@ def quickstart(bits: int, epochs: int, seed: int, data_root: str | None, output_
 @click.option("--tsne/--no-tsne", default=True, show_default=True)
 @click.option("--seed", default=0, show_default=True, type=int)
 def evaluate(codes_file: str, output_dir: str, top_r: int | None, radius: int, tsne: bool, seed: int) -> None:
-    """Metrics (JSON) and plots (PNG) from an .npz of query/database codes and labels."""
+    """metrics.json and PNG plots from an .npz of codes and labels.
+
+    CODES_FILE holds these arrays (numpy.savez), m queries and n database items:
+
+    \b
+      query_codes   (m, K) +-1 codes, or (m, K/8) packed uint8
+      db_codes      (n, K) +-1 codes, or (n, K/8) packed uint8
+      query_labels  (m,) integer class ids, or (m, C) one-hot / multi-hot
+      db_labels     (n,) integer class ids, or (n, C) one-hot / multi-hot
+
+    K is a multiple of 8. +-1 codes may have any numeric dtype but uint8 (tfhash writes int8); a
+    uint8 array is read as packed codes, numpy.packbits of the bits (+1 -> 1). Other arrays are
+    ignored: the bits of quickstart's codes.npz, for one (the length comes from the codes).
+    """
     from tfhash.evaluation_report import write_evaluation
 
     try:
         metrics = write_evaluation(codes_file, output_dir, top_r=top_r, radius=radius, tsne=tsne, seed=seed)
     except (ValueError, TypeError) as err:
-        _fail(err)
+        raise BadInput(str(err)) from err
     click.echo(json.dumps(metrics, indent=2))
 
 
 @main.group()
 def data() -> None:
-    """The real datasets."""
+    """The shipped datasets and your own: info, export, export-user."""
 
 
 @data.command("info")
@@ -98,7 +118,7 @@ def data_info(name: str, data_root: str | None, seed: int) -> None:
     try:
         dataset = load_dataset(name, data_root=data_root, seed=seed)
     except (DataNotFoundError, DataFormatError) as err:
-        _fail(err)
+        raise BadInput(str(err)) from err
     click.echo(json.dumps(dataset.describe(), indent=2))
 
 
@@ -117,15 +137,27 @@ def data_export(name: str, output: str, data_root: str | None, seed: int, shards
     try:
         metadata = export_tfrecords(load_dataset(name, data_root=data_root, seed=seed), output, shards, limit)
     except (DataNotFoundError, DataFormatError, ValueError) as err:
-        _fail(err)
+        raise BadInput(str(err)) from err
     click.echo(json.dumps(metadata, indent=2))
+
+
+def _modalities(ctx: click.Context, param: click.Parameter, items: tuple[str, ...]) -> dict[str, str]:
+    """click callback of ``--features``: the NAME=PATH items as {modality: path}, an item of
+    another form refused while the options are parsed."""
+    modalities = {}
+    for item in items:
+        modality, sep, path = item.partition("=")
+        if not sep or not modality or not path:
+            raise click.BadParameter(f"takes NAME=PATH, got {item!r}", ctx, param)
+        modalities[modality] = path
+    return modalities
 
 
 @data.command("export-user")
 @click.option("--output", required=True, type=click.Path(file_okay=False), help="Folder for train/, query/, database/.")
 @click.option("--images", type=click.Path(exists=True, file_okay=False), help="A folder of class sub-folders of images.")
 @click.option("--image-size", nargs=2, type=click.IntRange(1), default=None, help="Resize images to HEIGHT WIDTH.")
-@click.option("--features", "features", multiple=True, metavar="NAME=PATH",
+@click.option("--features", "features", multiple=True, metavar="NAME=PATH", callback=_modalities,
               help="A modality's feature matrix (.npy or .csv, one row per example); twice for paired cross-modal data.")
 @click.option("--labels", type=click.Path(exists=True, dir_okay=False), help="Class ids (one column) or multi-hot rows.")
 @click.option("--queries", default=100, show_default=True, type=click.IntRange(1))
@@ -139,18 +171,12 @@ def data_export_user(output, images, image_size, features, labels, queries, trai
     from tfhash.data.export import export_tfrecords
     from tfhash.data.user import load_user_dataset
 
-    modalities = {}
-    for item in features:
-        modality, sep, path = item.partition("=")
-        if not sep or not modality or not path:
-            _fail(ValueError(f"--features takes NAME=PATH, got {item!r}"))
-        modalities[modality] = path
     try:
-        dataset = load_user_dataset(modalities or None, labels, images, tuple(image_size) if image_size else None,
+        dataset = load_user_dataset(features or None, labels, images, tuple(image_size) if image_size else None,
                                     queries, train, seed, name)  # fmt: skip
         metadata = export_tfrecords(dataset, output, shards)
     except (DataFormatError, ValueError) as err:
-        _fail(err)
+        raise BadInput(str(err)) from err
     click.echo(json.dumps(metadata, indent=2))
 
 

@@ -1,4 +1,5 @@
-"""What the ``tfhash`` command prints: the set-up of logging and warnings at its entry.
+"""What the ``tfhash`` command prints: the set-up of logging and warnings at its entry, and how
+a command reports a failure (:class:`BadInput`).
 
 By default (:func:`setup_console` with ``verbose=0``) a run shows what a user reads:
 
@@ -18,6 +19,11 @@ By default (:func:`setup_console` with ``verbose=0``) a run shows what a user re
 The Keras epoch lines and the command's own output are untouched. ``-v`` (INFO) and ``-vv``
 (DEBUG) bring everything back: nothing above is set or filtered, and the absl and Python logs go
 to stderr at that level.
+
+A failing command ends with one line on stderr, ``Error: <message>`` (click's own prefix; a usage
+error has the usage above it), and exits with 2 when its input is wrong (:class:`BadInput`,
+``click.UsageError``, ``click.BadParameter``) or with 1 when something outside its input failed
+(``click.ClickException``: a port in use, an unreachable service, a missing optional package).
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ import re
 import sys
 import time
 import warnings
+
+import click
 
 #: Prefix of the progress lines on stderr, as in ``tfhash pipeline run``'s own lines.
 PREFIX = "[tfhash] "
@@ -55,6 +63,15 @@ QUIET_WARNINGS = (
 )
 _COMPONENT = re.compile(r"Component (?P<node>\S+) is (?P<state>running|finished)\.$")
 _CACHED = re.compile(r"A cached execution \d+ is used\.$")
+
+
+class BadInput(click.ClickException):
+    """A command refuses its input: a file, a value or a combination of settings. click prints
+    ``Error: <message>`` and exits with 2, the code of its own usage errors, so that every command
+    of ``tfhash`` reports bad input alike. Raise it ``from`` the library's error, whose message
+    names the value and the fix."""
+
+    exit_code = 2
 
 
 class PipelineProgress(logging.Filter):

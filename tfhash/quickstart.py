@@ -36,7 +36,7 @@ def train_scdh_mnist(bits: int = 48, epochs: int = 30, seed: int = 0, data_root=
     model = build_scdh(small_cnn((28, 28)), dataset.num_classes, bits, preset="cifar10", ablation=ablation)
     model.compile(optimizer=keras.optimizers.Adam(learning_rate))
     start = time.perf_counter()
-    history = model.fit(train_x["image"], train_y.astype("float32"), batch_size=batch_size, epochs=epochs,
+    history = model.fit(train_x["image"], train_y, batch_size=batch_size, epochs=epochs,
                         shuffle=True, verbose=verbose)  # fmt: skip
     train_seconds = time.perf_counter() - start
     start = time.perf_counter()
@@ -60,8 +60,10 @@ def train_scdh_mnist(bits: int = 48, epochs: int = 30, seed: int = 0, data_root=
 
 def run_quickstart(bits: int = 48, epochs: int = 30, seed: int = 0, data_root=None, output_dir="runs/quickstart",
                    verbose: int = 0) -> dict:  # fmt: skip
-    """Train, encode, search one example query, evaluate, and write ``summary.json`` plus the codes
-    (``codes.npz``) to ``output_dir``."""
+    """Train, encode, search one example query, evaluate, and write ``summary.json``, the codes
+    (``codes.npz``) and the trained model (``model.keras``: ``keras.saving.load_model`` reads it
+    once :mod:`tfhash.models` is imported, and its ``encode`` gives codes of new images) to
+    ``output_dir``."""
     result = train_scdh_mnist(bits=bits, epochs=epochs, seed=seed, data_root=data_root, verbose=verbose)
     summary = result["summary"]
     query_packed = pack_codes(result["query_codes"])
@@ -80,6 +82,8 @@ def run_quickstart(bits: int = 48, epochs: int = 30, seed: int = 0, data_root=No
     out.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(out / "codes.npz", query_codes=query_packed, db_codes=db_packed,
                         query_labels=result["query_labels"], db_labels=result["db_labels"], bits=bits)  # fmt: skip
+    summary["model_path"] = os.fspath(out / "model.keras")
+    result["model"].save(summary["model_path"])
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     summary["output_dir"] = os.fspath(out)
     return summary

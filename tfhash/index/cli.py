@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import click
 import numpy as np
 
+from tfhash.console import BadInput
+from tfhash.index.base import IndexUnavailableError
 from tfhash.index.factory import index_type_names
 
 
@@ -15,10 +19,23 @@ def _load_array(path: str, name: str) -> np.ndarray:
     try:
         with np.load(path, allow_pickle=False) as content:
             if name not in content.files:
-                raise click.ClickException(f"{path} has no array {name!r}; it has {content.files}")
+                raise BadInput(f"{path} has no array {name!r}; it has {content.files}")
             return content[name]
     except (OSError, ValueError) as err:
-        raise click.ClickException(f"{path}: not a readable .npz file ({err})") from err
+        raise BadInput(f"{path}: not a readable .npz file ({err})") from err
+
+
+@contextmanager
+def _reported() -> Iterator[None]:
+    """The index library's errors as the command's failure (:mod:`tfhash.console`): a refused
+    input (HashIndexError, IndexFormatError: ValueErrors) exits with 2; a missing back-end
+    (ImportError) or a store that cannot be reached (IndexUnavailableError) with 1."""
+    try:
+        yield
+    except ValueError as err:
+        raise BadInput(str(err)) from err
+    except (ImportError, IndexUnavailableError) as err:
+        raise click.ClickException(str(err)) from err
 
 
 @click.group("index")
@@ -44,22 +61,20 @@ def build(codes_file, array_name, ids_array, index_type, bits, output, model_ver
     """Build an index from codes in an .npz file (+-1 or packed uint8)."""
     from tqdm import tqdm
 
-    from tfhash.index import TRAIN, IndexUnavailableError, index_factory
+    from tfhash.index import TRAIN, index_factory
 
     codes = _load_array(codes_file, array_name)
     ids = _load_array(codes_file, ids_array) if ids_array else np.arange(codes.shape[0])
     if bits is None:
         bits = codes.shape[1] * 8 if codes.dtype == np.uint8 else codes.shape[1]
     where = {key: value for key, value in (("uri", uri), ("collection", collection)) if value is not None}
-    try:
+    with _reported():
         index = index_factory(bits, index_type, **where)
         if index.supports(TRAIN):
             index.train(codes[: max(batch_size, 100_000)])
         for start in tqdm(range(0, codes.shape[0], batch_size), desc="adding", unit="batch", file=sys.stderr):
             index.add(codes[start : start + batch_size], ids[start : start + batch_size])
         index.save(output, model_version=model_version, signature_fingerprint=signature_fingerprint)
-    except (ValueError, ImportError, IndexUnavailableError) as err:  # HashIndexError is a ValueError; ImportError: a missing back-end
-        raise click.ClickException(str(err)) from err
     click.echo(json.dumps(index.describe(), indent=2))
     index.close()
 
@@ -70,18 +85,19 @@ def build(codes_file, array_name, ids_array, index_type, bits, output, model_ver
 @click.option("--array", "array_name", default="query_codes", show_default=True)
 @click.option("-k", "k", default=10, show_default=True, type=int)
 @click.option("--expected-model-version", default=None, help="Refuse an index built for another model version.")
-def search(index_dir, queries_file, array_name, k, expected_model_version) -> None:
+@click.option("--expected-signature-fingerprint", default=None,
+              help="Refuse an index built by another SavedModel (its fingerprint: tfhash.artifacts.signature_fingerprint).")
+def search(index_dir, queries_file, array_name, k, expected_model_version, expected_signature_fingerprint) -> None:
     """k nearest ids and distances for each query (JSON lines on stdout)."""
-    from tfhash.index import IndexUnavailableError, load_index
+    from tfhash.index import load_index
 
-    try:
-        index = load_index(index_dir, expected_model_version=expected_model_version)
+    with _reported():
+        index = load_index(index_dir, expected_model_version=expected_model_version,
+                           expected_signature_fingerprint=expected_signature_fingerprint)  # fmt: skip
         try:
             result = index.search(_load_array(queries_file, array_name), k)
         finally:
             index.close()
-    except (ValueError, ImportError, IndexUnavailableError) as err:  # HashIndexError and IndexFormatError are ValueErrors
-        raise click.ClickException(str(err)) from err
     for row_ids, row_distances in zip(result.ids, result.distances, strict=True):
         click.echo(json.dumps({"ids": row_ids.tolist(), "distances": row_distances.tolist()}))
 
@@ -90,11 +106,9 @@ def search(index_dir, queries_file, array_name, k, expected_model_version) -> No
 @click.argument("index_dir", type=click.Path(exists=True, file_okay=False))
 def info(index_dir) -> None:
     """Print the index manifest after verifying the checksums."""
-    from tfhash.index import IndexFormatError, read_manifest, verify_files
+    from tfhash.index import read_manifest, verify_files
 
-    try:
+    with _reported():
         manifest = read_manifest(index_dir)
         verify_files(index_dir, manifest)
-    except IndexFormatError as err:
-        raise click.ClickException(str(err)) from err
     click.echo(json.dumps(manifest, indent=2))
