@@ -18,11 +18,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-from tfhash import proxies  # noqa: E402
 from tfhash.data import load_mnist  # noqa: E402
 from tfhash.data.splits import Split  # noqa: E402
+from tfhash.labels import multi_hot  # noqa: E402
 from tfhash.metrics import evaluate_retrieval  # noqa: E402
 from tfhash.models import mlp  # noqa: E402
+from tfhash.recipes import training_data  # noqa: E402
 from tfhash.registry import BuildInputs, TagStatistics, get_method, method_names  # noqa: E402
 from tfhash.registry import build_method as build  # noqa: E402
 
@@ -144,22 +145,18 @@ def build_method(name: str, x_train: np.ndarray, y_train: np.ndarray, bits: int,
     if not get_method(method).in_pipeline and method != "mt-scdh" and options:
         raise ValueError(f"{name} takes no options; got {sorted(options)}")
     keras.utils.set_random_seed(seed)
-    num_classes = y_train.shape[1]
-    labels, x, y = y_train.astype("float32"), x_train, y_train.astype("float32")
+    x, labels = x_train, multi_hot(y_train)
     if method == "mt-scdh":
         if unlabelled is None:
             raise ValueError("MT-SCDH needs unlabelled rows")
-        x, y = mean_teacher_rows(x_train, labels, unlabelled, seed)
-        settings = {"consistency": 50.0, "noise_stddev": 0.3, "rampup_steps": max(1, len(x) // BATCH * 2),
-                    **settings, "sample_input": x[:2]}  # fmt: skip
-    elif method == "shclm":
-        settings["similarity"] = proxies.class_mean_similarity(x_train, y_train.argmax(axis=1))
-    elif method == "dpsh":
-        settings["num_train"] = len(x_train)
-        y = {"labels": labels, "index": np.arange(len(x_train))}
-    inputs = BuildInputs(lambda modality: mlp(x_train.shape[1], hidden, dropout=dropout), ["x"], num_classes, bits,
+        x = np.concatenate([x_train, unlabelled])
+        labels = np.concatenate([labels, np.zeros((len(unlabelled), labels.shape[1]), labels.dtype)])
+    settings, x, y = training_data(method, x, labels, seed, {**settings, **options})
+    if method == "mt-scdh":
+        settings = {"consistency": 50.0, "noise_stddev": 0.3, "rampup_steps": max(1, len(x) // BATCH * 2), **settings}
+    inputs = BuildInputs(lambda modality: mlp(x_train.shape[1], hidden, dropout=dropout), ["x"], labels.shape[1], bits,
                          seed=seed, preset="cifar10")  # fmt: skip
-    return build(method, inputs, **{**settings, **options}), x, y
+    return build(method, inputs, **settings), x, y
 
 
 MULTI_LABEL_METHODS = ("SCDH multi-label", "SCDH + JCCH coefficients", "sHCLM (balanced BCE)", "HyP2")
@@ -176,7 +173,7 @@ def build_multilabel_method(name: str, x_train: np.ndarray, y_train: np.ndarray,
 
     method, settings = method_of(name)
     keras.utils.set_random_seed(seed)
-    labels = y_train.astype("float32")
+    labels = multi_hot(y_train)
     inputs = BuildInputs(lambda modality: mlp(x_train.shape[1], hidden, dropout=dropout), ["x"], y_train.shape[1], bits,
                          seed=seed, preset="nuswide", statistics=TagStatistics.of_labels(y_train))  # fmt: skip
     model = build(method, inputs, **{**settings, **options})
@@ -184,18 +181,6 @@ def build_multilabel_method(name: str, x_train: np.ndarray, y_train: np.ndarray,
         q, u = jcch_coefficients(y_train)
         return model, x_train, {"labels": labels, "q": q.astype("float32"), "u": u.astype("float32")}
     return model, x_train, labels
-
-
-def mean_teacher_rows(x_labelled, y_labelled, unlabelled, seed: int, labelled_share: float = 0.5):
-    """Labelled rows repeated until they are about ``labelled_share`` of the rows, plus the
-    unlabelled rows with all-zero labels (MT-SCDH's marker for "no label"). Mean Teacher keeps a
-    fixed labelled share per batch; repeating the labelled rows is our way of doing that with
-    ``fit``'s shuffling."""
-    repeats = max(1, int(round(labelled_share * len(unlabelled) / ((1 - labelled_share) * len(x_labelled)))))
-    x = np.concatenate([np.tile(x_labelled, (repeats, 1)), unlabelled])
-    y = np.concatenate([np.tile(y_labelled, (repeats, 1)), np.zeros((len(unlabelled), y_labelled.shape[1]), "float32")])
-    order = np.random.default_rng(seed).permutation(len(x))
-    return x[order], y[order]
 
 
 def fit_and_score(model, x, y, query_x, query_y, db_x, db_y, epochs: int, seed: int, map_at=(), optimizer=None,

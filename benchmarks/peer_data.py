@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 
 from tfhash.data.cifar10 import load_cifar10_arrays
-from tfhash.data.dataset import one_hot
 from tfhash.data.mirflickr import load_mirflickr25k_arrays
 from tfhash.data.mnist import load_mnist_arrays
 from tfhash.data.splits import Split
+from tfhash.labels import multi_hot
 
 DATASETS = ("mnist", "cifar10", "mirflickr")
 #: sha256 of the C-contiguous bytes, first 16 hex digits, as the protocol publishes them.
@@ -130,7 +130,7 @@ def load_peer_data(name: str, cache_dir: str | os.PathLike | None = None, data_r
     if ids is not None:
         ids = ids.astype(np.int64)
         _check(name, "labels", digest(ids), checks)
-        split, labels = single_label_split(ids), one_hot(ids, 10)
+        split, labels = single_label_split(ids), multi_hot(ids, 10, dtype=np.uint8)
     else:
         _check(name, "labels", digest(labels), checks)
         split = multi_label_split(len(labels))

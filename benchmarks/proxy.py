@@ -23,6 +23,7 @@ from benchmarks.common import markdown_table, write_results  # noqa: E402
 from benchmarks.methods import build_multilabel_method, cifar_features, fit_and_score  # noqa: E402
 from tfhash import proxies  # noqa: E402
 from tfhash.data import load_mirflickr25k  # noqa: E402
+from tfhash.labels import multi_hot  # noqa: E402
 from tfhash.losses import best_known_min_distance  # noqa: E402
 from tfhash.models import HCLMModel, mlp  # noqa: E402
 
@@ -59,7 +60,7 @@ def cifar_rows(seed: int, bits_list, epochs: int) -> list[dict]:
     train, query, db = ds.split.train, ds.split.query, ds.split.database
     mean, std = features[train].mean(0), features[train].std(0) + 1e-6
     x = (features - mean) / std
-    labels = ds.labels.astype("float32")
+    labels = multi_hot(ds.labels)
     similarity = proxies.class_mean_similarity(features[train], ds.class_ids[train])
     rows = []
     for bits in bits_list:

@@ -27,6 +27,7 @@ import numpy as np
 
 from benchmarks import methods, paper_notes, plots
 from benchmarks.common import RESULTS_DIR, environment, markdown_table
+from tfhash.labels import multi_hot
 
 SECTIONS = ("retrieval", "multilabel", "crossmodal", "cost", "transfer", "sensitivity", "systems", "pipeline")
 # The result keys each section writes (``--merge`` carries them over from an earlier run).
@@ -184,7 +185,7 @@ def sensitivity_rows(data: methods.FeatureData, cfg: dict, seed: int, bits: int 
             model = build_scdh(mlp(data.x.shape[1], methods.HIDDEN), data.num_classes, bits, preset="cifar10",
                                **{parameter: value})  # fmt: skip
             row = {"dataset": data.name, "parameter": parameter, "value": value, "bits": bits}
-            row.update(methods.fit_and_score(model, data.x[split.train], data.labels[split.train].astype("float32"),
+            row.update(methods.fit_and_score(model, data.x[split.train], multi_hot(data.labels[split.train]),
                                              data.x[split.query], data.labels[split.query], data.x[split.database],
                                              data.labels[split.database], cfg["sensitivity_epochs"], seed))  # fmt: skip
             rows.append(row)

@@ -20,6 +20,7 @@ from benchmarks.common import markdown_table, write_results  # noqa: E402
 from benchmarks.methods import build_multilabel_method, fit_and_score  # noqa: E402
 from tfhash import losses  # noqa: E402
 from tfhash.data import load_mirflickr25k  # noqa: E402
+from tfhash.labels import multi_hot  # noqa: E402
 from tfhash.quickstart import train_scdh_mnist  # noqa: E402
 
 
@@ -42,8 +43,8 @@ def mirflickr_rows(bits_list, epochs, seed, anchors: int | None) -> list[dict]:
     q, u = losses.jcch_coefficients(train_y, anchor_index)
     coefficient_seconds = time.perf_counter() - start
     variants = {
-        "SCUL multi-label (JCCH-B: q = 1/|Y|, u = 1)": train_y.astype("float32"),
-        "JCCH coefficients": {"labels": train_y.astype("float32"), "q": q.astype("float32"), "u": u.astype("float32")},
+        "SCUL multi-label (JCCH-B: q = 1/|Y|, u = 1)": multi_hot(train_y),
+        "JCCH coefficients": {"labels": multi_hot(train_y), "q": q.astype("float32"), "u": u.astype("float32")},
     }
     rows = []
     for bits in bits_list:

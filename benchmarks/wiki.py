@@ -33,6 +33,7 @@ import numpy as np  # noqa: E402
 from benchmarks.common import RESULTS_DIR, markdown_table, positive_int, write_results  # noqa: E402
 from benchmarks.methods import standardised  # noqa: E402
 from tfhash.data import load_wiki  # noqa: E402
+from tfhash.labels import multi_hot  # noqa: E402
 from tfhash.metrics import cross_modal_mean_average_precision, mean_average_precision  # noqa: E402
 from tfhash.models import build_jcch, mlp  # noqa: E402
 from tfhash.recipes import PAPER_LIKE, RECOMMENDED, Recipe  # noqa: E402
@@ -73,7 +74,7 @@ def wiki_data(seed: int, validation: bool):
     """``(train, query, database)`` as ``(inputs, labels)`` with standardised inputs; the
     validation split draws its queries from the training pairs with ``seed``."""
     ds = load_wiki(seed=seed)
-    train, labels = ds.split.train, ds.labels.astype("float32")
+    train, labels = ds.split.train, multi_hot(ds.labels)
     if validation:
         order = np.random.default_rng(seed).permutation(train)
         query, train = order[:VALIDATION_QUERIES], order[VALIDATION_QUERIES:]

@@ -90,16 +90,6 @@ def test_markdown_and_plots_from_rows(tmp_path):
         assert needle in text
 
 
-def test_mean_teacher_rows_keep_a_labelled_share_and_mark_unlabelled_rows():
-    x = np.ones((100, 3), "float32")
-    y = np.eye(2, dtype="float32")[np.arange(100) % 2]
-    unlabelled = np.zeros((900, 3), "float32")
-    rows, targets = methods.mean_teacher_rows(x, y, unlabelled, seed=0, labelled_share=0.25)
-    labelled = targets.sum(axis=1) > 0
-    assert labelled.sum() == 300 and (~labelled).sum() == 900  # 3 repeats: 25% of the rows
-    assert np.all(rows[~labelled] == 0) and np.all(rows[labelled] == 1)
-
-
 def test_unknown_method_is_refused():
     x, y = np.zeros((4, 3), "float32"), np.eye(2, dtype="float32")[[0, 1, 0, 1]]
     with pytest.raises(ValueError, match="unknown method"):

@@ -164,7 +164,7 @@ def test_keras_loss_wrappers_accept_coefficients():
     assert float(scul(labels, neg_d)) == pytest.approx(float(losses.semantic_cluster_unary_loss(labels, neg_d, 0.2)), rel=1e-6)
     packed = np.concatenate([labels, q, u], axis=1)
     assert float(scul(packed, neg_d)) == pytest.approx(float(losses.semantic_cluster_unary_loss(labels, neg_d, 0.2, q, u)), rel=1e-6)
-    with pytest.raises(ValueError, match="width"):
+    with pytest.raises(ValueError, match="2 columns but the model has 3 classes"):
         scul(labels[:, :2], neg_d)
 
 

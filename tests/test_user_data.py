@@ -16,7 +16,7 @@ from tfhash.components.record_validation import record_problem
 
 from tfhash.cli import main
 from tfhash.data import DataFormatError
-from tfhash.data.user import labels_from_matrix, load_user_dataset
+from tfhash.data.user import load_labels, load_user_dataset
 
 
 def _records(folder: str) -> list[bytes]:
@@ -69,10 +69,12 @@ def test_bad_user_data_is_a_clear_error(tmp_path):
     (tmp_path / "mixed" / "dog" / "broken.png").write_bytes(b"not an image")
     with pytest.raises(DataFormatError, match="cannot read the image"):
         load_user_dataset(images=str(tmp_path / "mixed"), image_size=(6, 5), num_query=1, num_train=2)
-    with pytest.raises(DataFormatError, match="no label"):
-        labels_from_matrix(np.array([[1, 0], [0, 0]]))
-    with pytest.raises(DataFormatError, match="non-negative integers"):
-        labels_from_matrix(np.array([[1.5], [0]]))
+    np.save(tmp_path / "empty_row.npy", np.array([[1, 0], [0, 0]]))
+    with pytest.raises(DataFormatError, match=r"empty_row.npy: .*rows \[1\] \(1 of 2\) have none"):
+        load_labels(tmp_path / "empty_row.npy")
+    np.save(tmp_path / "fraction.npy", np.array([[1.5], [0]]))
+    with pytest.raises(DataFormatError, match="whole numbers"):
+        load_labels(tmp_path / "fraction.npy")
     np.save(tmp_path / "a.npy", np.zeros((5, 2), np.float32))
     np.save(tmp_path / "nan.npy", np.full((5, 2), np.nan, np.float32))
     np.save(tmp_path / "ids.npy", np.array([0, 1, 0, 1, 1]))

@@ -38,6 +38,10 @@ def fit_distributed(model: keras.Model, dataset: tf.data.Dataset, epochs: int, c
         raise ValueError("fit_distributed needs a compiled model; call model.compile(...) under strategy.scope() first")
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
         raise ValueError(f"epochs must be a positive int, got {epochs!r}")
+    from tfhash.models.training import TrainingMixin
+
+    if isinstance(model, TrainingMixin):  # the checks fit applies: finite features, labels normalised
+        dataset = model.checked_dataset(dataset)
     strategy = model.distribute_strategy
     first = next(iter(dataset))
     x = first[0] if isinstance(first, tuple) else first

@@ -23,6 +23,8 @@ import logging
 
 import numpy as np
 
+from tfhash.labels import multi_hot
+
 logger = logging.getLogger(__name__)
 
 
@@ -253,12 +255,11 @@ def class_mean_similarity(features: np.ndarray, labels: np.ndarray) -> np.ndarra
     """HCLM Eq. 19-20: s_ij = exp(-||u_i - u_j||^2 / (2 kappa^2)) over class-mean features u_c,
     kappa the mean distance between class means. ``labels``: class ids or multi-hot."""
     features = np.asarray(features, dtype=np.float64)
-    labels = np.asarray(labels)
-    multi_hot = np.eye(int(labels.max()) + 1)[labels] if labels.ndim == 1 else (labels > 0).astype(np.float64)
-    counts = multi_hot.sum(axis=0)
+    tags = multi_hot(labels, dtype=np.float64)
+    counts = tags.sum(axis=0)
     if np.any(counts == 0):
         raise ValueError("every class needs at least one example to define its mean feature")
-    means = (multi_hot.T @ features) / counts[:, None]
+    means = (tags.T @ features) / counts[:, None]
     squared = ((means[:, None, :] - means[None, :, :]) ** 2).sum(-1)
     kappa = np.sqrt(squared)[np.triu_indices(len(means), 1)].mean()
     return np.exp(-squared / (2.0 * kappa**2))

@@ -6,6 +6,14 @@ widths and dropout), and the training (Adam, or AdamW when ``weight_decay`` > 0;
 cosine learning rate; epochs; batch). :data:`RECOMMENDED` holds tfhash's choice per kind of data;
 :data:`PAPER_LIKE` the settings the methods were first run with here, for comparison.
 
+A recipe trains in one call on feature vectors (images are fine-tuned with
+:class:`tfhash.fine_tuning.FineTuning` instead)::
+
+    model = recommended("single-label").fit(features, class_ids, bits=32, seed=0)
+    codes = model.encode(features)
+
+:meth:`Recipe.build` returns the compiled model for users who call ``fit`` themselves.
+
 Every value of :data:`RECOMMENDED` was chosen on a validation split carved from the training rows
 (never on the queries), 32 bits (16 on MNIST), seed 0, the last epoch; ``chosen`` says by which
 command, over which settings, and what it scored. Settings beyond the papers are ours:
@@ -14,11 +22,14 @@ HyP2's ``pair_scope="labelled"`` and JCCH's ``fixed_centres``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import keras
+import numpy as np
 
 from tfhash.fine_tuning import FineTuning
+from tfhash.labels import multi_hot
 
 SCHEDULES = ("constant", "cosine")
 DATA_KINDS = ("single-label", "single-label pixels", "multi-label", "cross-modal")
@@ -74,9 +85,92 @@ class Recipe:
         """The input dropout of ``modality``'s tower."""
         return self.fine_tuning().mlp_options(modality)["input_dropout"]
 
-    def optimizer(self, steps_per_epoch: int) -> keras.optimizers.Optimizer:
-        """A fresh optimizer for this recipe (the cosine schedule spans ``epochs`` x ``steps_per_epoch``)."""
-        return self.fine_tuning().make_optimizer(self.epochs, max(1, int(steps_per_epoch)))
+    def optimizer(self, steps_per_epoch: int, epochs: int | None = None) -> keras.optimizers.Optimizer:
+        """A fresh optimizer for this recipe; the cosine schedule spans ``epochs`` (default the
+        recipe's) x ``steps_per_epoch``, the training actually run."""
+        return self.fine_tuning().make_optimizer(self.epochs if epochs is None else epochs, max(1, int(steps_per_epoch)))
+
+    def build(self, x, labels, bits: int, seed: int = 0, num_classes: int | None = None, epochs: int | None = None):
+        """This recipe's model for features ``x`` and ``labels``, compiled with its optimizer
+        (the schedule spanning ``epochs``, default the recipe's): train it with
+        ``model.fit(x, labels, epochs=epochs, batch_size=recipe.batch_size)``, or use :meth:`fit`.
+
+        Args:
+            x: ``(n, d)`` feature vectors, or ``{modality: (n, d_m)}`` for a cross-modal method.
+            labels: class ids ``(n,)`` or one-hot / multi-hot ``(n, C)`` (:func:`tfhash.labels.multi_hot`;
+                for MT-SCDH, all-zero rows or id -1 mark unlabelled rows).
+            bits: the code length K (a multiple of 8).
+            seed: seeds the initial weights (and whatever the method draws).
+            num_classes: C, when ids do not reach the last class.
+            epochs: the epochs the schedule spans (default the recipe's).
+
+        Raises:
+            ValueError: images instead of feature vectors, inputs that do not fit the method, bad
+                labels, features or bits; each message names what to pass instead.
+        """
+        return self._prepare(x, labels, bits, seed, num_classes, epochs)[0]
+
+    def fit(self, x, labels, bits: int, seed: int = 0, num_classes: int | None = None, validation_data=None,
+            epochs: int | None = None, callbacks=(), verbose=0):  # fmt: skip
+        """Build (:meth:`build`) and train this recipe's model on ``x`` and ``labels`` for
+        ``epochs`` (default the recipe's; the schedule spans them) in batches of ``batch_size``,
+        and return it; its ``history`` holds the losses.
+
+        Args:
+            validation_data: ``(x_val, labels_val)``, scored after each epoch (``val_loss``, as
+                Keras does).
+            callbacks, verbose: as for ``keras.Model.fit`` (e.g. a
+                :class:`tfhash.callbacks.RetrievalEvalCallback` on a validation split).
+        """
+        model, fit_x, fit_y, epochs = self._prepare(x, labels, bits, seed, num_classes, epochs)
+        if validation_data is not None and self.method == "dpsh":
+            raise ValueError("dpsh pairs every row with its training-set memory: it has no validation loss; score a "
+                             "validation split with tfhash.callbacks.RetrievalEvalCallback instead")  # fmt: skip
+        model.fit(fit_x, fit_y, epochs=epochs, batch_size=self.batch_size, validation_data=validation_data,
+                  callbacks=list(callbacks), verbose=verbose)  # fmt: skip
+        return model
+
+    def _prepare(self, x, labels, bits, seed, num_classes, epochs):
+        """``(compiled model, fit inputs, fit targets, epochs)``."""
+        from tfhash.codes import check_bits
+        from tfhash.models import mlp
+        from tfhash.models.inputs import checked_features
+        from tfhash.registry import BuildInputs, TagStatistics, build_method, get_method
+
+        check_bits(bits)
+        epochs = self.epochs if epochs is None else epochs
+        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+            raise ValueError(f"epochs must be a positive integer, got {epochs!r}")
+        method = get_method(self.method)
+        inputs = checked_features(x if isinstance(x, dict) else {"features": x}, "x")
+        shapes = {name: array.shape for name, array in inputs.items()}
+        if any(len(shape) != 2 for shape in shapes.values()):
+            raise ValueError(f"a Recipe trains an MLP on feature vectors (n, d); x has shapes {shapes}. For pixels, flatten "
+                             "them (x.reshape(len(x), -1)); to fine-tune an image network, build its model with "
+                             "tfhash.models.image_backbone and train it with tfhash.fine_tuning.compile_fine_tuning")  # fmt: skip
+        if method.cross_modal != (len(inputs) == 2) or len(inputs) > 2:
+            want = "a dict of two modalities {name: (n, d)}" if method.cross_modal else "one (n, d) array"
+            raise ValueError(f"{self.method} takes {want}; got inputs {sorted(shapes)}")
+        labels = multi_hot(labels, num_classes, unlabelled=method.semi_supervised)
+        rows = {len(array) for array in inputs.values()}
+        if rows != {len(labels)}:
+            raise ValueError(f"x has {sorted(rows)} rows but labels have {len(labels)}; pass one label row per example")
+        keras.utils.set_random_seed(seed)
+        multi_label = bool((labels.sum(axis=1) > 1).any())
+        dims = {name: array.shape[1] for name, array in inputs.items()}
+        options, fit_x, fit_y = training_data(self.method, inputs if method.cross_modal else next(iter(inputs.values())),
+                                              labels, seed, dict(self.options))  # fmt: skip
+
+        def backbone(modality: str):
+            name = f"mlp_{modality}" if method.cross_modal else "mlp"
+            return mlp(dims[modality], self.hidden, name=name, **self.fine_tuning().mlp_options(modality))
+
+        build = BuildInputs(backbone, list(inputs), labels.shape[1], bits, seed=seed,
+                            preset="nuswide" if multi_label else "cifar10", statistics=TagStatistics.of_labels(labels))  # fmt: skip
+        model = build_method(self.method, build, **options)
+        model.compile(optimizer=self.optimizer(math.ceil(len(fit_y if not isinstance(fit_y, dict) else fit_y["labels"])
+                                                         / self.batch_size), epochs))  # fmt: skip
+        return model, fit_x, fit_y, epochs
 
 
 RECOMMENDED: dict[str, Recipe] = {
@@ -139,6 +233,49 @@ MEAN_TEACHER: dict[str, dict] = {
                   "5 / 0.1 0.926",
     },
 }  # fmt: skip
+
+
+def mean_teacher_rows(x_labelled, y_labelled, unlabelled, seed: int, labelled_share: float = 0.5):
+    """Labelled rows repeated until they are about ``labelled_share`` of the rows, plus the
+    unlabelled rows with all-zero labels (MT-SCDH's marker for "no label"), shuffled with
+    ``seed``. Mean Teacher keeps a fixed labelled share per batch; repeating the labelled rows is
+    our way of doing that with ``fit``'s shuffling."""
+    repeats = max(1, int(round(labelled_share * len(unlabelled) / ((1 - labelled_share) * len(x_labelled)))))
+    x = np.concatenate([np.tile(x_labelled, (repeats, 1)), unlabelled])
+    y = np.concatenate([np.tile(y_labelled, (repeats, 1)), np.zeros((len(unlabelled), y_labelled.shape[1]), "float32")])
+    order = np.random.default_rng(seed).permutation(len(x))
+    return x[order], y[order]
+
+
+def training_data(method: str, x, labels: np.ndarray, seed: int, options: dict) -> tuple[dict, object, object]:
+    """What registered ``method`` needs besides its settings to train on ``x`` with ``(n, C)``
+    multi-hot ``labels``: ``(builder options, fit inputs, fit targets)``.
+
+    * ``mt-scdh``: the labelled rows repeated to about half of the rows beside the unlabelled ones
+      (:func:`mean_teacher_rows`), a sample batch to build its two models, and the ``noise``
+      option (a share of the features' standard deviation, as :data:`MEAN_TEACHER` states it) as
+      the model's ``noise_stddev``;
+    * ``shclm`` on single-label data: proxies assigned by class-mean similarity of the features
+      (HCLM Eq. 19-20), unless ``options`` give a similarity;
+    * ``dpsh``: the number of training rows, and targets carrying each row's index.
+    """
+    from tfhash.proxies import class_mean_similarity
+
+    options, targets = dict(options), labels.astype(np.float32)
+    if method == "mt-scdh":
+        labelled = targets.sum(axis=1) > 0
+        if "noise" in options:
+            options["noise_stddev"] = float(options.pop("noise")) * float(x[labelled].std())
+        if labelled.all():
+            fit_x, targets = x, targets
+        else:
+            fit_x, targets = mean_teacher_rows(x[labelled], targets[labelled], x[~labelled], seed)
+        return {**options, "sample_input": fit_x[:2]}, fit_x, targets
+    if method == "shclm" and "similarity" not in options and (labels.sum(axis=1) == 1).all():
+        options["similarity"] = class_mean_similarity(x, labels)
+    if method == "dpsh":
+        return {**options, "num_train": len(targets)}, x, {"labels": targets, "index": np.arange(len(targets))}
+    return options, x, targets
 
 
 def recommended(kind: str) -> Recipe:

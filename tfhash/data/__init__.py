@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable
 
 from tfhash.data.cifar10 import load_cifar10
-from tfhash.data.dataset import DataFormatError, HashingDataset, one_hot
+from tfhash.data.dataset import DataFormatError, HashingDataset
 from tfhash.data.image_lists import load_coco, load_nuswide, per_tag_split
 from tfhash.data.mirflickr import load_mirflickr25k
 from tfhash.data.mnist import load_mnist
@@ -50,7 +50,6 @@ __all__ = [
     "load_mnist",
     "load_nuswide",
     "load_wiki",
-    "one_hot",
     "per_class_split",
     "per_tag_split",
     "random_split",

@@ -9,9 +9,10 @@ import tarfile
 import numpy as np
 from PIL import Image
 
-from tfhash.data.dataset import DataFormatError, HashingDataset, one_hot
+from tfhash.data.dataset import DataFormatError, HashingDataset
 from tfhash.data.paths import find_data_file
 from tfhash.data.splits import per_class_split
+from tfhash.labels import multi_hot
 
 ARCHIVE = "cifar10/cifar10-jpg.tar.gz"
 CLASS_NAMES = [
@@ -84,7 +85,7 @@ def load_cifar10(data_root: str | os.PathLike | None = None, seed: int = 0) -> H
     return HashingDataset(
         name="cifar10",
         inputs={"image": images},
-        labels=one_hot(labels, 10),
+        labels=multi_hot(labels, 10, dtype=np.uint8),
         class_names=list(CLASS_NAMES),
         split=per_class_split(labels, 100, 500, seed=seed),
     )

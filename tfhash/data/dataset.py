@@ -71,13 +71,3 @@ class HashingDataset:
             "inputs": {k: list(v.shape[1:]) for k, v in self.inputs.items()},
             "split": self.split.describe(),
         }
-
-
-def one_hot(class_ids: np.ndarray, num_classes: int) -> np.ndarray:
-    """``(n,)`` integer ids -> ``(n, C)`` ``uint8`` one-hot."""
-    class_ids = np.asarray(class_ids)
-    if class_ids.size and (class_ids.min() < 0 or class_ids.max() >= num_classes):
-        raise ValueError(f"class ids must lie in [0, {num_classes})")
-    out = np.zeros((class_ids.size, num_classes), dtype=np.uint8)
-    out[np.arange(class_ids.size), class_ids] = 1
-    return out

@@ -7,9 +7,10 @@ import os
 
 import numpy as np
 
-from tfhash.data.dataset import DataFormatError, HashingDataset, one_hot
+from tfhash.data.dataset import DataFormatError, HashingDataset
 from tfhash.data.paths import find_data_file
 from tfhash.data.splits import per_class_split
+from tfhash.labels import multi_hot
 
 FILES = {
     "train_images": "mnist/train-images-idx3-ubyte.gz",
@@ -68,7 +69,7 @@ def load_mnist(data_root: str | os.PathLike | None = None, seed: int = 0) -> Has
     return HashingDataset(
         name="mnist",
         inputs={"image": images},
-        labels=one_hot(labels, 10),
+        labels=multi_hot(labels, 10, dtype=np.uint8),
         class_names=[str(i) for i in range(10)],
         split=per_class_split(labels, 100, 500, seed=seed),
     )

@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from tfhash.data.dataset import DataFormatError, HashingDataset, one_hot
+from tfhash.data.dataset import DataFormatError, HashingDataset
 from tfhash.data.splits import random_split
+from tfhash.labels import LabelError, multi_hot
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp")
 
@@ -54,7 +55,7 @@ def load_image_folder(path: str | os.PathLike, size: tuple[int, int] | None = No
     shapes = {a.shape for a in images}
     if len(shapes) > 1:
         raise DataFormatError(f"{root}: images of different shapes {sorted(shapes)[:4]}; pass a size to resize them")
-    return np.stack(images), one_hot(np.asarray(ids), len(classes)), classes
+    return np.stack(images), multi_hot(np.asarray(ids), len(classes), dtype=np.uint8), classes
 
 
 def load_matrix(path: str | os.PathLike) -> np.ndarray:
@@ -78,24 +79,18 @@ def load_matrix(path: str | os.PathLike) -> np.ndarray:
     return array
 
 
-def labels_from_matrix(array: np.ndarray, num_classes: int | None = None) -> np.ndarray:
-    """One column of class ids -> one-hot; C columns of 0/1 -> multi-hot. Every row needs a label.
+def load_labels(path: str | os.PathLike) -> np.ndarray:
+    """The labels file of :func:`load_user_dataset`: one column of class ids, or C columns of 0/1
+    (:func:`tfhash.labels.multi_hot`), as ``(n, C)`` ``uint8``.
 
     Raises:
-        DataFormatError: negative or non-integer ids, values other than 0/1, or rows without labels.
+        DataFormatError: the file's values are not labels (naming the file and the rows).
     """
-    if array.shape[1] == 1:
-        ids = array[:, 0]
-        if np.any(ids < 0) or np.any(ids != np.round(ids)):
-            raise DataFormatError("class ids must be non-negative integers")
-        return one_hot(ids.astype(np.int64), num_classes or int(ids.max()) + 1)
-    if not np.all((array == 0) | (array == 1)):
-        raise DataFormatError("multi-hot labels must hold only 0 and 1")
-    labels = array.astype(np.uint8)
-    empty = int((labels.sum(axis=1) == 0).sum())
-    if empty:
-        raise DataFormatError(f"{empty} rows have no label; every example needs at least one")
-    return labels
+    matrix = load_matrix(path)
+    try:
+        return multi_hot(matrix[:, 0] if matrix.shape[1] == 1 else matrix, name="labels", dtype=np.uint8)
+    except LabelError as err:
+        raise DataFormatError(f"{path}: {err}") from err
 
 
 def load_user_dataset(features: dict[str, str] | None = None, labels: str | None = None, images: str | None = None,
@@ -116,7 +111,7 @@ def load_user_dataset(features: dict[str, str] | None = None, labels: str | None
         if not labels:
             raise ValueError("feature files need a labels file (class ids or multi-hot)")
         inputs = {modality: load_matrix(path).astype(np.float32) for modality, path in features.items()}
-        label_matrix = labels_from_matrix(load_matrix(labels))
+        label_matrix = load_labels(labels)
         class_names = [str(c) for c in range(label_matrix.shape[1])]
         for modality, array in inputs.items():
             if not np.all(np.isfinite(array)):

@@ -10,6 +10,7 @@ import numpy as np
 from tfhash.data.dataset import DataFormatError, HashingDataset
 from tfhash.data.paths import find_data_file
 from tfhash.data.splits import fixed_split
+from tfhash.labels import multi_hot
 
 FILE = "wiki/wiki_data.mat"
 CLASS_NAMES = [
@@ -46,18 +47,18 @@ def load_wiki(data_root: str | os.PathLike | None = None, seed: int = 0) -> Hash
     if labels.ndim == 1 or labels.shape[1] == 1:  # stored as class ids rather than one-hot
         ids = labels.reshape(-1).astype(np.int64)
         ids = ids - ids.min()
-        multi_hot = np.eye(len(CLASS_NAMES), dtype=np.uint8)[ids]
+        tags = multi_hot(ids, len(CLASS_NAMES), dtype=np.uint8)
     else:
-        multi_hot = (labels > 0).astype(np.uint8)
+        tags = multi_hot(labels, len(CLASS_NAMES), dtype=np.uint8)
     n_train = arrays["L_tr"].shape[0]
-    n_total = multi_hot.shape[0]
+    n_total = tags.shape[0]
     return HashingDataset(
         name="wiki",
         inputs={
             "image": np.concatenate([arrays["I_tr"], arrays["I_te"]]).astype(np.float32),
             "text": np.concatenate([arrays["T_tr"], arrays["T_te"]]).astype(np.float32),
         },
-        labels=multi_hot,
+        labels=tags,
         class_names=list(CLASS_NAMES),
         split=fixed_split(np.arange(n_train, n_total), np.arange(n_train), seed=seed),
     )

@@ -4,24 +4,25 @@ from __future__ import annotations
 
 import keras
 
+from tfhash.codes import check_bits
+
 
 @keras.saving.register_keras_serializable(package="tfhash")
 class HashHead(keras.layers.Layer):
     """Dense layer with ``bits`` outputs: the continuous code F(x) in R^K.
 
     Args:
-        bits: code length K.
+        bits: code length K, a positive multiple of 8 (:func:`tfhash.codes.check_bits`: packed
+            codes, indexes and metrics store whole bytes), refused otherwise when the model is built.
         activation: ``None`` (linear, SCDH) or ``"tanh"`` (HCLM's nu(x)).
         kernel_initializer: defaults to N(0, 0.01^2), the paper's init for new layers (SCDH s.IV).
     """
 
     def __init__(self, bits: int, activation: str | None = None, kernel_initializer=None, **kwargs):
         super().__init__(**kwargs)
-        if int(bits) <= 0:
-            raise ValueError(f"bits must be positive, got {bits}")
         if activation not in (None, "tanh", "linear"):
             raise ValueError(f"activation must be None or 'tanh', got {activation!r}")
-        self.bits = int(bits)
+        self.bits = check_bits(bits)
         self.activation = activation
         self.kernel_initializer = keras.initializers.get(
             kernel_initializer or keras.initializers.RandomNormal(stddev=0.01)

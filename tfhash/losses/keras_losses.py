@@ -7,8 +7,12 @@ model's outputs, e.g. SCDH (Eq. 18) = ``SemanticClusterUnaryLoss(lam)`` on ``-D`
 mu ``ClassifierCrossEntropy()`` on the logits + alpha ``QuantizationLoss()`` on the codes, and
 HyP2 = ``HyP2ProxyLoss(zeta)`` on the cosines + beta ``HyP2PairLoss(zeta)`` on the codes.
 
-``y_true`` of :class:`SemanticClusterUnaryLoss` is either the ``(n, C)`` labels or the
-concatenation ``[labels, q, u]`` of shape ``(n, 3C)`` carrying JCCH coefficients. The wrappers of
+Labels (``y_true``) are class ids ``(n,)`` or one-hot / multi-hot ``(n, C)``, normalised by
+:func:`tfhash.labels.multi_hot` in the graph (a wrong width or an id out of range is an error, not
+a silent broadcast). The wrappers on the codes (triplet, HyP2 pairs, pairwise likelihood) need
+``num_classes`` for class ids; on class scores C is the scores' width. ``y_true`` of
+:class:`SemanticClusterUnaryLoss` may also be the concatenation ``[labels, q, u]`` of shape
+``(n, 3C)`` carrying JCCH coefficients. The wrappers of
 terms normalised over the whole batch (:class:`HyP2ProxyLoss`, :class:`HyP2PairLoss`,
 :class:`HammingTripletLoss`, :class:`PairwiseLikelihoodLoss`) leave rows of sample weight zero out
 of the batch's counts, as the models do (:mod:`tfhash.losses.reduction`).
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import keras
 
+from tfhash.labels import LabelError, multi_hot
 from tfhash.losses.mean_teacher import softmax_squared_distance
 from tfhash.losses.pairwise import pairwise_likelihood_per_example, pairwise_similarity
 from tfhash.losses.proxy import (
@@ -36,17 +41,22 @@ from tfhash.losses.semantic_cluster import (
 )
 
 
+def labels_of(y_true, num_classes: int | None):
+    """``y_true`` (class ids or multi-hot) as ``(n, C)`` multi-hot, checked in the graph."""
+    return multi_hot(y_true, num_classes, name="y_true")
+
+
 def split_label_coefficients(y_true, num_classes: int):
-    """Split ``y_true`` into (labels, q, u): ``(n, C)`` gives (labels, None, None), ``(n, 3C)``
-    gives the three blocks. Any other width is an error."""
-    width = y_true.shape[-1]
-    if width == num_classes:
-        return y_true, None, None
-    if width == 3 * num_classes:
-        return y_true[:, :num_classes], y_true[:, num_classes : 2 * num_classes], y_true[:, 2 * num_classes :]
-    raise ValueError(
-        f"y_true has width {width}; expected the {num_classes} labels or labels+q+u ({3 * num_classes})"
-    )
+    """Split ``y_true`` into (labels, q, u): class ids ``(n,)`` or ``(n, C)`` labels give
+    (labels, None, None), ``(n, 3C)`` the three blocks. Any other width is an error."""
+    if y_true.shape.rank == 2 and y_true.shape[-1] == 3 * num_classes:
+        labels = labels_of(y_true[:, :num_classes], num_classes)
+        return labels, y_true[:, num_classes : 2 * num_classes], y_true[:, 2 * num_classes :]
+    if y_true.shape.rank == 2 and y_true.shape[-1] not in (1, num_classes):
+        raise LabelError(f"y_true has {y_true.shape[-1]} columns but the model has {num_classes} classes: pass class ids "
+                         f"of shape (n,), one-hot / multi-hot of shape (n, {num_classes}), or labels+q+u of shape "
+                         f"(n, {3 * num_classes})")  # fmt: skip
+    return labels_of(y_true, num_classes), None, None
 
 
 class _ConfiguredLoss(keras.losses.Loss):
@@ -67,12 +77,11 @@ class _BatchLoss(_ConfiguredLoss):
         part = taking_part_mask(keras.ops.shape(y_pred)[0], taking_part)
         return super().__call__({"y": y_true, "part": part}, y_pred, sample_weight)
 
-    @staticmethod
-    def unpack(y_true):
-        """(targets, rows taking part or None): ``call`` also accepts plain targets."""
+    def unpack(self, y_true, num_classes: int | None = None):
+        """(multi-hot labels, rows taking part or None): ``call`` also accepts plain targets."""
         if isinstance(y_true, dict):
-            return y_true["y"], y_true["part"] > 0
-        return y_true, None
+            return labels_of(y_true["y"], num_classes), y_true["part"] > 0
+        return labels_of(y_true, num_classes), None
 
 
 @keras.saving.register_keras_serializable(package="tfhash")
@@ -113,7 +122,7 @@ class ClassifierCrossEntropy(_ConfiguredLoss):
         super().__init__(name=name, **kwargs)
 
     def call(self, y_true, y_pred):
-        return classifier_cross_entropy_per_example(y_true, y_pred)
+        return classifier_cross_entropy_per_example(labels_of(y_true, y_pred.shape[-1]), y_pred)
 
 
 @keras.saving.register_keras_serializable(package="tfhash")
@@ -151,21 +160,23 @@ class BalancedBinaryCrossEntropy(_ConfiguredLoss):
         self.tag_frequencies = [float(f) for f in tag_frequencies]
 
     def call(self, y_true, y_pred):
-        return balanced_binary_cross_entropy_per_example(y_true, y_pred, self.tag_frequencies)
+        return balanced_binary_cross_entropy_per_example(labels_of(y_true, len(self.tag_frequencies)), y_pred,
+                                                         self.tag_frequencies)  # fmt: skip
 
 
 @keras.saving.register_keras_serializable(package="tfhash")
 class HammingTripletLoss(_BatchLoss):
     """HCLM's Hamming triplet loss (Eq. 22-24, batch-all mining) on the tanh codes."""
 
-    params = ("margin",)
+    params = ("margin", "num_classes")
 
-    def __init__(self, margin: float, name: str = "hamming_triplet_loss", **kwargs):
+    def __init__(self, margin: float, num_classes: int | None = None, name: str = "hamming_triplet_loss", **kwargs):
         super().__init__(name=name, **kwargs)
         self.margin = float(margin)
+        self.num_classes = num_classes
 
     def call(self, y_true, y_pred):
-        labels, taking_part = self.unpack(y_true)
+        labels, taking_part = self.unpack(y_true, self.num_classes)
         return hamming_triplet_per_example(labels, y_pred, self.margin, taking_part)
 
 
@@ -181,7 +192,7 @@ class HyP2ProxyLoss(_BatchLoss):
         self.zeta = float(zeta)
 
     def call(self, y_true, y_pred):
-        labels, taking_part = self.unpack(y_true)
+        labels, taking_part = self.unpack(y_true, y_pred.shape[-1])
         return hyp2_proxy_per_example(labels, y_pred, self.zeta, taking_part)
 
 
@@ -189,15 +200,17 @@ class HyP2ProxyLoss(_BatchLoss):
 class HyP2PairLoss(_BatchLoss):
     """HyP2's irrelevant-pair term (Eq. 4-6) on the codes."""
 
-    params = ("zeta", "pair_scope")
+    params = ("zeta", "pair_scope", "num_classes")
 
-    def __init__(self, zeta: float, pair_scope: str = "multi-label", name: str = "hyp2_pair_loss", **kwargs):
+    def __init__(self, zeta: float, pair_scope: str = "multi-label", num_classes: int | None = None,
+                 name: str = "hyp2_pair_loss", **kwargs):  # fmt: skip
         super().__init__(name=name, **kwargs)
         self.zeta = float(zeta)
         self.pair_scope = check_pair_scope(pair_scope)
+        self.num_classes = num_classes
 
     def call(self, y_true, y_pred):
-        labels, taking_part = self.unpack(y_true)
+        labels, taking_part = self.unpack(y_true, self.num_classes)
         return hyp2_pair_per_example(labels, y_pred, self.zeta, self.pair_scope, taking_part)
 
 
@@ -207,14 +220,15 @@ class PairwiseLikelihoodLoss(_BatchLoss):
     ``y_true``, codes as ``y_pred``). :class:`tfhash.models.PairwiseHashModel` pairs every example
     with a memory of the whole training set instead."""
 
-    params = ("eta",)
+    params = ("eta", "num_classes")
 
-    def __init__(self, eta: float = 0.01, name: str = "pairwise_likelihood_loss", **kwargs):
+    def __init__(self, eta: float = 0.01, num_classes: int | None = None, name: str = "pairwise_likelihood_loss", **kwargs):
         super().__init__(name=name, **kwargs)
         self.eta = float(eta)
+        self.num_classes = num_classes
 
     def call(self, y_true, y_pred):
-        labels, taking_part = self.unpack(y_true)
+        labels, taking_part = self.unpack(y_true, self.num_classes)
         values = pairwise_likelihood_per_example(y_pred, y_pred, pairwise_similarity(labels, labels), self.eta, taking_part)
         return values * taking_part_mask(keras.ops.shape(y_pred)[0], taking_part)
 

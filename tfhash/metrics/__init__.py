@@ -1,7 +1,12 @@
 """Retrieval metrics: the one definition every other part of tfhash calls (docs/design.md s.2-3).
 
-Plots live in :mod:`tfhash.metrics.plots` (matplotlib, imported on use).
+Plots live in :mod:`tfhash.metrics.plots` (matplotlib, imported on use). The Keras metrics of a
+training batch (:class:`ClassAccuracy`, :class:`PrecisionAtRadius`, for ``compile(metrics=...)``)
+live in :mod:`tfhash.metrics.keras_metrics` and are imported on first use, so that this package
+stays free of TensorFlow.
 """
+
+import importlib
 
 from tfhash.metrics.geometry import class_distances
 from tfhash.metrics.retrieval import (
@@ -17,7 +22,18 @@ from tfhash.metrics.retrieval import (
     precision_at_n_curve,
 )
 
+_KERAS_METRICS = ("ClassAccuracy", "PrecisionAtRadius")
+
+
+def __getattr__(name: str):
+    if name in _KERAS_METRICS:
+        return getattr(importlib.import_module("tfhash.metrics.keras_metrics"), name)
+    raise AttributeError(f"module 'tfhash.metrics' has no attribute {name!r}")
+
+
 __all__ = [
+    "ClassAccuracy",
+    "PrecisionAtRadius",
     "RetrievalReport",
     "average_precision",
     "class_distances",

@@ -9,6 +9,7 @@ import numpy as np
 
 from tfhash.codes import as_packed
 from tfhash.hamming import code_words
+from tfhash.labels import multi_hot
 
 
 @dataclass(frozen=True)
@@ -32,33 +33,12 @@ class RetrievalProblem:
         return self.db_words.shape[0]
 
 
-def _normalise_labels(labels: np.ndarray, name: str) -> np.ndarray:
-    labels = np.asarray(labels)
-    if labels.ndim not in (1, 2):
-        raise ValueError(f"{name} must be class ids (n,) or multi-hot (n, C), got shape {labels.shape}")
-    if not (np.issubdtype(labels.dtype, np.number) or labels.dtype == np.bool_):
-        raise TypeError(f"{name} must be numeric, got {labels.dtype}")
-    if labels.ndim == 2 and np.issubdtype(labels.dtype, np.floating) and not np.all(np.isfinite(labels)):
-        raise ValueError(f"{name} contain NaN or infinity")
-    if labels.ndim == 1 and not np.issubdtype(labels.dtype, np.integer):
-        raise TypeError(f"{name}: 1-D labels must be integer class ids, got {labels.dtype}")
-    if labels.size and labels.min() < 0:
-        raise ValueError(f"{name} must not be negative")
-    return labels
-
-
-def label_bitmasks(labels: np.ndarray, num_classes: int) -> np.ndarray:
-    """Class ids ``(n,)`` or multi-hot ``(n, C)`` -> ``uint64`` ``(n, ceil(C / 64))`` bitmasks."""
-    if labels.ndim == 1:
-        if labels.size and labels.max() >= num_classes:
-            raise ValueError(f"class id {labels.max()} is outside the {num_classes} classes")
-        multi_hot = np.zeros((labels.size, num_classes), dtype=bool)
-        multi_hot[np.arange(labels.size), labels] = True
-    else:
-        multi_hot = labels > 0
+def label_bitmasks(labels: np.ndarray) -> np.ndarray:
+    """``(n, C)`` multi-hot -> ``uint64`` ``(n, ceil(C / 64))`` bitmasks."""
+    num_classes = labels.shape[1]
     words = max(1, -(-num_classes // 64))
-    padded = np.zeros((multi_hot.shape[0], words * 64), dtype=bool)
-    padded[:, : multi_hot.shape[1]] = multi_hot
+    padded = np.zeros((labels.shape[0], words * 64), dtype=bool)
+    padded[:, :num_classes] = labels > 0
     return np.ascontiguousarray(np.packbits(padded, axis=1, bitorder="little").view(np.uint64))
 
 
@@ -68,7 +48,8 @@ def prepare(query_codes, db_codes, query_labels, db_labels) -> RetrievalProblem:
     Args:
         query_codes, db_codes: +-1 codes ``(n, K)`` (any numeric dtype) or packed ``uint8``
             ``(n, K/8)``.
-        query_labels, db_labels: integer class ids ``(n,)`` or one-hot / multi-hot ``(n, C)``.
+        query_labels, db_labels: class ids ``(n,)`` or one-hot / multi-hot ``(n, C)``
+            (:func:`tfhash.labels.multi_hot`; an item without labels is relevant to nothing).
 
     Raises:
         ValueError / TypeError: on mismatched counts, widths, class counts, an empty database,
@@ -82,22 +63,22 @@ def prepare(query_codes, db_codes, query_labels, db_labels) -> RetrievalProblem:
         )
     if db_packed.shape[0] == 0:
         raise ValueError("the database is empty")
-    query_labels = _normalise_labels(query_labels, "query_labels")
-    db_labels = _normalise_labels(db_labels, "db_labels")
+    query_labels, db_labels = np.asarray(query_labels), np.asarray(db_labels)
     for codes, labels, name in ((query_packed, query_labels, "query"), (db_packed, db_labels, "database")):
-        if codes.shape[0] != labels.shape[0]:
+        if labels.ndim and codes.shape[0] != labels.shape[0]:
             raise ValueError(f"{name}: {codes.shape[0]} codes but {labels.shape[0]} label rows")
     widths = {lab.shape[1] for lab in (query_labels, db_labels) if lab.ndim == 2}
     if len(widths) > 1:
         raise ValueError(f"query labels have {query_labels.shape[1]} classes, database labels {db_labels.shape[1]}")
     if widths:
         num_classes = widths.pop()
-    else:
-        num_classes = int(max(query_labels.max(initial=0), db_labels.max(initial=0))) + 1
+    else:  # class ids on both sides: as many classes as the larger id needs
+        num_classes = max(multi_hot(labels, None, unlabelled=True, name=name, dtype=np.uint8).shape[1]
+                          for labels, name in ((query_labels, "query_labels"), (db_labels, "db_labels")))  # fmt: skip
     return RetrievalProblem(
         code_words(query_packed),
         code_words(db_packed),
-        label_bitmasks(query_labels, num_classes),
-        label_bitmasks(db_labels, num_classes),
+        label_bitmasks(multi_hot(query_labels, num_classes, unlabelled=True, name="query_labels", dtype=np.uint8)),
+        label_bitmasks(multi_hot(db_labels, num_classes, unlabelled=True, name="db_labels", dtype=np.uint8)),
         query_packed.shape[1] * 8,
     )

@@ -2,6 +2,11 @@
 (DPSH-style pairwise, CNNBH-style softmax classifier), each with ``encode(x) -> +-1 codes``.
 
 Paper hyper-parameters are named presets (:data:`SCDH_PRESETS`); every value is overridable.
+
+Importing this package registers every class a saved tfhash model may hold with Keras (models,
+layers, losses, metrics, optimizers, augmentation), so ``keras.saving.load_model("m.keras")``
+needs only ``import tfhash.models`` first. Every builder refuses a code length that packed codes
+cannot store (:func:`tfhash.codes.check_bits`) before any work.
 """
 
 from __future__ import annotations
@@ -11,6 +16,10 @@ from collections.abc import Callable
 import keras
 import numpy as np
 
+import tfhash.fine_tuning  # noqa: F401  (registers the optimizers a compiled model saves)
+import tfhash.losses  # noqa: F401  (registers the loss wrappers)
+import tfhash.metrics.keras_metrics  # noqa: F401  (registers the compile metrics)
+from tfhash.codes import check_bits
 from tfhash.models.backbones import (
     AUGMENTATIONS,
     IMAGE_NETWORKS,
@@ -74,6 +83,7 @@ def build_jcch(backbones: dict, num_classes: int, bits: int, preset: str | None 
     coordinate has the same magnitude and a code near its centre has the centre's signs. On Wiki
     it lifts image->text mAP (see the README); None learns them (the paper).
     """
+    check_bits(bits)
     params = {k: v for k, v in resolve_preset(preset, overrides).items() if k not in _WARMUP_KEYS}
     centres = None
     if fixed_centres is not None:
@@ -94,6 +104,7 @@ def build_hclm(backbone: keras.Model, num_classes: int, bits: int, similarity: n
     ablation's random / learned-free alternatives)."""
     from tfhash.proxies import hclm_proxies
 
+    check_bits(bits)
     if proxies is None:
         proxies = hclm_proxies(num_classes, bits, similarity=similarity, seed=seed)
     return HCLMModel(backbone, proxies, tag_frequencies=tag_frequencies, triplet_weight=triplet_weight, margin=margin)

@@ -1,5 +1,6 @@
 """What every tfhash model shares: its encoders (one per modality) and ``encode`` to +-1 codes,
-target and sample-weight unpacking, and the reduction of per-example losses."""
+sample-weight unpacking, and the reduction of per-example losses (the Keras training
+conventions are :mod:`tfhash.models.training`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,15 @@ import numpy as np
 import tensorflow as tf
 from keras import ops
 
+from tfhash.labels import rows_text
 from tfhash.losses.reduction import reduce_parts
+from tfhash.models.inputs import (
+    InputError,
+    assert_finite_features,
+    checked_features,
+    is_dataset,
+    readable_checks,
+)
 
 #: The one modality of a single-input model.
 DEFAULT_MODALITY = "default"
@@ -17,15 +26,6 @@ DEFAULT_MODALITY = "default"
 def binarize(codes):
     """sign with sign(0) = +1, as ``int8`` +-1 (docs/design.md s.2); stock ops only."""
     return ops.cast(ops.where(codes >= 0, 1, -1), "int8")
-
-
-def unpack_targets(y):
-    """``y`` is the labels, or a dict with ``labels`` and optional JCCH ``q`` / ``u``."""
-    if isinstance(y, dict):
-        if "labels" not in y:
-            raise ValueError("a target dict must hold 'labels' (and optionally 'q', 'u')")
-        return y["labels"], y.get("q"), y.get("u")
-    return y, None, None
 
 
 def unpack_sample_weight(sample_weight):
@@ -110,11 +110,28 @@ class EncoderMixin:
         return {modality: self.encoder(modality) for modality in self.modalities}
 
     def continuous_codes(self, x, modality: str | None = None, batch_size: int = 512) -> np.ndarray:
-        """Continuous codes F of ``modality``'s inputs ``x``."""
-        return np.asarray(self.encoder(modality).predict(x, batch_size=batch_size, verbose=0))
+        """Continuous codes F of ``modality``'s inputs ``x``: an array-like (a list too), or a
+        ``tf.data`` dataset of input batches. Non-finite inputs are refused (naming the rows), and
+        so are codes a model with non-finite weights makes.
+
+        Raises:
+            InputError: NaN or infinity in the inputs or the codes.
+        """
+        if is_dataset(x):
+            x = x.map(lambda batch: assert_finite_features(batch, "the dataset's inputs"))
+        else:
+            x = checked_features(x, "x")
+        with readable_checks():
+            codes = np.asarray(self.encoder(modality).predict(x, batch_size=batch_size, verbose=0))
+        bad = np.flatnonzero(~np.isfinite(codes).all(axis=-1))
+        if bad.size:
+            raise InputError(f"the model made non-finite codes for {rows_text(bad, len(codes))}: its weights hold NaN or "
+                             "infinity (a training run that diverged); retrain it")  # fmt: skip
+        return codes
 
     def encode(self, x, modality: str | None = None, batch_size: int = 512) -> np.ndarray:
-        """+-1 ``int8`` codes of ``modality``'s inputs ``x``."""
+        """+-1 ``int8`` codes of ``modality``'s inputs ``x`` (as :meth:`continuous_codes` takes
+        them). ``predict`` keeps Keras's meaning: the model's continuous outputs."""
         return np.asarray(binarize(self.continuous_codes(x, modality, batch_size)))
 
 

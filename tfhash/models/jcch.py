@@ -12,12 +12,12 @@ from tfhash.models.base import (
     NestedConfigMixin,
     loss_trackers,
     reduce_tracked_loss,
-    unpack_targets,
 )
+from tfhash.models.training import TrainingMixin
 
 
 @keras.saving.register_keras_serializable(package="tfhash")
-class JCCHModel(NestedConfigMixin, EncoderMixin, keras.Model):
+class JCCHModel(TrainingMixin, NestedConfigMixin, EncoderMixin, keras.Model):
     """Two towers (one backbone + HashHead + classifier per modality) whose codes are scored
     against one shared :class:`SemanticClusters` layer.
 
@@ -35,6 +35,8 @@ class JCCHModel(NestedConfigMixin, EncoderMixin, keras.Model):
             array the centres are held at (ours; :func:`tfhash.models.build_jcch` makes them from
             hash-consistent proxies).
     """
+
+    objective_name = "JCCH Eq. 17: each tower's SCDH loss + beta x code alignment"
 
     def __init__(self, backbones: dict, num_classes: int, bits: int, lam: float = 0.005, mu: float = 0.2,
                  alpha: float = 0.05, beta: float = 0.1, p: float = 3.0, centres=None, **kwargs):  # fmt: skip
@@ -71,11 +73,18 @@ class JCCHModel(NestedConfigMixin, EncoderMixin, keras.Model):
         return {m: self.tower(m, inputs[m], training) for m in self.modalities}
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
-        labels, q, u = unpack_targets(y)
+        labels, q, u = self.unpack_targets(y)
         per_example = cross_modal_per_example(labels, [y_pred[m] for m in self.modalities], self.lam, self.mu, self.alpha,
                                               self.beta, q, u, self.p)  # fmt: skip
         return reduce_tracked_loss(self, per_example, sample_weight,
                                    lambda reduced: cross_modal_total(reduced, self.mu, self.alpha, self.beta))  # fmt: skip
+
+    @property
+    def towers(self) -> tuple[str, ...]:
+        return self.modalities
+
+    def tower_outputs(self, y_pred) -> dict:
+        return {m: y_pred[m] for m in self.modalities}
 
     def modality_backbone(self, modality: str | None = None) -> keras.Model:
         return self.backbones[self.check_modality(modality)]

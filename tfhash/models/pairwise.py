@@ -16,10 +16,11 @@ from tfhash.models.base import (
     reduce_tracked_loss,
     unpack_sample_weight,
 )
+from tfhash.models.training import TrainingMixin
 
 
 @keras.saving.register_keras_serializable(package="tfhash")
-class PairwiseHashModel(NestedConfigMixin, EncoderMixin, keras.Model):
+class PairwiseHashModel(TrainingMixin, NestedConfigMixin, EncoderMixin, keras.Model):
     """backbone -> HashHead (linear u) trained with DPSH's pairwise likelihood against a memory of
     the latest codes and labels of all ``num_train`` training examples (DPSH Algorithm 1: the
     batch's rows of the memory are overwritten with the batch's codes, then the batch is paired
@@ -38,6 +39,9 @@ class PairwiseHashModel(NestedConfigMixin, EncoderMixin, keras.Model):
             0.1 / 0.01 / 0.001, the value that trained best in one MNIST run of the evidence report).
     """
 
+    class_scores = None
+    objective_name = "DPSH Eq. 5: pairwise likelihood against the training-set memory + eta x quantization"
+
     def __init__(self, backbone, num_classes: int, bits: int, num_train: int, eta: float = 0.01, **kwargs):
         super().__init__(**kwargs)
         if int(num_train) <= 0:
@@ -52,23 +56,26 @@ class PairwiseHashModel(NestedConfigMixin, EncoderMixin, keras.Model):
                                             trainable=False, name="label_memory")  # fmt: skip
         self._trackers = loss_trackers(self, ())
 
-    def fit(self, x=None, y=None, **kwargs):
-        """``keras.Model.fit`` after checking that in-memory ``index`` targets are rows of the
-        training set (an out-of-range row would be dropped silently by a compiled scatter)."""
-        if isinstance(y, dict) and "index" in y and not hasattr(y["index"], "element_spec"):
+    def normalised_targets(self, y, name: str = "y"):
+        if not isinstance(y, dict) or "index" not in y or "labels" not in y:
+            raise ValueError("PairwiseHashModel needs targets {'labels': ..., 'index': ...} (each row's index in the training set)")
+        return super().normalised_targets(y, name)
+
+    def check_targets(self, y: dict, name: str) -> None:
+        """In-memory ``index`` targets must be rows of the training set (an out-of-range row would
+        be dropped silently by a compiled scatter)."""
+        super().check_targets(y, name)
+        if not tf.is_tensor(y["index"]):
             rows = np.asarray(y["index"])
             if rows.size and (not np.issubdtype(rows.dtype, np.integer) or rows.min() < 0 or rows.max() >= self.num_train):
-                raise ValueError(f"every 'index' target must be an integer row in [0, {self.num_train})")
-        return super().fit(x, y, **kwargs)
+                raise ValueError(f"every {name}['index'] target must be an integer row in [0, {self.num_train})")
 
     def call(self, inputs, training=False):
         return {"codes": self.hash_head(self.backbone(inputs, training=training))}
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
-        if not isinstance(y, dict) or "index" not in y or "labels" not in y:
-            raise ValueError("PairwiseHashModel needs targets {'labels': ..., 'index': ...} (rows of the training set)")
+        labels = self.unpack_targets(y)[0]
         sample_weight = unpack_sample_weight(sample_weight)
-        labels = tf.cast(y["labels"], tf.float32)
         rows = tf.reshape(tf.cast(y["index"], tf.int32), (-1, 1))
         codes = y_pred["codes"]
         self._remember(self.code_memory, rows, tf.stop_gradient(codes), sample_weight)

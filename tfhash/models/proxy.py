@@ -21,12 +21,12 @@ from tfhash.models.base import (
     loss_trackers,
     reduce_tracked_loss,
     unpack_sample_weight,
-    unpack_targets,
 )
+from tfhash.models.training import TrainingMixin
 
 
 @keras.saving.register_keras_serializable(package="tfhash")
-class HCLMModel(NestedConfigMixin, EncoderMixin, keras.Model):
+class HCLMModel(TrainingMixin, NestedConfigMixin, EncoderMixin, keras.Model):
     """backbone -> HashHead(tanh) = nu(x) -> FixedProxies (logits nu.w_c).
 
     Loss: softmax cross-entropy (single-label) or the class-balanced BCE (multi-label, with
@@ -43,6 +43,8 @@ class HCLMModel(NestedConfigMixin, EncoderMixin, keras.Model):
         triplet_weight: lambda of the joint objective (0 = no triplet term; the paper uses 1).
         margin: triplet margin m in Hamming units (default K / 8; our choice, the paper leaves it open).
     """
+
+    objective_name = "HCLM Eq. 22-24: cross-entropy over the proxies + lambda x Hamming triplet"
 
     def __init__(self, backbone, proxies, tag_frequencies=None, triplet_weight: float = 0.0, margin: float | None = None,
                  learn_proxies: bool = False, **kwargs):  # fmt: skip
@@ -64,7 +66,7 @@ class HCLMModel(NestedConfigMixin, EncoderMixin, keras.Model):
         return {"codes": codes, "logits": self.proxy_layer(codes)}
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
-        labels, _, _ = unpack_targets(y)
+        labels, _, _ = self.unpack_targets(y)
         sample_weight = unpack_sample_weight(sample_weight)
         if self.tag_frequencies is None:
             proxy_loss = classifier_cross_entropy_per_example(labels, y_pred["logits"])
@@ -86,7 +88,7 @@ class HCLMModel(NestedConfigMixin, EncoderMixin, keras.Model):
 
 
 @keras.saving.register_keras_serializable(package="tfhash")
-class HyP2Model(NestedConfigMixin, EncoderMixin, keras.Model):
+class HyP2Model(TrainingMixin, NestedConfigMixin, EncoderMixin, keras.Model):
     """backbone -> HashHead (linear F) with learnable proxies, trained with the HyP2 loss.
     ``call`` returns ``{"codes": F, "cosines": cos(F, p)}``. HyP2's terms are normalised over the
     batch; with ``sample_weight`` each example's share is weighted and rows of weight zero take no
@@ -97,6 +99,9 @@ class HyP2Model(NestedConfigMixin, EncoderMixin, keras.Model):
         beta: weight of the irrelevant-pair term (official default 0.5).
         pair_scope: which examples form irrelevant pairs (:func:`tfhash.losses.hyp2_loss`).
     """
+
+    class_scores = "cosines"
+    objective_name = "HyP2 Eq. 2-6: proxy loss + beta x irrelevant-pair loss"
 
     def __init__(self, backbone, num_classes: int, bits: int, zeta: float | None = None, beta: float = 0.5,
                  pair_scope: str = "multi-label", **kwargs):  # fmt: skip
@@ -115,7 +120,7 @@ class HyP2Model(NestedConfigMixin, EncoderMixin, keras.Model):
         return {"codes": codes, "cosines": self.proxy_layer(codes)}
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
-        labels, _, _ = unpack_targets(y)
+        labels, _, _ = self.unpack_targets(y)
         sample_weight = unpack_sample_weight(sample_weight)
         loss = hyp2_per_example(labels, y_pred["codes"], self.proxy_layer.proxies, self.zeta, self.beta, self.pair_scope,
                                 rows_taking_part(sample_weight))  # fmt: skip

@@ -16,12 +16,12 @@ from tfhash.models.base import (
     loss_trackers,
     reduce_tracked_loss,
     unpack_sample_weight,
-    unpack_targets,
 )
+from tfhash.models.training import TrainingMixin
 
 
 @keras.saving.register_keras_serializable(package="tfhash")
-class SCDHModel(NestedConfigMixin, EncoderMixin, keras.Model):
+class SCDHModel(TrainingMixin, NestedConfigMixin, EncoderMixin, keras.Model):
     """backbone -> HashHead (F, K units) -> SemanticClusters (-D), plus a classifier head ("fc8")
     on the backbone features; trained with SCUL + mu * l_1 + alpha * l_q.
 
@@ -36,6 +36,8 @@ class SCDHModel(NestedConfigMixin, EncoderMixin, keras.Model):
         similarity: ``"euclidean"`` (SCDH) or ``"dot"`` (with ``lam=0``: the SCDH-S ablation).
         p: Hoelder exponent of the quantization loss.
     """
+
+    objective_name = "SCDH Eq. 18: SCUL + mu l_1 + alpha l_q"
 
     def __init__(self, backbone, num_classes: int, bits: int, lam: float = 0.005, mu: float = 0.2,
                  alpha: float = 0.05, similarity: str = "euclidean", p: float = 3.0, **kwargs):  # fmt: skip
@@ -70,7 +72,7 @@ class SCDHModel(NestedConfigMixin, EncoderMixin, keras.Model):
         return scdh_total(parts, self.mu, self.alpha)
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
-        labels, q, u = unpack_targets(y)
+        labels, q, u = self.unpack_targets(y)
         return reduce_tracked_loss(self, self.supervised_per_example(labels, y_pred, q, u), sample_weight, self.objective)
 
     nested_keys = ("backbone",)
@@ -81,11 +83,11 @@ class SCDHModel(NestedConfigMixin, EncoderMixin, keras.Model):
 
 
 @keras.saving.register_keras_serializable(package="tfhash")
-class MeanTeacherSCDH(NestedConfigMixin, EncoderMixin, keras.Model):
+class MeanTeacherSCDH(TrainingMixin, NestedConfigMixin, EncoderMixin, keras.Model):
     """MT-SCDH (SCDH Eq. 21): a student SCDH model trained on labelled and unlabelled data and a
     teacher whose weights are the exponential moving average of the student's.
 
-    Unlabelled examples are rows whose labels are all zero. Per batch the loss is the SCDH loss of
+    Unlabelled examples are rows whose labels are all zero (or class id -1). Per batch the loss is the SCDH loss of
     the labelled rows, alpha * l_q of the unlabelled rows' codes, and w(t) times the consistency
     mu d(a, a^T) + d(-D, -D^T) over all rows, the student and the teacher each seeing the input
     with its own Gaussian noise. w(t) = consistency * exp(-5 (1 - t)^2) ramps up over
@@ -105,6 +107,9 @@ class MeanTeacherSCDH(NestedConfigMixin, EncoderMixin, keras.Model):
         ema_decay: teacher EMA decay.
         noise_stddev: standard deviation of the input noise, in input units.
     """
+
+    accepts_unlabelled = True
+    objective_name = "SCDH Eq. 21: SCDH on the labelled rows, alpha l_q on the unlabelled ones, w(t) x consistency"
 
     def __init__(self, student: SCDHModel, teacher: SCDHModel, consistency: float = 50.0,
                  rampup_steps: int = 1000, ema_decay: float = 0.99, noise_stddev: float = 0.0, **kwargs):  # fmt: skip
@@ -136,6 +141,14 @@ class MeanTeacherSCDH(NestedConfigMixin, EncoderMixin, keras.Model):
     def modalities(self) -> tuple[str, ...]:
         return self.teacher.modalities
 
+    @property
+    def num_classes(self) -> int:
+        return self.student.num_classes
+
+    @property
+    def bits(self) -> int:
+        return self.student.bits
+
     def modality_backbone(self, modality: str | None = None) -> keras.Model:
         """The student's backbone (the teacher follows it by EMA, not by training)."""
         return self.student.modality_backbone(modality)
@@ -151,7 +164,7 @@ class MeanTeacherSCDH(NestedConfigMixin, EncoderMixin, keras.Model):
         return self.consistency * tf.exp(-5.0 * tf.square(1.0 - t))
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
-        labels, q, u = unpack_targets(y)
+        labels, q, u = self.unpack_targets(y)
         sample_weight = unpack_sample_weight(sample_weight)
         taking_part = rows_taking_part(sample_weight)
         part = taking_part_mask(tf.shape(y_pred["codes"])[0], taking_part)
