@@ -1,9 +1,17 @@
-"""One typed config file describes a pipeline run (JSON)."""
+"""One typed config file describes a pipeline run (JSON).
+
+A config is checked completely when it is read, before TensorFlow or TFX load: unknown keys (with
+the nearest known key suggested), values of the wrong type or range, a backbone, its weights file
+and the data folders that do not exist. :meth:`PipelineConfig.load` names the file in every
+message. :data:`KEY_DOCS` describes every key (the README's table is checked against it).
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
+import numbers
 import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -14,39 +22,66 @@ from tfhash.index.factory import parse_index_type
 from tfhash.index.milvus import MilvusIndex, is_local
 from tfhash.registry import get_method, method_names
 
+#: The default of a key that has none: the config must set it.
+REQUIRED = dataclasses.MISSING
+
+
+def doc(default, text: str):
+    """A config key: its default (a value, or a factory such as ``dict`` or a lambda for a
+    mutable one; :data:`REQUIRED` for none) and what it does (:func:`key_table`)."""
+    if default is REQUIRED:
+        return field(metadata={"doc": text})
+    if callable(default):
+        return field(default_factory=default, metadata={"doc": text})
+    return field(default=default, metadata={"doc": text})
+
 
 @dataclass
 class TrainingConfig:
     """What the Trainer builds: a method of the library with its hyper-parameters."""
 
-    method: str = "scdh"
-    bits: int = 48
-    # small_cnn | mlp | an ImageNet network of tfhash.models.IMAGE_NETWORKS | the path of an encoder
-    backbone: str = "small_cnn"
-    backbone_weights: str | None = "imagenet"  # image networks: "imagenet" (a local file), a weights file, or null
-    image_size: int | None = None  # the side an image network runs at (default: its own)
-    hidden: list[int] = field(default_factory=lambda: [1024])
-    preset: str | None = "cifar10"
-    overrides: dict = field(default_factory=dict)  # e.g. {"lam": 0.01}
-    epochs: int = 20
-    batch_size: int = 64
-    # tfhash.fine_tuning.FineTuning settings over the backbone's defaults (optimizer, rates, schedule, ...)
-    fine_tuning: dict = field(default_factory=dict)
-    mixed_precision: str = "auto"  # "auto": mixed_float16 when a GPU is present; "on" | "off"
-    gpu_batch_size: int | None = None  # batch size when a GPU is present (default: batch_size)
-    seed: int = 0
-    label_coefficients: bool = False  # train with the JCCH q / u computed in Transform
-    # a kind of data of tfhash.recipes.RECOMMENDED: its method, settings, MLP and optimizer, under
-    # whatever this section sets itself (see with_recipe)
-    recipe: str | None = None
+    method: str = doc("scdh", "the method the Trainer builds: one of `tfhash methods` trained by the pipeline")
+    bits: int = doc(48, "code length K, a multiple of 8")
+    backbone: str = doc("small_cnn", "`small_cnn`, `mlp` (feature vectors), an ImageNet network (`squeezenet`, "
+                        "`resnet50`, `mobilenetv3small`, ...: `tfhash.networks.IMAGE_NETWORKS`) or the path of your "
+                        "own encoder (`.keras` file or SavedModel folder)")
+    backbone_weights: str | None = doc("imagenet", "an image network's weights: `imagenet` (a local file; never a "
+                                       "download), the path of a weights file, or null for a random init")
+    image_size: int | None = doc(None, "the side an image network runs at (null: its own, 224 for SqueezeNet)")
+    hidden: list[int] = doc(lambda: [1024], "the widths of the `mlp` backbone's layers")
+    preset: str | None = doc("cifar10", "SCDH / JCCH loss weights (`cifar10`, `nuswide`, `imagenet`: "
+                             "`tfhash.models.SCDH_PRESETS`; null for the model's own defaults)")
+    overrides: dict = doc(dict, "the method's own settings over the preset, e.g. `{\"lam\": 0.01}`")
+    epochs: int = doc(20, "training epochs (one pass over the training split each)")
+    batch_size: int = doc(64, "training batch")
+    fine_tuning: dict = doc(dict, "`tfhash.fine_tuning.FineTuning` settings over the backbone's defaults: "
+                            "optimizer, learning_rate, backbone_learning_rate, schedule, augment, dropout, ...")
+    mixed_precision: str = doc("auto", "`auto` (mixed_float16 when a GPU is present), `on` or `off`")
+    gpu_batch_size: int | None = doc(None, "the batch when a GPU is present (null: batch_size)")
+    seed: int = doc(0, "seeds the initial weights and the shuffling")
+    label_coefficients: bool = doc(False, "train with the JCCH coefficients q / u computed in Transform (needs "
+                                   "jcch_anchors)")
+    recipe: str | None = doc(None, "a kind of data of `tfhash.recipes.RECOMMENDED` (`multi-label`, `cross-modal`): "
+                             "its method, settings, MLP and optimizer, under whatever this section sets itself")
 
     def __post_init__(self) -> None:
-        from tfhash.models.backbones import check_backbone_name
+        from tfhash.networks import check_backbone_name
 
         if self.method not in method_names(in_pipeline=True):
-            raise ValueError(f"unknown method {self.method!r}; the pipeline trains {method_names(in_pipeline=True)}")
+            raise ValueError(f"unknown method {self.method!r}; the pipeline trains {method_names(in_pipeline=True)}"
+                             f"{suggestion(self.method, method_names(in_pipeline=True))}")  # fmt: skip
         check_bits(self.bits)
         check_backbone_name(self.backbone)
+        for key in ("epochs", "batch_size"):
+            check_count(f"training.{key}", getattr(self, key))
+        check_count("training.gpu_batch_size", self.gpu_batch_size, optional=True)
+        if not (isinstance(self.hidden, list) and all(isinstance(u, int) and not isinstance(u, bool) and u > 0 for u in self.hidden)):
+            raise ValueError(f"training.hidden must be a list of positive layer widths, e.g. [1024], got {self.hidden!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"training.seed must be an integer, got {self.seed!r}")
+        for key in ("overrides", "fine_tuning"):
+            if not isinstance(getattr(self, key), dict):
+                raise ValueError(f"training.{key} must be an object of settings, got {getattr(self, key)!r}")
         if self.image_size is not None and not (isinstance(self.image_size, int) and 16 <= self.image_size <= 1024):
             raise ValueError(f"image_size must be an integer side from 16 to 1024 pixels, got {self.image_size!r}")
         if self.mixed_precision not in ("auto", "on", "off"):
@@ -64,6 +99,28 @@ class TrainingConfig:
         from tfhash.fine_tuning import FineTuning
 
         return FineTuning.for_backbone(self.backbone, **self.fine_tuning)
+
+
+def suggestion(word: str, known) -> str:
+    """``"; did you mean 'x'?"`` for the known word nearest ``word`` (empty when none is near)."""
+    near = difflib.get_close_matches(str(word), [str(k) for k in known], n=1, cutoff=0.6)
+    return f"; did you mean {near[0]!r}?" if near else ""
+
+
+def check_keys(section: dict, known, where: str) -> None:
+    """Refuse keys of ``section`` that are not ``known``, each with the nearest known key."""
+    unknown = sorted(set(section) - set(known))
+    if unknown:
+        hints = "; ".join(f"{where + key!r}{suggestion(key, known).replace('; ', ': ', 1)}" for key in unknown)
+        raise ValueError(f"unknown setting{'s' if len(unknown) > 1 else ''} {hints} (known: {sorted(known)})")
+
+
+def check_count(name: str, value, optional: bool = False) -> None:
+    """``value`` must be a positive integer (or None when ``optional``)."""
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer{' or null' if optional else ''}, got {value!r}")
 
 
 def with_recipe(training: dict) -> dict:
@@ -118,7 +175,7 @@ def pipeline_recipe(kind: str):
 def resolve_training_paths(training: dict, base: Path) -> dict:
     """``training`` with a relative encoder path (``backbone``) and weights file resolved against
     ``base`` (the config file's folder)."""
-    from tfhash.models.backbones import IMAGENET, is_encoder_path
+    from tfhash.networks import IMAGENET, is_encoder_path
 
     training = dict(training)
     backbone, weights = training.get("backbone"), training.get("backbone_weights")
@@ -138,32 +195,49 @@ class PipelineConfig:
     indexes.
     """
 
-    name: str
-    dataset: str = "mnist"
-    data_root: str | None = None
-    data_dir: str | None = None  # already exported TFRecords (tfhash data export / export-user) instead of `dataset`
-    split_seed: int = 0
-    limit: int | None = None  # examples per split, for small runs
-    modality: str = "image"
-    modalities: list[str] = field(default_factory=list)  # two names for a cross-modal method (jcch)
-    run_dir: str = DEFAULT_RUN_DIR
-    training: TrainingConfig = field(default_factory=TrainingConfig)
-    map_threshold: float = 0.5
-    max_regression: float = 0.01
-    index_kinds: list[str] = field(default_factory=lambda: ["BFlat"])
-    milvus_uri: str | None = None  # the Milvus of the "Milvus" index kind: a server URI, or a Milvus Lite file (default: in run_dir)
-    jcch_anchors: int | None = None  # anchors of the JCCH coefficients computed in Transform (None: off)
-    bad_records: str = "fail"  # RecordFilter policy: "fail" stops the run on any bad record, "drop" leaves them out
-    beam_args: list[str] = field(default_factory=lambda: ["--direct_running_mode=in_memory", "--direct_num_workers=1"])
-    image: str = "tfhash-pipeline:latest"  # container image named in the Kubeflow JSON
+    name: str = doc(REQUIRED, "the run's name: its folders under run_dir and the served model's name")
+    dataset: str = doc("mnist", "a shipped dataset (`mnist`, `cifar10`, `mirflickr25k`, `wiki`), exported with its "
+                       "standard split; not with data_dir")
+    data_root: str | None = doc(None, "the folder holding the shipped datasets and weights (null: $TFHASH_DATA_ROOT "
+                                "or ../shared/data)")
+    data_dir: str | None = doc(None, "a folder written by `tfhash data export-user` (your own data) or `tfhash data "
+                               "export`, read instead of dataset")
+    split_seed: int = doc(0, "the seed of a shipped dataset's standard split")
+    limit: int | None = doc(None, "keep the first N examples of each split (small runs)")
+    modality: str = doc("image", "the feature the model reads (`image`, or a name of export-user's --features)")
+    modalities: list[str] = doc(list, "two feature names for a cross-modal method (jcch); the first is the query side")
+    run_dir: str = doc(DEFAULT_RUN_DIR, "where the run writes: pipeline root, ML Metadata, pushed models, indexes")
+    training: TrainingConfig = doc(TrainingConfig, "the training section (keys `training.*` below)")
+    map_threshold: float = doc(0.5, "bless a model when its mAP@all reaches this")
+    max_regression: float = doc(0.01, "and when it is at most this below the last blessed model's")
+    index_kinds: list[str] = doc(lambda: ["BFlat"], "the indexes built for the pushed model (`BFlat`, `BIVF<n>`, "
+                                 "`BMultiHash<n>`, `ScaNN`, `ScaNNBrute`, `Milvus`)")
+    milvus_uri: str | None = doc(None, "the Milvus of the `Milvus` index: a server URI or a Milvus Lite file (null: a "
+                                 "file in run_dir)")
+    jcch_anchors: int | None = doc(None, "anchors of the JCCH coefficients computed in Transform (null: off)")
+    bad_records: str = doc("fail", "RecordFilter: `fail` stops the run on any bad record, `drop` leaves them out and "
+                           "reports them")
+    beam_args: list[str] = doc(lambda: ["--direct_running_mode=in_memory", "--direct_num_workers=1"],
+                               "arguments of every Beam job (runner, workers)")
+    image: str = doc("tfhash-pipeline:latest", "the container image named in the Kubeflow JSON")
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise ValueError(f"name must be a non-empty string (it names the run's folders), got {self.name!r}")
         if isinstance(self.training, dict):
-            known = {f.name for f in fields(TrainingConfig)}
-            unknown = set(self.training) - known
-            if unknown:
-                raise ValueError(f"unknown training settings {sorted(unknown)}")
+            check_keys(self.training, [f.name for f in fields(TrainingConfig)], "training.")
             self.training = TrainingConfig(**with_recipe(self.training))
+        elif not isinstance(self.training, TrainingConfig):
+            raise ValueError(f"training must be an object of training settings, got {self.training!r}")
+        self._check_data()
+        check_count("limit", self.limit, optional=True)
+        check_count("jcch_anchors", self.jcch_anchors, optional=True)
+        if isinstance(self.split_seed, bool) or not isinstance(self.split_seed, int):
+            raise ValueError(f"split_seed must be an integer, got {self.split_seed!r}")
+        for key, low, high in (("map_threshold", 0.0, 1.0), ("max_regression", 0.0, 1.0)):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not low <= value <= high:
+                raise ValueError(f"{key} must be a number from {low} to {high}, got {value!r}")
         if not self.index_kinds:
             raise ValueError('index_kinds is empty; name at least one index type, e.g. ["BFlat"]')
         if not isinstance(self.index_kinds, list) or not all(isinstance(kind, str) for kind in self.index_kinds):
@@ -192,6 +266,25 @@ class PipelineConfig:
                              f"this run's inputs are {self.inputs}")  # fmt: skip
         if any(rates.values()) and self.training.backbone != "mlp":
             raise ValueError(f"training.fine_tuning.input_dropout is for the mlp backbone, not {self.training.backbone!r}")
+
+    def _check_data(self) -> None:
+        """The data the run reads: an exported folder (``data_dir``) or a shipped dataset under
+        ``data_root``, and an image network's weights file, all found now rather than minutes in."""
+        from tfhash.data import LOADERS
+        from tfhash.networks import IMAGE_NETWORKS, resolve_weights
+
+        if self.data_root is not None and not os.path.isdir(self.data_root):
+            raise ValueError(f"data_root {self.data_root!r} is not a folder (the folder holding mnist/, cifar10/, ...)")
+        if self.data_dir is not None:
+            if not os.path.isfile(os.path.join(self.data_dir, "metadata.json")):
+                raise ValueError(f"data_dir {self.data_dir!r} holds no metadata.json: write the folder with `tfhash data "
+                                 "export-user` (your own data) or `tfhash data export` first")  # fmt: skip
+        elif self.dataset not in LOADERS:
+            raise ValueError(f"unknown dataset {self.dataset!r}; the shipped ones are {sorted(LOADERS)}"
+                             f"{suggestion(self.dataset, LOADERS)}; for your own data set data_dir to the folder "
+                             "`tfhash data export-user` wrote")  # fmt: skip
+        if self.training.backbone in IMAGE_NETWORKS:
+            resolve_weights(self.training.backbone, self.training.backbone_weights, self.data_root)
 
     @property
     def layout(self) -> RunLayout:
@@ -225,19 +318,46 @@ class PipelineConfig:
             raw = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError) as err:
             raise ValueError(f"{path}: cannot read the pipeline config ({err})") from err
-        known = {f.name for f in fields(cls)}
-        unknown = set(raw) - known
-        if unknown:
-            raise ValueError(f"{path}: unknown settings {sorted(unknown)}")
-        base = path.resolve().parent
-        if isinstance(raw.get("training"), dict):
-            raw["training"] = resolve_training_paths(raw["training"], base)
-        config = cls(**raw)
-        for key in ("run_dir", "data_root", "data_dir"):
-            setattr(config, key, resolve_path(base, getattr(config, key)))
-        if config.milvus_uri and is_local(config.milvus_uri):  # a Milvus Lite file, relative to the config
-            config.milvus_uri = resolve_path(base, config.milvus_uri)
-        return config
+        try:
+            if not isinstance(raw, dict):
+                raise ValueError("a pipeline config is a JSON object of settings")
+            check_keys(raw, [f.name for f in fields(cls)], "")
+            missing = [f for f in fields(cls) if f.default is REQUIRED and f.default_factory is REQUIRED and f.name not in raw]
+            if missing:
+                raise ValueError("missing " + "; ".join(f"setting {f.name!r} ({f.metadata['doc']})" for f in missing))
+            if raw.get("data_dir") and "dataset" in raw:
+                raise ValueError(f"dataset {raw['dataset']!r} and data_dir are both set; a run reads data_dir (its "
+                                 "metadata.json names the data), so drop dataset")  # fmt: skip
+            base = path.resolve().parent
+            raw.setdefault("run_dir", DEFAULT_RUN_DIR)  # relative to the config file too
+            for key in ("run_dir", "data_root", "data_dir"):
+                if isinstance(raw.get(key), str):
+                    raw[key] = resolve_path(base, raw[key])
+            if isinstance(raw.get("milvus_uri"), str) and raw["milvus_uri"].strip() and is_local(raw["milvus_uri"]):
+                raw["milvus_uri"] = resolve_path(base, raw["milvus_uri"])  # a Milvus Lite file, relative to the config
+            if isinstance(raw.get("training"), dict):
+                raw["training"] = resolve_training_paths(raw["training"], base)
+            return cls(**raw)
+        except ValueError as err:
+            raise ValueError(f"{path}: {err}") from err
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def key_table() -> str:
+    """Every key of a config file with its default and what it does, as a Markdown table (the
+    README shows it; a test checks they agree)."""
+    rows = ["| key | default | what it does |", "|---|---|---|"]
+    for prefix, cls in (("", PipelineConfig), ("training.", TrainingConfig)):
+        for item in fields(cls):
+            if item.name == "training" and not prefix:
+                continue
+            if item.default is not dataclasses.MISSING:
+                default = json.dumps(item.default)
+            elif item.default_factory is not dataclasses.MISSING:
+                default = json.dumps(item.default_factory())
+            else:
+                default = "(required)"
+            rows.append(f"| `{prefix}{item.name}` | `{default}` | {item.metadata['doc']} |".replace("`(required)`", "(required)"))
+    return "\n".join(rows)

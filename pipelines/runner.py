@@ -22,11 +22,14 @@ from tfhash.artifacts import (
     EXAMPLES_SIGNATURE,
     ID,
     INDEXES_FILE,
+    ITEMS_FILE,
     LABELS,
     PACKED_CODES,
     RECORDS_REPORT_FILE,
+    Item,
     RunLayout,
     label_spec,
+    read_items,
 )
 
 
@@ -192,7 +195,8 @@ def summarise(config: PipelineConfig, run_id: str | None = None) -> dict:
 
 def example_query(config: PipelineConfig, indexes: dict) -> dict:
     """Encode the first query example with the pushed model and search every index built for it:
-    the 5 nearest ids and distances from each, and whether all indexes agree on the distances."""
+    the 5 nearest ids and distances from each, and whether all indexes agree on the distances;
+    with the data's ``items.csv``, the query's and each neighbour's file and class names too."""
     import tensorflow as tf
 
     from tfhash.index import load_index
@@ -210,12 +214,24 @@ def example_query(config: PipelineConfig, indexes: dict) -> dict:
             index.close()
         answers[kind] = {"nearest_ids": result.ids[0].tolist(), "distances": np.asarray(result.distances[0]).tolist()}
     parsed = tf.io.parse_single_example(first, label_spec())
-    return {
+    example = {
         "query_id": int(parsed[ID].numpy()[0]),
         "query_labels": tf.sparse.to_dense(parsed[LABELS]).numpy().tolist(),
         "answers": answers,
         "same_distances": len({tuple(answer["distances"]) for answer in answers.values()}) == 1,
     }
+    items_file = os.path.join(config.layout.data, ITEMS_FILE)
+    if os.path.isfile(items_file):
+        items = read_items(items_file)
+
+        def named(item_id: int) -> dict:
+            item = items.get(item_id, Item("", ()))
+            return {"id": item_id, "path": item.path, "labels": list(item.labels)}
+
+        example["query_item"] = named(example["query_id"])
+        for answer in answers.values():
+            answer["nearest_items"] = [named(i) for i in answer["nearest_ids"]]
+    return example
 
 
 def compile_kubeflow(config: PipelineConfig, output: str, metadata: dict | None = None) -> str:

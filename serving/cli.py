@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
 
 import click
 
@@ -12,17 +14,20 @@ from tfhash.console import BadInput
 @click.group("serve")
 def serve_group() -> None:
     """TF Serving artifacts, the development model server and the search service."""
+    # A service's own events show by default: versions loaded and unloaded, the pair it serves.
+    events = logging.getLogger("tfhash.serving")
+    if events.getEffectiveLevel() > logging.INFO:
+        events.setLevel(logging.INFO)
 
 
-def _pipeline_serving(config_path: str) -> tuple[str, str, str, str]:
-    """(model name, serving base dir, index base dir, TF Serving config dir) of a pipeline config."""
+def _layout(config_path: str):
+    """The :class:`tfhash.artifacts.RunLayout` of a pipeline config (its serving, index and data folders)."""
     from tfhash.artifacts import RunLayout
 
     try:
-        layout = RunLayout.from_config_file(config_path)
+        return RunLayout.from_config_file(config_path)
     except ValueError as err:
         raise BadInput(str(err)) from err
-    return layout.name, layout.serving, layout.indexes, layout.tf_serving
 
 
 @serve_group.command("config")
@@ -40,7 +45,8 @@ def config_(config_path, base_path, model_name, index_base_dir, output, num_vers
     from tfhash.serving.deployment import write_deployment
 
     if config_path:
-        model_name, base_path, indexes, tf_serving = _pipeline_serving(config_path)
+        layout = _layout(config_path)
+        model_name, base_path, indexes, tf_serving = layout.name, layout.serving, layout.indexes, layout.tf_serving
         output, index_base_dir = output or tf_serving, index_base_dir or indexes
     elif not (base_path and model_name and output):
         raise click.UsageError("pass --config, or --base-path with --model-name and --output")
@@ -104,6 +110,9 @@ def model(model_config_file, model_name, model_base_path, host, port, poll_secon
 @click.option("--kind", default="BFlat", show_default=True,
               help="Which index of each version to serve (cross-modal models: <kind>-<database modality>).")
 @click.option("--query-modality", default=None, help="Cross-modal models: the queries' modality (its tower encodes).")
+@click.option("--items", "items_file", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="The data's items.csv (written by tfhash data export / export-user): answers name each hit's file and "
+                   "classes (default with --config: the run's data folder's items.csv, when there is one).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Bind address (loopback by default).")
 @click.option("--port", default=8600, show_default=True, type=click.IntRange(0, 65535))
 @click.option("--rest-port", default=None, type=click.IntRange(0, 65535), help="Also serve REST/JSON here.")
@@ -121,8 +130,8 @@ def model(model_config_file, model_name, model_base_path, host, port, poll_secon
               help="REST: seconds a client has to send its headers, and again its body, before the connection is closed.")
 @click.option("--grace-seconds", default=10.0, show_default=True, type=click.FloatRange(0),
               help="On SIGTERM / Ctrl-C, how long in-flight requests may take to finish.")
-def search(config_path, index_base_dir, model_base_dir, model_server, model_name, kind, query_modality, host, port,
-           rest_port, max_k, max_batch, max_request_mb, threads, poll_seconds, search_threads, encode_batch_size,
+def search(config_path, index_base_dir, model_base_dir, model_server, model_name, kind, query_modality, items_file, host,
+           port, rest_port, max_k, max_batch, max_request_mb, threads, poll_seconds, search_threads, encode_batch_size,
            rest_timeout, grace_seconds) -> None:  # fmt: skip
     """Run the search service until Ctrl-C / SIGTERM (then drain in-flight requests)."""
     import faiss
@@ -130,11 +139,18 @@ def search(config_path, index_base_dir, model_base_dir, model_server, model_name
     from tfhash.serving.requests import Limits
     from tfhash.serving.search_service import SearchServer, in_process_searcher, remote_searcher
 
+    from tfhash.artifacts import ITEMS_FILE, read_items
     from tfhash.hamming import set_threads
 
     if config_path:
-        name, serving_dir, indexes_dir, _ = _pipeline_serving(config_path)
-        model_name, model_base_dir, index_base_dir = model_name or name, model_base_dir or serving_dir, index_base_dir or indexes_dir
+        layout = _layout(config_path)
+        model_name, model_base_dir, index_base_dir = model_name or layout.name, model_base_dir or layout.serving, index_base_dir or layout.indexes
+        found = os.path.join(layout.data, ITEMS_FILE)
+        items_file = items_file or (found if os.path.isfile(found) else None)
+    try:
+        items = read_items(items_file) if items_file else None
+    except (OSError, ValueError) as err:
+        raise BadInput(str(err)) from err
     if not index_base_dir or not (model_base_dir or model_server):
         raise click.UsageError("pass --config, or --index-base-dir with --model-base-dir and/or --model-server")
     if model_server and not model_name:
@@ -144,9 +160,9 @@ def search(config_path, index_base_dir, model_base_dir, model_server, model_name
     limits = Limits(max_batch=max_batch, max_k=max_k)
     if model_server:
         searcher = remote_searcher(model_server, model_name, index_base_dir, kind, limits, model_base_dir,
-                                   query_modality=query_modality)  # fmt: skip
+                                   query_modality=query_modality, items=items)  # fmt: skip
     else:
-        searcher = in_process_searcher(model_base_dir, index_base_dir, kind, limits, encode_batch_size, query_modality)
+        searcher = in_process_searcher(model_base_dir, index_base_dir, kind, limits, encode_batch_size, query_modality, items)
     try:
         server = SearchServer(searcher, host, port, rest_port, poll_seconds, threads, max_request_mb << 20,
                               rest_options={"header_timeout": rest_timeout, "body_timeout": rest_timeout, "workers": threads})  # fmt: skip
@@ -156,7 +172,7 @@ def search(config_path, index_base_dir, model_base_dir, model_server, model_name
     def started(server) -> None:
         status = searcher.status()
         click.echo(f"search service on {server.address}" + (f", REST on {host}:{server.rest.port}" if server.rest else "")
-                   + (f"; serving model version {status['model_version']}" if status["ready"] else "; waiting for a model version with its index"),
-                   err=True)  # fmt: skip
+                   + (f"; serving model version {status['model_version']}" if status["ready"] else "; waiting for a model version with its index")
+                   + (f"; answers name files and classes from {items_file}" if items else ""), err=True)  # fmt: skip
 
     run_until_signal(server, grace_seconds, on_started=started)

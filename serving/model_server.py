@@ -230,6 +230,8 @@ class ModelRegistry:
         with self._poll_lock:
             previous = self._configs
             self._configs = {c.name: c for c in server_config.model_config_list.config}
+            for name in sorted(set(previous) - set(self._configs)):
+                logger.info("model %s: unloaded versions %s (no longer in the model config)", name, sorted(self._loaded.get(name, {})))
             # versions loaded from another folder than the model's new base path are not kept
             self._loaded = {name: self._loaded.get(name, {}) if name in previous and previous[name].base_path == config.base_path else {}
                             for name, config in self._configs.items()}  # fmt: skip
@@ -249,6 +251,8 @@ class ModelRegistry:
                         loaded = self._try_load(name, config.base_path, version)
                         if loaded is not None:
                             versions[version] = loaded
+                for version in sorted(set(current) - set(versions)):
+                    logger.info("model %s: unloaded version %d (no longer in its version policy or folder)", name, version)
                 snapshot[name] = versions
             self._loaded = snapshot
             for key in set(self.retries.errors()) - wanted_keys:  # versions that left the policy

@@ -5,7 +5,8 @@
   one of ``examples`` (base64 serialized tf.Examples), ``features`` (nested lists, batch first),
   ``codes`` (nested lists of +-1) or ``packed_codes`` (base64, one string per query), plus ``k``,
   optional ``radius`` and ``model_version`` (:mod:`tfhash.serving.requests`). Answers
-  ``{"model_version", "index_kind", "exact", "results": [{"ids", "distances"}]}``.
+  ``{"model_version", "index_kind", "exact", "results": [{"ids", "distances"}]}``; a service started
+  with the data's ``items.csv`` adds ``"paths"`` and ``"labels"`` (a list of class names) to each result.
 * ``GET /v1/status``; ``GET /healthz`` (alive); ``GET /readyz`` (200 once a pair can answer, else 503).
 
 Errors answer ``{"error": {"code": "INVALID_ARGUMENT", "message": ...}}`` with the HTTP status of
@@ -39,9 +40,19 @@ import tornado.netutil
 import tornado.web
 from tfhash.serving.errors import ServingError, internal_error
 from tfhash.serving.requests import json_int, json_object, json_version, query_from_json
-from tfhash.serving.searcher import VersionedSearcher
+from tfhash.serving.searcher import Neighbours, VersionedSearcher
 
 logger = logging.getLogger(__name__)
+
+
+def result_json(found: Neighbours) -> dict:
+    """One query's neighbours: ids and distances, and each one's path and class names when the
+    service knows its items."""
+    result = {"ids": found.ids.tolist(), "distances": found.distances.tolist()}
+    if found.items is not None:
+        result["paths"] = [item.path for item in found.items]
+        result["labels"] = [list(item.labels) for item in found.items]
+    return result
 
 
 def _error(code: str, message: str) -> dict:
@@ -189,7 +200,7 @@ class RestFront:
             return err.http_status, _error(err.code.name, err.message)
         return 200, {
             "model_version": str(pair.version), "index_kind": pair.index.format_tag, "exact": pair.index.exact,
-            "results": [{"ids": r.ids.tolist(), "distances": r.distances.tolist()} for r in results],
+            "results": [result_json(r) for r in results],
         }  # fmt: skip
 
     def start(self) -> None:

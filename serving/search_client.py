@@ -3,6 +3,9 @@
     with SearchClient("localhost:8600") as client:
         answer = client.search(examples=[record], k=10)
         answer.model_version, answer.ids[0], answer.distances[0]
+        answer.paths[0], answer.labels[0]  # when the service was started with the data's items.csv
+
+A query image of your own becomes a record with :func:`tfhash.data.user.image_query`.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from tfhash.serving import search_pb2, search_pb2_grpc
 from tfhash.serving.channel import ChannelClient
 from tfhash.serving.search_service import SERVICE_NAME
 
+from tfhash.artifacts import ITEM_LABEL_SEPARATOR
+
 
 @dataclass
 class SearchAnswer:
@@ -24,6 +29,8 @@ class SearchAnswer:
     exact: bool
     ids: list[np.ndarray]  # one int64 array per query, nearest first
     distances: list[np.ndarray]
+    paths: list[list[str]]  # each neighbour's file (empty lists when the service has no items.csv)
+    labels: list[list[list[str]]]  # each neighbour's class names
 
 
 def search_request(examples=None, features=None, codes=None, k: int = 10, radius: int | None = None,
@@ -68,7 +75,9 @@ class SearchClient(ChannelClient):
         response = self._call(self._stub.Search, search_request(examples, features, codes, k, radius, model_version), timeout)
         return SearchAnswer(response.model_version, response.index_kind, response.exact,
                             [np.asarray(r.ids, dtype=np.int64) for r in response.results],
-                            [np.asarray(r.distances, dtype=np.float32) for r in response.results])  # fmt: skip
+                            [np.asarray(r.distances, dtype=np.float32) for r in response.results],
+                            [list(r.paths) for r in response.results],
+                            [[names.split(ITEM_LABEL_SEPARATOR) if names else [] for names in r.labels] for r in response.results])  # fmt: skip
 
     def status(self, timeout: float | None = None) -> search_pb2.StatusResponse:
         return self._call(self._stub.GetStatus, search_pb2.StatusRequest(), timeout)

@@ -34,7 +34,7 @@ from tfhash.serving.requests import DEFAULT_LIMITS, Limits, query_from_proto
 from tfhash.serving.searcher import Neighbours, ServedPair, VersionedSearcher
 from tfhash.serving.versions import list_versions
 
-from tfhash.artifacts import model_version_dir
+from tfhash.artifacts import ITEM_LABEL_SEPARATOR, model_version_dir
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +44,10 @@ SERVICE_NAME = "tfhash.serving.HashSearch"
 def response_proto(pair: ServedPair, results: list[Neighbours]):
     response = search_pb2.SearchResponse(model_version=str(pair.version), index_kind=pair.index.format_tag, exact=pair.index.exact)
     for found in results:
-        response.results.add(ids=found.ids.tolist(), distances=found.distances.tolist())
+        neighbours = response.results.add(ids=found.ids.tolist(), distances=found.distances.tolist())
+        if found.items is not None:
+            neighbours.paths.extend(item.path for item in found.items)
+            neighbours.labels.extend(ITEM_LABEL_SEPARATOR.join(item.labels) for item in found.items)
     return response
 
 
@@ -66,22 +69,24 @@ class HashSearchServicer(search_pb2_grpc.HashSearchServicer):
 
 
 def in_process_searcher(model_base_dir: str, index_base_dir: str, kind: str = "BFlat", limits: Limits = DEFAULT_LIMITS,
-                        encode_batch_size: int = 128, query_modality: str | None = None):  # fmt: skip
+                        encode_batch_size: int = 128, query_modality: str | None = None, items: dict | None = None):  # fmt: skip
     """Encode with the SavedModel versions under ``model_base_dir``, loaded in this process;
     concurrent encode calls are batched up to ``encode_batch_size`` rows (1: no batching). For a
     cross-modal model, ``query_modality`` picks the queries' tower and ``kind`` names the index
-    of the database modality (e.g. ``"BFlat-text"`` for image -> text)."""
+    of the database modality (e.g. ``"BFlat-text"`` for image -> text). ``items``: the data's
+    ``items.csv`` (:func:`tfhash.artifacts.read_items`) to name every answer."""
 
     def path(version: int) -> str:
         return model_version_dir(model_base_dir, version)
 
     return VersionedSearcher(index_base_dir, kind, lambda: list_versions(model_base_dir),
                              lambda v: InProcessEncoder(path(v), v, max_batch_size=encode_batch_size, query_modality=query_modality),
-                             path, limits)  # fmt: skip
+                             path, limits, items=items)  # fmt: skip
 
 
 def remote_searcher(target: str, model_name: str, index_base_dir: str, kind: str = "BFlat", limits: Limits = DEFAULT_LIMITS,
-                    model_base_dir: str | None = None, timeout: float = 10.0, query_modality: str | None = None):  # fmt: skip
+                    model_base_dir: str | None = None, timeout: float = 10.0, query_modality: str | None = None,
+                    items: dict | None = None):  # fmt: skip
     """Encode through TF Serving at ``target``; a version counts once TF Serving reports it
     AVAILABLE (keep the paired version loaded there: :mod:`tfhash.serving.deployment` pins the
     paired versions in ``models.config``). With ``model_base_dir`` (the folder TF Serving watches,
@@ -102,7 +107,7 @@ def remote_searcher(target: str, model_name: str, index_base_dir: str, kind: str
         return model_version_dir(model_base_dir, version) if model_base_dir else None
 
     return VersionedSearcher(index_base_dir, kind, available, lambda v: RemoteEncoder(target, model_name, v, timeout, channel, query_modality),
-                             model_dir, limits)  # fmt: skip
+                             model_dir, limits, items=items)  # fmt: skip
 
 
 class SearchServer:

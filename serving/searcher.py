@@ -28,6 +28,10 @@ model whose index answers). Codes are binarised with sign (sign(0) = +1) and sea
 space, also on a ScaNN index (dot product of +-1 codes), so every index kind answers in the same
 units. A radius filters the k nearest neighbours (it never widens the search), so a request's
 cost is bounded by its queries and k whatever the radius.
+
+Items: given the exported data's ``items.csv`` (:func:`tfhash.artifacts.read_items`), every
+neighbour is answered with its source file and class names too (an id the file does not name gets
+an empty path and no labels).
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ from tfhash.serving.errors import invalid, not_found, shown, unavailable
 from tfhash.serving.requests import DEFAULT_LIMITS, Limits, Query
 from tfhash.serving.versions import Retries, check_fingerprint, tree_stamp
 
-from tfhash.artifacts import index_dir
+from tfhash.artifacts import Item, index_dir
 from tfhash.codes import as_packed, pack_codes, sign_codes
 from tfhash.index import (
     HashIndex,
@@ -56,6 +60,9 @@ from tfhash.index import (
 )
 
 logger = logging.getLogger(__name__)
+
+#: The answer's item for an id the items file does not name.
+UNKNOWN_ITEM = Item("", ())
 
 
 @dataclass(frozen=True)
@@ -74,6 +81,7 @@ class ServedPair:
 class Neighbours:
     ids: np.ndarray
     distances: np.ndarray
+    items: list[Item] | None = None  # each neighbour's file and classes, when the service knows them
 
 
 class VersionedSearcher:
@@ -88,12 +96,13 @@ class VersionedSearcher:
         model_dir_of: the SavedModel folder of a version, or None where it is not visible here (a
             remote model); used for the fingerprint check and to notice a copy that completed.
         retries: when to retry a pair that failed to load.
+        items: ``{id: Item}`` of the indexed data (its ``items.csv``), to name every answer.
     """
 
     def __init__(self, index_base_dir: str, kind: str, available_versions: Callable[[], list[int] | None],
                  make_encoder: Callable[[int], Encoder], model_dir_of: Callable[[int], str | None] = lambda v: None,
-                 limits: Limits = DEFAULT_LIMITS, retries: Retries | None = None):  # fmt: skip
-        self.index_base_dir, self.kind, self.limits = index_base_dir, kind, limits
+                 limits: Limits = DEFAULT_LIMITS, retries: Retries | None = None, items: dict[int, Item] | None = None):  # fmt: skip
+        self.index_base_dir, self.kind, self.limits, self.items = index_base_dir, kind, limits, items
         self._available_versions, self._make_encoder, self._model_dir_of = available_versions, make_encoder, model_dir_of
         self._active: ServedPair | None = None
         self._parked: ServedPair | None = None  # a withdrawn pair, reused if its version returns unchanged
@@ -228,13 +237,13 @@ class VersionedSearcher:
                           f"(packed uint8 (n, {pair.index.bits // 8}) or +-1 (n, {pair.index.bits}))")  # fmt: skip
         return packed
 
-    @staticmethod
-    def _neighbours(index: HashIndex, packed: np.ndarray, k: int, radius: int | None) -> list[Neighbours]:
+    def _neighbours(self, index: HashIndex, packed: np.ndarray, k: int, radius: int | None) -> list[Neighbours]:
         result = index.search(packed, k)  # every index kind takes packed codes; ties in insertion order (exact kinds)
         out = []
         for ids, distances in zip(result.ids, np.asarray(result.distances, dtype=np.float32), strict=True):
             keep = ids >= 0 if radius is None else (ids >= 0) & (distances <= radius)
-            out.append(Neighbours(ids[keep], distances[keep]))
+            items = None if self.items is None else [self.items.get(int(i), UNKNOWN_ITEM) for i in ids[keep]]
+            out.append(Neighbours(ids[keep], distances[keep], items))
         return out
 
     def status(self) -> dict:

@@ -175,9 +175,11 @@ def test_run_layout_of_a_config_file_is_the_pipelines(tmp_path):
 
     folder = tmp_path / "configs"
     folder.mkdir()
-    for extra in ({}, {"run_dir": "../runs/x", "data_dir": "exported"}, {"run_dir": str(tmp_path / "abs")}):
+    (tmp_path / "exported").mkdir()
+    (tmp_path / "exported" / "metadata.json").write_text("{}")
+    for extra in ({"dataset": "mnist"}, {"run_dir": "../runs/x", "data_dir": "../exported"}, {"run_dir": str(tmp_path / "abs")}):
         path = folder / "c.json"
-        path.write_text(json.dumps({"name": "demo", "dataset": "mnist", **extra}))
+        path.write_text(json.dumps({"name": "demo", **extra}))
         assert RunLayout.from_config_file(path) == PipelineConfig.load(path).layout
     path.write_text(json.dumps({"dataset": "mnist"}))
     with pytest.raises(ValueError, match="non-empty string 'name'"):

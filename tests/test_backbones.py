@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -136,13 +137,13 @@ def test_bad_backbones_are_clear_errors(tmp_path):
         image_backbone("resnet50", SHAPE)
     for name, network in IMAGE_NETWORKS.items():  # every name without an offline file says so
         if network.imagenet_file is None:
-            with pytest.raises(BackboneError, match=f"keras.applications.{network.build.constructor}"):
+            with pytest.raises(BackboneError, match=f"keras.applications.{network.constructor}"):
                 image_backbone(name, SHAPE)
     weights = tmp_path / "squeezenet.weights.h5"
     image_backbone("squeezenet", SHAPE, size=32, weights=None).get_layer("network").save_weights(str(weights))
     with pytest.raises(BackboneError, match="do not fit its architecture"):
         image_backbone("resnet50", SHAPE, size=32, weights=str(weights))
-    with pytest.raises(BackboneError, match="does not exist"):
+    with pytest.raises(BackboneError, match="missing.h5.* is neither .imagenet. nor an existing weights file"):
         image_backbone("resnet50", SHAPE, size=32, weights=str(tmp_path / "missing.h5"))
     with pytest.raises(BackboneError, match="feature map of shape"):
         image_backbone(user_encoder(tmp_path, "keras", pooled=False), SHAPE)
@@ -166,9 +167,11 @@ def test_augmentation_is_training_only(augment):
         FineTuning.for_backbone("squeezenet", augment="crop")
 
 
-def test_the_shared_squeezenet_weights_load():
-    backbone = image_backbone("squeezenet", SHAPE, size=64)
+def test_the_shared_squeezenet_weights_load(caplog):
+    with caplog.at_level(logging.INFO, logger="tfhash.models.backbones"):
+        backbone = image_backbone("squeezenet", SHAPE, size=64)
     assert backbone(pixels(2).astype("float32")).shape == (2, 512)
+    assert "backbone squeezenet at 64x64: weights " in caplog.text and "squeezenet_v1.1_notop_tf.h5" in caplog.text
 
 
 @pytest.mark.parametrize("distributed", [False, True])

@@ -30,7 +30,7 @@ def test_help_lists_commands():
     assert result.exit_code == 0
     for command in ("quickstart", "evaluate", "data"):
         assert command in result.output
-    assert "The shipped datasets and your own: info, export, export-user." in result.output
+    assert "The shipped datasets and your own: export, query images." in result.output
 
 
 def test_evaluate_help_names_the_arrays_it_needs():

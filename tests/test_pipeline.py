@@ -250,7 +250,7 @@ def test_trainer_targets_carry_label_coefficients():
 def test_config_errors_are_clear(tmp_path):
     path = tmp_path / "bad.json"
     path.write_text(json.dumps({"name": "x", "trainig": {}}))
-    with pytest.raises(ValueError, match="unknown settings"):
+    with pytest.raises(ValueError, match="unknown setting 'trainig': did you mean 'training'"):
         PipelineConfig.load(path)
     path.write_text(json.dumps({"name": "x", "training": {"method": "dpsh"}}))
     with pytest.raises(ValueError, match="unknown method"):

@@ -9,6 +9,7 @@ import base64
 import gc
 import http.client
 import json
+import logging
 import os
 import shutil
 import signal
@@ -153,7 +154,8 @@ def test_model_server_refuses_bad_predict_requests(model_server, inputs, signatu
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
-def test_model_server_follows_versions_labels_and_reports_broken_ones(artifacts, tmp_path):
+def test_model_server_follows_versions_labels_and_reports_broken_ones(artifacts, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="tfhash.serving.model_server")
     base = tmp_path / "models"
     shutil.copytree(os.path.join(artifacts["models"], "1"), base / "1")
     config = models_config([model_config(MODEL, str(base), num_versions=2, labels={"stable": 1})])
@@ -186,6 +188,9 @@ def test_model_server_follows_versions_labels_and_reports_broken_ones(artifacts,
             assert err.value.code == grpc.StatusCode.NOT_FOUND
     finally:
         server.stop(0)
+    logged = caplog.text  # the operator sees each version come and go
+    for line in ("loaded version 1 from", "loaded version 2 from", "loaded version 4 from", "unloaded version 1", "unloaded version 2"):
+        assert f"model {MODEL}: {line}" in logged, line
 
 
 def test_search_equals_the_library_search(artifacts, search_server):

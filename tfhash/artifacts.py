@@ -5,6 +5,8 @@ import each other; each imports this module for the names and layouts they share
 
 * **records**: the tf.Example schema of the pipeline's input (``id``, ``labels`` and one feature
   per modality) and its parse specs;
+* **items**: ``items.csv`` beside the exported records, each id's source file and class names,
+  which the search service reads to name its answers (:func:`write_items`, :func:`read_items`);
 * **signatures**: the SavedModel signature names, their input names and their outputs;
 * **codes in the graph**: :func:`code_outputs`, the TF-graph statement of
   :mod:`tfhash.codes` (same bits as :func:`tfhash.codes.pack_codes`, with stock ops);
@@ -19,6 +21,7 @@ imported only by the functions that build graph pieces, so the names cost nothin
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 from dataclasses import dataclass
@@ -54,6 +57,52 @@ def modality_spec(kind: str, shape):
     if kind == VECTOR:
         return tf.io.FixedLenFeature([int(s) for s in shape], tf.float32)
     raise ValueError(f"modality kind {kind!r} is neither {IMAGE!r} nor {VECTOR!r}")
+
+
+# --- items ---------------------------------------------------------------------------------------
+
+#: The file beside the exported records that names every item: columns ``id,path,labels``.
+ITEMS_FILE = "items.csv"
+ITEM_COLUMNS = ("id", "path", "labels")
+#: Separator of an item's class names in the ``labels`` column.
+ITEM_LABEL_SEPARATOR = ";"
+
+
+@dataclass(frozen=True)
+class Item:
+    """Where an exported item came from: its file (relative to the exported folder or list;
+    empty for feature rows) and its class names."""
+
+    path: str
+    labels: tuple[str, ...]
+
+
+def write_items(path: str | os.PathLike, items: dict[int, Item]) -> None:
+    """Write ``items.csv`` (sorted by id)."""
+    with open(path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(ITEM_COLUMNS)
+        for item_id in sorted(items):
+            writer.writerow([item_id, items[item_id].path, ITEM_LABEL_SEPARATOR.join(items[item_id].labels)])
+
+
+def read_items(path: str | os.PathLike) -> dict[int, Item]:
+    """``{id: Item}`` of an ``items.csv``.
+
+    Raises:
+        ValueError: a file without the header ``id,path,labels`` or with a row that is not
+            ``<integer id>,<path>,<labels>`` (naming the line).
+    """
+    with open(path, newline="", encoding="utf-8") as handle:
+        rows = list(csv.reader(handle))
+    if not rows or tuple(rows[0]) != ITEM_COLUMNS:
+        raise ValueError(f"{path}: an items file starts with the header {','.join(ITEM_COLUMNS)}")
+    items = {}
+    for line, row in enumerate(rows[1:], start=2):
+        if len(row) != 3 or not row[0].lstrip("-").isdigit():
+            raise ValueError(f"{path}, line {line}: expected <id>,<path>,<labels>; got {row!r}")
+        items[int(row[0])] = Item(row[1], tuple(name for name in row[2].split(ITEM_LABEL_SEPARATOR) if name))
+    return items
 
 
 # --- signatures ----------------------------------------------------------------------------------

@@ -104,7 +104,7 @@ def evaluate(codes_file: str, output_dir: str, top_r: int | None, radius: int, t
 
 @main.group()
 def data() -> None:
-    """The shipped datasets and your own: info, export, export-user."""
+    """The shipped datasets and your own: export, query images."""
 
 
 @data.command("info")
@@ -155,29 +155,56 @@ def _modalities(ctx: click.Context, param: click.Parameter, items: tuple[str, ..
 
 @data.command("export-user")
 @click.option("--output", required=True, type=click.Path(file_okay=False), help="Folder for train/, query/, database/.")
-@click.option("--images", type=click.Path(exists=True, file_okay=False), help="A folder of class sub-folders of images.")
-@click.option("--image-size", nargs=2, type=click.IntRange(1), default=None, help="Resize images to HEIGHT WIDTH.")
+@click.option("--images", type=click.Path(exists=True),
+              help="A folder of class sub-folders of images (<folder>/<class>/<image>), or a .csv list of image files "
+                   "and their class names (path,labels; ';' between several).")
+@click.option("--image-size", nargs=2, type=click.IntRange(1), default=None,
+              help="Resize every image to HEIGHT WIDTH (needed when the images differ in size).")
+@click.option("--skip-bad", is_flag=True, help="Leave out unreadable image files (recorded in metadata.json) instead of failing.")
 @click.option("--features", "features", multiple=True, metavar="NAME=PATH", callback=_modalities,
               help="A modality's feature matrix (.npy or .csv, one row per example); twice for paired cross-modal data.")
-@click.option("--labels", type=click.Path(exists=True, dir_okay=False), help="Class ids (one column) or multi-hot rows.")
-@click.option("--queries", default=100, show_default=True, type=click.IntRange(1))
-@click.option("--train", default=1000, show_default=True, type=click.IntRange(1))
+@click.option("--labels", type=click.Path(exists=True, dir_okay=False),
+              help="With --features: class ids or class names (one column; ';' between several), or multi-hot rows.")
+@click.option("--queries", default=None, type=click.IntRange(1),
+              help="Query items [default: 100, or a tenth of a small folder].")
+@click.option("--train", default=None, type=click.IntRange(1),
+              help="Training items, from the database [default: 1000, or the rest of a small folder].")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the random split.")
 @click.option("--name", default="custom", show_default=True)
 @click.option("--shards", default=1, show_default=True, type=click.IntRange(1))
-def data_export_user(output, images, image_size, features, labels, queries, train, seed, name, shards) -> None:
-    """Write your own data (image folders, or .npy/.csv features with labels) as pipeline input."""
+def data_export_user(output, images, image_size, skip_bad, features, labels, queries, train, seed, name, shards) -> None:
+    """Write your own data (image folders, or .npy/.csv features with labels) as pipeline input,
+    with metadata.json (what was converted, resized or skipped) and items.csv (each id's file and
+    classes)."""
     from tfhash.data import DataFormatError
     from tfhash.data.export import export_tfrecords
     from tfhash.data.user import load_user_dataset
 
     try:
         dataset = load_user_dataset(features or None, labels, images, tuple(image_size) if image_size else None,
-                                    queries, train, seed, name)  # fmt: skip
+                                    queries, train, seed, name, skip_bad)  # fmt: skip
         metadata = export_tfrecords(dataset, output, shards)
     except (DataFormatError, ValueError) as err:
         raise BadInput(str(err)) from err
     click.echo(json.dumps(metadata, indent=2))
+
+
+@data.command("image-query")
+@click.argument("image", type=click.Path(exists=True, dir_okay=False))
+@click.option("--data-dir", required=True, type=click.Path(exists=True, file_okay=False),
+              help="The folder export-user wrote (its metadata.json: the images' size and colour).")
+def data_image_query(image: str, data_dir: str) -> None:
+    """Print IMAGE as a base64 serialized tf.Example, prepared as export-user prepared the images:
+    the "examples" entry of a REST search body."""
+    import base64
+
+    from tfhash.data import DataFormatError
+    from tfhash.data.user import image_query
+
+    try:
+        click.echo(base64.b64encode(image_query(image, data_dir)).decode("ascii"))
+    except DataFormatError as err:
+        raise BadInput(str(err)) from err
 
 
 @main.command("methods")

@@ -6,23 +6,15 @@ after, SGD with momentum 0.9, the rate cut by 80% at fixed epochs; HyP2 Sec. 4.1
 0.9, weight decay 5e-4). :class:`FineTuning` states such a recipe, :func:`compile_fine_tuning`
 compiles a model with it, and :data:`FINE_TUNING_DEFAULTS` holds tfhash's default per backbone.
 
-The two rates live in one optimizer (:class:`BackboneRateSGD`, :class:`BackboneRateAdam`): the
-optimizer's learning rate (a schedule) drives the new layers, and the variables registered with
-:meth:`~_BackboneRates.set_backbone_variables` move at ``backbone_scale`` times it, or not at all
-during the first ``frozen_steps`` (a frozen warm-up). Weight decay is the coupled L2 of the papers'
-frameworks (``gradient + weight_decay * variable``, as PyTorch's and Caffe's SGD apply it) for SGD
-and Adam, and AdamW's decoupled decay for ``"adamw"`` (:class:`BackboneRateAdamW`).
-Like Keras's ``exclude_from_weight_decay``, the registered variables are not part of the
-optimizer's config: recompile with :func:`compile_fine_tuning` after loading a model to resume.
+The two rates live in one optimizer of :mod:`tfhash.optimizers`. This module imports no
+TensorFlow (Keras is imported when an optimizer or schedule is made), so a pipeline config's
+fine-tuning settings are checked before anything heavy loads.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, fields, replace
-
-import keras
-from keras import ops
 
 SCHEDULES = ("constant", "step", "cosine")
 OPTIMIZERS = ("sgd", "adam", "adamw")
@@ -33,6 +25,8 @@ def learning_rate_schedule(base: float, schedule: str, epochs: int, steps_per_ep
     """The learning rate over optimizer steps: ``"constant"``; ``"step"``, multiplied by
     ``decay_rate`` at each epoch of ``decay_epochs`` (SCDH: 0.2, "decreases by 80%"); ``"cosine"``,
     from ``base`` to 0 over ``epochs`` (SGDR without restarts)."""
+    import keras
+
     if schedule == "constant":
         return float(base)
     if schedule == "step":
@@ -46,63 +40,6 @@ def learning_rate_schedule(base: float, schedule: str, epochs: int, steps_per_ep
     if schedule == "cosine":
         return keras.optimizers.schedules.CosineDecay(float(base), max(1, int(epochs) * int(steps_per_epoch)))
     raise ValueError(f"unknown learning-rate schedule {schedule!r}; choose one of {SCHEDULES}")
-
-
-class _BackboneRates:
-    """Mixin for a Keras optimizer: registered backbone variables step at ``backbone_scale`` times
-    the learning rate, 0 before ``frozen_steps``; coupled L2 ``weight_decay`` on every variable."""
-
-    def __init__(self, *args, backbone_scale: float = 1.0, frozen_steps: int = 0, l2: float = 0.0, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.backbone_scale = float(backbone_scale)
-        self.frozen_steps = int(frozen_steps)
-        self.l2 = float(l2)
-        self._backbone_keys: set = set()
-
-    def set_backbone_variables(self, variables) -> None:
-        """The variables that take the backbone rate (the pretrained layers)."""
-        self._backbone_keys = {self._var_key(v) for v in variables}
-
-    def update_step(self, gradient, variable, learning_rate):
-        if self.l2:
-            gradient = ops.add(ops.cast(gradient, variable.dtype), ops.multiply(ops.cast(self.l2, variable.dtype), variable))
-        if self._var_key(variable) in self._backbone_keys:
-            scale = ops.where(ops.less(self.iterations, self.frozen_steps), 0.0, self.backbone_scale)
-            learning_rate = ops.multiply(ops.cast(learning_rate, "float32"), scale)
-            self._decay_backbone(variable, learning_rate)
-        return super().update_step(gradient, variable, learning_rate)
-
-    def _decay_backbone(self, variable, learning_rate) -> None:
-        """Decoupled weight decay of a backbone variable at its own rate (AdamW only)."""
-
-    def get_config(self):
-        return {**super().get_config(), "backbone_scale": self.backbone_scale, "frozen_steps": self.frozen_steps, "l2": self.l2}
-
-
-@keras.saving.register_keras_serializable(package="tfhash")
-class BackboneRateSGD(_BackboneRates, keras.optimizers.SGD):
-    """SGD (with momentum) with a separate rate for the backbone (see module docstring)."""
-
-
-@keras.saving.register_keras_serializable(package="tfhash")
-class BackboneRateAdam(_BackboneRates, keras.optimizers.Adam):
-    """Adam with a separate rate for the backbone (see module docstring)."""
-
-
-@keras.saving.register_keras_serializable(package="tfhash")
-class BackboneRateAdamW(_BackboneRates, keras.optimizers.AdamW):
-    """AdamW (decoupled weight decay) with a separate rate for the backbone (see module docstring):
-    a backbone variable decays at the backbone's rate, not at all while it is frozen."""
-
-    def _use_weight_decay(self, variable):
-        # Keras decays every variable at the global rate before the step; the backbone's decay is
-        # applied in update_step instead, at its own rate.
-        return self._var_key(variable) not in self._backbone_keys and super()._use_weight_decay(variable)
-
-    def _decay_backbone(self, variable, learning_rate) -> None:
-        if self.weight_decay and super()._use_weight_decay(variable):
-            rate = ops.multiply(ops.cast(learning_rate, variable.dtype), ops.cast(self.weight_decay, variable.dtype))
-            variable.assign(ops.subtract(variable, ops.multiply(variable, rate)))
 
 
 @dataclass
@@ -120,7 +57,7 @@ class FineTuning:
         freeze_batch_norm: keep the backbone's batch-norm statistics (see
             :func:`tfhash.models.backbones.image_backbone`).
         augment: augmentation of the training images: False, True (random shift and flip) or a
-            policy of :data:`tfhash.models.backbones.AUGMENTATIONS`.
+            policy of :data:`tfhash.networks.AUGMENTATIONS`.
         dropout: dropout rate on the backbone's feature vector in training (the papers' AlexNet
             feeds the hash layer through fc7's dropout of 0.5; SqueezeNet drops 0.5 before its
             classifier); for an MLP backbone, the dropout after each hidden layer.
@@ -155,7 +92,7 @@ class FineTuning:
         inputs = self.input_dropout.values() if isinstance(self.input_dropout, dict) else [self.input_dropout]
         if not all(isinstance(r, (int, float)) and 0 <= r < 1 for r in [self.dropout, *inputs]):
             raise ValueError(f"dropout and input_dropout must be in [0, 1); got {self.dropout}, {self.input_dropout}")
-        from tfhash.models.backbones import augmentation_policy
+        from tfhash.networks import augmentation_policy
 
         augmentation_policy(self.augment)
 
@@ -170,7 +107,7 @@ class FineTuning:
         unknown = set(overrides) - {f.name for f in fields(cls)}
         if unknown:
             raise ValueError(f"unknown fine-tuning settings {sorted(unknown)}; known: {sorted(f.name for f in fields(cls))}")
-        from tfhash.models.backbones import IMAGE_NETWORKS, is_encoder_path
+        from tfhash.networks import IMAGE_NETWORKS, is_encoder_path
 
         if backbone in FINE_TUNING_DEFAULTS:
             base = FINE_TUNING_DEFAULTS[backbone]
@@ -203,6 +140,8 @@ class FineTuning:
 
     def make_optimizer(self, epochs: int, steps_per_epoch: int):
         """The optimizer of this recipe (backbone variables still to be registered)."""
+        from tfhash.optimizers import BackboneRateAdam, BackboneRateAdamW, BackboneRateSGD
+
         rate = learning_rate_schedule(self.learning_rate, self.schedule, epochs, steps_per_epoch, self.decay_epochs, self.decay_rate)
         scale = 1.0 if self.backbone_learning_rate is None else self.backbone_learning_rate / self.learning_rate
         common = {"backbone_scale": scale, "frozen_steps": self.frozen_epochs * int(steps_per_epoch), "l2": self.weight_decay}

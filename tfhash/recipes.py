@@ -24,12 +24,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import keras
 import numpy as np
 
 from tfhash.fine_tuning import FineTuning
 from tfhash.labels import multi_hot
+
+if TYPE_CHECKING:  # Keras loads when a recipe builds or trains, not when a config names one
+    import keras
 
 SCHEDULES = ("constant", "cosine")
 DATA_KINDS = ("single-label", "single-label pixels", "multi-label", "cross-modal")
@@ -132,6 +135,8 @@ class Recipe:
 
     def _prepare(self, x, labels, bits, seed, num_classes, epochs):
         """``(compiled model, fit inputs, fit targets, epochs)``."""
+        import keras
+
         from tfhash.codes import check_bits
         from tfhash.models import mlp
         from tfhash.models.inputs import checked_features

@@ -9,7 +9,9 @@ Features of each example:
   vectors as float lists.
 
 ``metadata.json`` beside the splits records the dataset, the class names, the modality kinds and
-shapes, the split sizes and the seed that drew the split.
+shapes, the split sizes and the seed that drew the split, and what reading the user's files did
+(``notes``: images converted, resized, skipped). ``items.csv`` (:data:`tfhash.artifacts.ITEMS_FILE`)
+names every exported item: its id, its source file and its class names.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from tfhash.artifacts import ID, IMAGE, LABELS, SPLITS, VECTOR
+from tfhash.artifacts import ID, IMAGE, ITEMS_FILE, LABELS, SPLITS, VECTOR, Item, write_items
 from tfhash.data.dataset import HashingDataset
 
 
@@ -66,7 +68,7 @@ def export_tfrecords(dataset: HashingDataset, output_dir: str | os.PathLike, sha
     import tensorflow as tf
 
     out = Path(output_dir)
-    counts = {}
+    counts, exported = {}, []
     for split in SPLITS:
         index = getattr(dataset.split, split)[:limit]
         (out / split).mkdir(parents=True, exist_ok=True)
@@ -83,6 +85,7 @@ def export_tfrecords(dataset: HashingDataset, output_dir: str | os.PathLike, sha
             for writer in writers:
                 writer.close()
         counts[split] = int(index.size)
+        exported += index.tolist()
     metadata = {
         "dataset": dataset.name,
         "num_classes": dataset.num_classes,
@@ -92,6 +95,11 @@ def export_tfrecords(dataset: HashingDataset, output_dir: str | os.PathLike, sha
         },
         "split": {**dataset.split.describe(), **counts},
         "compression": "GZIP",
+        **({"notes": dataset.extra["notes"]} if dataset.extra.get("notes") else {}),
+        "items": ITEMS_FILE,
     }
+    paths = dataset.extra.get("paths") or [""] * len(dataset.labels)
+    write_items(out / ITEMS_FILE, {int(row): Item(paths[row], tuple(dataset.class_names[c] for c in np.flatnonzero(dataset.labels[row])))
+                                   for row in set(exported)})  # fmt: skip
     (out / "metadata.json").write_text(json.dumps(metadata, indent=2))
     return metadata

@@ -16,14 +16,11 @@ from collections.abc import Callable
 import keras
 import numpy as np
 
-import tfhash.fine_tuning  # noqa: F401  (registers the optimizers a compiled model saves)
 import tfhash.losses  # noqa: F401  (registers the loss wrappers)
 import tfhash.metrics.keras_metrics  # noqa: F401  (registers the compile metrics)
+import tfhash.optimizers  # noqa: F401  (registers the optimizers a compiled model saves)
 from tfhash.codes import check_bits
 from tfhash.models.backbones import (
-    AUGMENTATIONS,
-    IMAGE_NETWORKS,
-    BackboneError,
     image_backbone,
     mlp,
     small_cnn,
@@ -34,6 +31,7 @@ from tfhash.models.pairwise import PairwiseHashModel
 from tfhash.models.presets import SCDH_PRESETS, resolve_preset
 from tfhash.models.proxy import HCLMModel, HyP2Model
 from tfhash.models.scdh import MeanTeacherSCDH, SCDHModel
+from tfhash.networks import AUGMENTATIONS, IMAGE_NETWORKS, BackboneError
 
 _WARMUP_KEYS = ("warmup_norm", "warmup_epochs")
 

@@ -8,31 +8,32 @@
   input size and the network's own preprocessing, so an exported graph receives raw pixels.
 * :func:`small_cnn` (images, from scratch) and :func:`mlp` (feature vectors).
 
-Nothing is ever downloaded: ``weights="imagenet"`` resolves to a local file (SqueezeNet's shared
-weights) or fails with a message that says which file to fetch and where to pass it.
+The catalogue of networks and the checks of a backbone's name and weights are
+:mod:`tfhash.networks` (no TensorFlow there). Nothing is ever downloaded: ``weights="imagenet"``
+resolves to a local file (SqueezeNet's shared weights) or fails with a message that says which
+file to fetch and where to pass it. Which weights file a network loaded is logged (logger
+``tfhash.models.backbones``, INFO).
 """
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 import keras
 
-#: ``weights`` value asking for the network's ImageNet weights (a local file; never a download).
-IMAGENET = "imagenet"
-#: Training-time augmentation of :func:`image_backbone` (identity at inference), on the stored
-#: pixels before resizing: ``"shift"``, a random shift by up to 1/8 of the side with reflected
-#: borders (the pad-and-crop of CIFAR training) and a horizontal flip; ``"zoom"``, the same after a
-#: random zoom into 70-100% of the side (a cheap random-resized crop). ``True`` means ``"shift"``.
-AUGMENTATIONS = ("shift", "zoom")
-SQUEEZENET_WEIGHTS = "weights/squeezenet_v1.1_notop_tf.h5"
+from tfhash.networks import (
+    IMAGE_NETWORKS,
+    IMAGENET,
+    OTHER_BACKBONES,
+    BackboneError,
+    augmentation_policy,
+    check_backbone_name,
+    resolve_weights,
+)
 
-
-class BackboneError(ValueError):
-    """A backbone that cannot be built as asked: unknown name, unusable weights or encoder file,
-    or a network that does not end in a feature vector."""
+logger = logging.getLogger(__name__)
 
 
 def small_cnn(input_shape: Sequence[int] = (28, 28), width: int = 32, features: int = 256, name: str = "small_cnn") -> keras.Model:
@@ -143,95 +144,17 @@ def squeezenet_network(input_shape: Sequence[int] = (224, 224, 3), weights: str 
     return model
 
 
-def _application(constructor: str, **extra) -> Callable:
-    def build(input_shape, weights, name):
-        network = getattr(keras.applications, constructor)
-        return network(include_top=False, weights=weights, input_shape=tuple(input_shape), pooling="avg", name=name, **extra)
-
-    build.constructor = constructor
-    return build
-
-
-@dataclass(frozen=True)
-class ImageNetwork:
-    """An ImageNet network tfhash knows by name.
-
-    Attributes:
-        build: ``(input_shape, weights file or None, name) -> keras.Model`` ending in a vector.
-        size: the input side it was trained at (the default ``size`` of :func:`image_backbone`).
-        preprocess: ``"caffe"`` (:class:`CaffePreprocess` ahead of the network) or ``"included"``
-            (the network rescales 0..255 pixels itself, as MobileNetV3 and EfficientNet do).
-        imagenet_file: the shared data file holding its ImageNet weights, or None when only
-            ``keras.applications`` would have them (a download, which tfhash refuses).
-    """
-
-    build: Callable
-    size: int
-    preprocess: str
-    imagenet_file: str | None = None
-
-
-IMAGE_NETWORKS: dict[str, ImageNetwork] = {
-    "squeezenet": ImageNetwork(lambda shape, weights, name: squeezenet_network(shape, weights, name), 224, "caffe", SQUEEZENET_WEIGHTS),
-    "resnet50": ImageNetwork(_application("ResNet50"), 224, "caffe"),
-    "mobilenetv3small": ImageNetwork(_application("MobileNetV3Small", include_preprocessing=True), 224, "included"),
-    "mobilenetv3large": ImageNetwork(_application("MobileNetV3Large", include_preprocessing=True), 224, "included"),
-    **{f"efficientnetb{i}": ImageNetwork(_application(f"EfficientNetB{i}"), side, "included")
-       for i, side in enumerate((224, 240, 260, 300, 380, 456, 528, 600))},
-}  # fmt: skip
-#: Backbone names of the run config besides the image networks and encoder paths.
-OTHER_BACKBONES = ("small_cnn", "mlp")
-
-
-def is_encoder_path(backbone: str) -> bool:
-    """True when ``backbone`` names a file or folder (a user's encoder) rather than a network."""
-    return backbone not in IMAGE_NETWORKS and backbone not in OTHER_BACKBONES and (
-        os.sep in backbone or "/" in backbone or backbone.endswith((".keras", ".h5")) or os.path.exists(backbone))
-
-
-def check_backbone_name(backbone: str) -> None:
-    """Raise :class:`BackboneError` unless ``backbone`` is a known name or an existing encoder path."""
-    if backbone in IMAGE_NETWORKS or backbone in OTHER_BACKBONES:
-        return
-    if is_encoder_path(backbone):
-        if not os.path.exists(backbone):
-            raise BackboneError(f"backbone {backbone!r}: no such file or folder (a .keras file or a SavedModel directory)")
-        return
-    raise BackboneError(f"unknown backbone {backbone!r}; choose one of {sorted([*IMAGE_NETWORKS, *OTHER_BACKBONES])} "
-                        "or give the path of a .keras file or SavedModel directory that maps images to a feature vector")  # fmt: skip
-
-
-def resolve_weights(backbone: str, weights: str | None, data_root=None) -> str | None:
-    """The weights file an image network loads: None (random init), the shared ImageNet file for
-    ``"imagenet"`` where one exists, or the path given.
-
-    Raises:
-        BackboneError: ``"imagenet"`` for a network whose weights only ``keras.applications``
-            downloads, or a path that does not exist.
-    """
-    if weights is None or weights == "none":
-        return None
-    network = IMAGE_NETWORKS[backbone]
-    if weights == IMAGENET:
-        if network.imagenet_file is None:
-            constructor = network.build.constructor
-            raise BackboneError(
-                f"backbone {backbone!r}: ImageNet weights would be downloaded by keras.applications.{constructor}, and "
-                f"tfhash never downloads at run time. On a machine with internet run keras.applications.{constructor}("
-                "include_top=False, weights='imagenet') (it stores the file under ~/.keras/models/), copy that file "
-                "here and pass its path as weights; or pass weights=None to train from a random init")  # fmt: skip
-        from tfhash.data import find_data_file
-
-        return str(find_data_file(network.imagenet_file, data_root))
-    if not os.path.isfile(weights):
-        raise BackboneError(f"backbone {backbone!r}: weights file {weights!r} does not exist")
-    return weights
-
-
 def _network(backbone: str, side: int, weights: str | None, data_root) -> keras.Model:
+    """The named network at ``side`` x ``side`` with its weights (:func:`tfhash.networks.resolve_weights`),
+    logging which weights file it loaded."""
     path = resolve_weights(backbone, weights, data_root)
+    network = IMAGE_NETWORKS[backbone]
+    logger.info("backbone %s at %dx%d: %s", backbone, side, side, f"weights {path}" if path else "random initial weights")
     try:
-        return IMAGE_NETWORKS[backbone].build((side, side, 3), path, "network")
+        if network.constructor is None:
+            return squeezenet_network((side, side, 3), path, "network")
+        build = getattr(keras.applications, network.constructor)
+        return build(include_top=False, weights=path, input_shape=(side, side, 3), pooling="avg", name="network", **network.options)
     except (ValueError, KeyError, OSError) as err:
         if path is None:
             raise
@@ -286,21 +209,6 @@ def _single_output(outputs, path: str):
             raise BackboneError(f"{path}: the encoder returns several outputs {sorted(outputs)}; it must return one feature vector")
         (outputs,) = outputs.values()
     return outputs
-
-
-def augmentation_policy(augment: bool | str | None) -> str | None:
-    """The name of :data:`AUGMENTATIONS` that ``augment`` selects (None for no augmentation).
-
-    Raises:
-        BackboneError: an unknown name.
-    """
-    if augment is None or augment is False:
-        return None
-    if augment is True:
-        return "shift"
-    if augment not in AUGMENTATIONS:
-        raise BackboneError(f"unknown augmentation {augment!r}; choose false, true (= 'shift') or one of {AUGMENTATIONS}")
-    return augment
 
 
 def image_backbone(backbone: str, image_shape: Sequence[int], size: int | None = None, weights: str | None = IMAGENET,
