@@ -9,6 +9,9 @@
   (:class:`~tfhash.models.inputs.NonFiniteWeightsError`; an assertion after every optimizer step,
   whose cost ``benchmarks/keras_checks.py`` measures). A failed check on a ``tf.data`` batch
   raises the error the same check raises on arrays (:func:`~tfhash.models.inputs.readable_checks`).
+  The in-graph checks are ``tf.debugging`` assertions, which XLA drops: with
+  ``compile(jit_compile=True)`` only the checks on arrays before the first step remain (Keras
+  leaves XLA off on a CPU-only machine).
 * **compile.** The objective is the method's own (``compute_loss``), so ``compile(loss=...)`` is
   refused with a clear error rather than silently ignored. ``compile(metrics=...)`` works the Keras
   way on the model's outputs: ``"accuracy"`` on its class scores (the classifier, proxy logits or
