@@ -3,7 +3,8 @@
 A config is checked completely when it is read, before TensorFlow or TFX load: unknown keys (with
 the nearest known key suggested), values of the wrong type or range, a backbone, its weights file
 and the data folders that do not exist. :meth:`PipelineConfig.load` names the file in every
-message. :data:`KEY_DOCS` describes every key (the README's table is checked against it).
+message. Each key documents itself beside its default (:func:`doc`); :func:`key_table` makes the
+README's table of them, which a test checks.
 """
 
 from __future__ import annotations

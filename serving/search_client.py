@@ -19,7 +19,7 @@ from tfhash.serving import search_pb2, search_pb2_grpc
 from tfhash.serving.channel import ChannelClient
 from tfhash.serving.search_service import SERVICE_NAME
 
-from tfhash.artifacts import ITEM_LABEL_SEPARATOR
+from tfhash.artifacts import split_labels
 
 
 @dataclass
@@ -77,7 +77,7 @@ class SearchClient(ChannelClient):
                             [np.asarray(r.ids, dtype=np.int64) for r in response.results],
                             [np.asarray(r.distances, dtype=np.float32) for r in response.results],
                             [list(r.paths) for r in response.results],
-                            [[names.split(ITEM_LABEL_SEPARATOR) if names else [] for names in r.labels] for r in response.results])  # fmt: skip
+                            [[list(split_labels(names)) for names in r.labels] for r in response.results])  # fmt: skip
 
     def status(self, timeout: float | None = None) -> search_pb2.StatusResponse:
         return self._call(self._stub.GetStatus, search_pb2.StatusRequest(), timeout)

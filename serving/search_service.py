@@ -34,7 +34,7 @@ from tfhash.serving.requests import DEFAULT_LIMITS, Limits, query_from_proto
 from tfhash.serving.searcher import Neighbours, ServedPair, VersionedSearcher
 from tfhash.serving.versions import list_versions
 
-from tfhash.artifacts import ITEM_LABEL_SEPARATOR, model_version_dir
+from tfhash.artifacts import join_labels, model_version_dir
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ def response_proto(pair: ServedPair, results: list[Neighbours]):
         neighbours = response.results.add(ids=found.ids.tolist(), distances=found.distances.tolist())
         if found.items is not None:
             neighbours.paths.extend(item.path for item in found.items)
-            neighbours.labels.extend(ITEM_LABEL_SEPARATOR.join(item.labels) for item in found.items)
+            neighbours.labels.extend(join_labels(item.labels) for item in found.items)
     return response
 
 

@@ -199,6 +199,7 @@ def test_encode_takes_lists_and_datasets():
     codes = model.encode(x)
     np.testing.assert_array_equal(model.encode(x[:5].tolist()), codes[:5])
     np.testing.assert_array_equal(model.encode(tf.data.Dataset.from_tensor_slices(x).batch(64)), codes)
+    np.testing.assert_array_equal(model.encode(tf.data.Dataset.from_tensor_slices((x, ids)).batch(64)), codes)
     assert codes.dtype == np.int8 and set(np.unique(codes)) <= {-1, 1}
 
 

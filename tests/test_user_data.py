@@ -163,6 +163,9 @@ def test_greyscale_folders_stay_greyscale_and_lists_and_csv_names_are_read(tmp_p
     listed = load_user_dataset(images=str(tmp_path / "grey" / "list.csv"), num_query=1, num_train=2)
     assert listed.class_names == ["cat", "dog", "pet"] and listed.labels.tolist() == [[1, 0, 0], [0, 1, 1], [1, 0, 0]]
     assert listed.extra["paths"] == ["a/0.png", "b/1.png", "a/2.png"]
+    (tmp_path / "grey" / "gone.csv").write_text("a/0.png,cat\na/missing.png,dog\n")
+    with pytest.raises(DataFormatError, match=r"1 file\(s\) cannot be read as images: a/missing.png \(.*No such file"):
+        load_user_dataset(images=str(tmp_path / "grey" / "gone.csv"), num_query=1, num_train=1)
     (tmp_path / "features.csv").write_text("f1,f2\n" + "\n".join(f"{i},{i * 2}" for i in range(6)))
     (tmp_path / "names.csv").write_text("label\n" + "\n".join(["cat", "dog", "cat", "eel", "dog", "cat"]))
     named = load_user_dataset({"x": str(tmp_path / "features.csv")}, str(tmp_path / "names.csv"))

@@ -64,8 +64,19 @@ def modality_spec(kind: str, shape):
 #: The file beside the exported records that names every item: columns ``id,path,labels``.
 ITEMS_FILE = "items.csv"
 ITEM_COLUMNS = ("id", "path", "labels")
-#: Separator of an item's class names in the ``labels`` column.
+#: Separator of an item's class names in one text cell (``items.csv``, a user's labels file or
+#: image list, the search service's answers).
 ITEM_LABEL_SEPARATOR = ";"
+
+
+def join_labels(names) -> str:
+    """An item's class names as one text cell."""
+    return ITEM_LABEL_SEPARATOR.join(names)
+
+
+def split_labels(text: str) -> tuple[str, ...]:
+    """The class names of one text cell (:func:`join_labels`), blanks around them dropped."""
+    return tuple(name.strip() for name in text.split(ITEM_LABEL_SEPARATOR) if name.strip())
 
 
 @dataclass(frozen=True)
@@ -83,7 +94,7 @@ def write_items(path: str | os.PathLike, items: dict[int, Item]) -> None:
         writer = csv.writer(handle)
         writer.writerow(ITEM_COLUMNS)
         for item_id in sorted(items):
-            writer.writerow([item_id, items[item_id].path, ITEM_LABEL_SEPARATOR.join(items[item_id].labels)])
+            writer.writerow([item_id, items[item_id].path, join_labels(items[item_id].labels)])
 
 
 def read_items(path: str | os.PathLike) -> dict[int, Item]:
@@ -101,7 +112,7 @@ def read_items(path: str | os.PathLike) -> dict[int, Item]:
     for line, row in enumerate(rows[1:], start=2):
         if len(row) != 3 or not row[0].lstrip("-").isdigit():
             raise ValueError(f"{path}, line {line}: expected <id>,<path>,<labels>; got {row!r}")
-        items[int(row[0])] = Item(row[1], tuple(name for name in row[2].split(ITEM_LABEL_SEPARATOR) if name))
+        items[int(row[0])] = Item(row[1], split_labels(row[2]))
     return items
 
 

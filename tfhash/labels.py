@@ -52,6 +52,17 @@ def _expected(num_classes: int | None) -> str:
     return f"class ids of shape (n,) or {_multi_hot_shape(num_classes)}"
 
 
+def _check_width(width: int, shape, num_classes: int | None, name: str) -> None:
+    """Refuse a 2-D label array or tensor of ``shape`` whose ``width`` is not the model's C (an
+    ``(n, 1)`` column is ambiguous whatever C is)."""
+    if width == 1 and num_classes != 1:
+        rows = "n" if shape[0] is None else shape[0]
+        raise LabelError(f"{name} of shape {tuple(shape)} are ambiguous (class ids in a column, or one class): pass class "
+                         f"ids as a 1-D array of shape ({rows},) (labels.ravel()) or {_multi_hot_shape(num_classes)}")  # fmt: skip
+    if num_classes is not None and width != num_classes:
+        raise LabelError(f"{name} have {width} columns but the model has {num_classes} classes: pass {_expected(num_classes)}")
+
+
 def _is_tensor(labels) -> bool:
     tf = sys.modules.get("tensorflow")
     return tf is not None and tf.is_tensor(labels)
@@ -81,12 +92,7 @@ def multi_hot(labels, num_classes: int | None = None, *, unlabelled: bool = Fals
     if array.ndim != 2:
         raise LabelError(f"{name} must be {_expected(num_classes)}; got shape {array.shape}")
     n, width = array.shape
-    if width == 1 and num_classes != 1:
-        raise LabelError(f"{name} of shape {array.shape} are ambiguous (class ids in a column, or one class): pass class "
-                         f"ids as a 1-D array of shape ({n},) (labels.ravel()) or {_multi_hot_shape(num_classes)}")  # fmt: skip
-    if num_classes is not None and width != num_classes:
-        raise LabelError(f"{name} have {width} columns but the model has {num_classes} classes: pass "
-                         f"{_expected(num_classes)}")  # fmt: skip
+    _check_width(width, array.shape, num_classes, name)
     not_binary = ~((array == 0) | (array == 1))
     if not_binary.any():
         bad = np.flatnonzero(not_binary.any(axis=1))
@@ -100,13 +106,12 @@ def multi_hot(labels, num_classes: int | None = None, *, unlabelled: bool = Fals
 
 def _from_ids(ids: np.ndarray, num_classes: int | None, unlabelled: bool, name: str) -> np.ndarray:
     n = ids.size
-    if np.issubdtype(ids.dtype, np.floating) or ids.dtype == np.bool_:
-        fractional = ~np.isfinite(ids) | (ids != np.round(ids)) if ids.dtype != np.bool_ else np.zeros(n, bool)
+    if np.issubdtype(ids.dtype, np.floating):
+        fractional = ~np.isfinite(ids) | (ids != np.round(ids))
         if fractional.any():
             bad = np.flatnonzero(fractional)
             raise LabelError(f"{name}: 1-D labels are class ids and must be whole numbers; {rows_text(bad, n)} hold "
                              f"{ids[bad[0]]!r}")  # fmt: skip
-        ids = ids.astype(np.int64)
     ids = ids.astype(np.int64)
     low = UNLABELLED_ID if unlabelled else 0
     if num_classes is None:
@@ -152,12 +157,7 @@ def _multi_hot_tensor(labels, num_classes: int | None, unlabelled: bool, name: s
             return tf.one_hot(tf.cast(values, tf.int32), num_classes, dtype=dtype)
     if rank != 2 or labels.shape[-1] is None:
         raise LabelError(f"{name} must be {_expected(num_classes)}; got a tensor of shape {labels.shape}")
-    width = int(labels.shape[-1])
-    if width == 1 and num_classes != 1:
-        raise LabelError(f"{name} of shape {labels.shape} are ambiguous (class ids in a column, or one class): pass class "
-                         f"ids of shape (n,) or {_multi_hot_shape(num_classes)}")  # fmt: skip
-    if num_classes is not None and width != num_classes:
-        raise LabelError(f"{name} have {width} columns but the model has {num_classes} classes: pass {_expected(num_classes)}")
+    _check_width(int(labels.shape[-1]), labels.shape, num_classes, name)
     values = tf.cast(labels, tf.float32)
     checks = [tf.debugging.Assert(tf.reduce_all((values == 0.0) | (values == 1.0)),
                                   [f"{name}: one-hot / multi-hot rows hold only 0 and 1 (no NaN or infinity)"])]  # fmt: skip

@@ -161,7 +161,7 @@ class Recipe:
         if rows != {len(labels)}:
             raise ValueError(f"x has {sorted(rows)} rows but labels have {len(labels)}; pass one label row per example")
         keras.utils.set_random_seed(seed)
-        multi_label = bool((labels.sum(axis=1) > 1).any())
+        statistics = TagStatistics.of_labels(labels)
         dims = {name: array.shape[1] for name, array in inputs.items()}
         options, fit_x, fit_y = training_data(self.method, inputs if method.cross_modal else next(iter(inputs.values())),
                                               labels, seed, dict(self.options))  # fmt: skip
@@ -171,7 +171,7 @@ class Recipe:
             return mlp(dims[modality], self.hidden, name=name, **self.fine_tuning().mlp_options(modality))
 
         build = BuildInputs(backbone, list(inputs), labels.shape[1], bits, seed=seed,
-                            preset="nuswide" if multi_label else "cifar10", statistics=TagStatistics.of_labels(labels))  # fmt: skip
+                            preset="nuswide" if statistics.multi_label else "cifar10", statistics=statistics)  # fmt: skip
         model = build_method(self.method, build, **options)
         model.compile(optimizer=self.optimizer(math.ceil(len(fit_y if not isinstance(fit_y, dict) else fit_y["labels"])
                                                          / self.batch_size), epochs))  # fmt: skip

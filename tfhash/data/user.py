@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from tfhash.artifacts import split_labels
 from tfhash.data.dataset import DataFormatError, HashingDataset
 from tfhash.data.splits import random_split
 from tfhash.labels import LabelError, multi_hot
@@ -36,8 +37,6 @@ from tfhash.labels import LabelError, multi_hot
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 #: Modes of single-channel images (kept greyscale when every image of a folder is one).
 GREY_MODES = ("1", "L", "I;16", "I;16B", "I;16L", "I", "F")
-#: Separator of several class names in one label cell (multi-label).
-LABEL_SEPARATOR = ";"
 #: A first cell of a one-column labels file that names the column rather than a class.
 HEADER_NAMES = ("label", "labels", "class", "classes", "category", "tag", "tags")
 #: How many files an error message lists.
@@ -199,7 +198,7 @@ def _is_number(cell: str) -> bool:
 def labels_from_names(cells: list[str], where: str) -> tuple[np.ndarray, list[str]]:
     """Class names, one cell per item (several separated by ``;`` for multi-label items), as
     ``(multi-hot (n, C), sorted class names)``."""
-    names = [[name.strip() for name in cell.split(LABEL_SEPARATOR) if name.strip()] for cell in cells]
+    names = [split_labels(cell) for cell in cells]
     empty = [i for i, row in enumerate(names) if not row]
     if empty:
         raise DataFormatError(f"{where}: rows {empty[:SHOWN_FILES]} have no label; every item needs one")
@@ -224,11 +223,7 @@ def load_image_list(path: str | os.PathLike, size: tuple[int, int] | None = None
         raise DataFormatError(f"{path}: an image list has rows 'path,labels' (class names, ';' between several); "
                               f"rows {short[:SHOWN_FILES]} have fewer cells")  # fmt: skip
     root = path.parent
-    files = [(root / row[0]) for row in rows]
-    missing = [row[0] for row, file in zip(rows, files, strict=True) if not file.is_file()]
-    if missing and not skip_bad:
-        raise DataFormatError(f"{path}: {len(missing)} listed file(s) do not exist: {_listing(missing)}; fix the list, "
-                              "or pass --skip-bad to export the rest")  # fmt: skip
+    files = [(root / row[0]) for row in rows]  # a listed file that does not exist is unreadable (read_images)
     labels, classes = labels_from_names([row[1] for row in rows], str(path))
     arrays, notes = read_images(files, root, size, skip_bad)
     keep = [i for i, array in enumerate(arrays) if array is not None]

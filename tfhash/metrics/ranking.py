@@ -33,12 +33,12 @@ class RetrievalProblem:
         return self.db_words.shape[0]
 
 
-def label_bitmasks(labels: np.ndarray) -> np.ndarray:
-    """``(n, C)`` multi-hot -> ``uint64`` ``(n, ceil(C / 64))`` bitmasks."""
-    num_classes = labels.shape[1]
+def label_bitmasks(labels: np.ndarray, num_classes: int) -> np.ndarray:
+    """``(n, c)`` multi-hot, ``c <= num_classes`` -> ``uint64`` ``(n, ceil(num_classes / 64))``
+    bitmasks."""
     words = max(1, -(-num_classes // 64))
     padded = np.zeros((labels.shape[0], words * 64), dtype=bool)
-    padded[:, :num_classes] = labels > 0
+    padded[:, : labels.shape[1]] = labels > 0
     return np.ascontiguousarray(np.packbits(padded, axis=1, bitorder="little").view(np.uint64))
 
 
@@ -70,15 +70,15 @@ def prepare(query_codes, db_codes, query_labels, db_labels) -> RetrievalProblem:
     widths = {lab.shape[1] for lab in (query_labels, db_labels) if lab.ndim == 2}
     if len(widths) > 1:
         raise ValueError(f"query labels have {query_labels.shape[1]} classes, database labels {db_labels.shape[1]}")
-    if widths:
-        num_classes = widths.pop()
-    else:  # class ids on both sides: as many classes as the larger id needs
-        num_classes = max(multi_hot(labels, None, unlabelled=True, name=name, dtype=np.uint8).shape[1]
-                          for labels, name in ((query_labels, "query_labels"), (db_labels, "db_labels")))  # fmt: skip
+    # class ids on both sides: each side as wide as its largest id needs, the bitmasks as the wider
+    width = widths.pop() if widths else None
+    query_hot, db_hot = (multi_hot(labels, width, unlabelled=True, name=name, dtype=np.uint8)
+                         for labels, name in ((query_labels, "query_labels"), (db_labels, "db_labels")))  # fmt: skip
+    num_classes = max(query_hot.shape[1], db_hot.shape[1])
     return RetrievalProblem(
         code_words(query_packed),
         code_words(db_packed),
-        label_bitmasks(multi_hot(query_labels, num_classes, unlabelled=True, name="query_labels", dtype=np.uint8)),
-        label_bitmasks(multi_hot(db_labels, num_classes, unlabelled=True, name="db_labels", dtype=np.uint8)),
+        label_bitmasks(query_hot, num_classes),
+        label_bitmasks(db_hot, num_classes),
         query_packed.shape[1] * 8,
     )

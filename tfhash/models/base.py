@@ -111,14 +111,15 @@ class EncoderMixin:
 
     def continuous_codes(self, x, modality: str | None = None, batch_size: int = 512) -> np.ndarray:
         """Continuous codes F of ``modality``'s inputs ``x``: an array-like (a list too), or a
-        ``tf.data`` dataset of input batches. Non-finite inputs are refused (naming the rows), and
+        ``tf.data`` dataset of input batches (or of ``(inputs, labels)`` batches, as ``fit`` takes). Non-finite inputs are refused (naming the rows), and
         so are codes a model with non-finite weights makes.
 
         Raises:
             InputError: NaN or infinity in the inputs or the codes.
         """
-        if is_dataset(x):
-            x = x.map(lambda batch: assert_finite_features(batch, "the dataset's inputs"))
+        if is_dataset(x):  # batches of inputs, or of (inputs, targets, ...) as fit takes them: the inputs are checked
+            x = x.map(lambda inputs, *rest: (assert_finite_features(inputs, "the dataset's inputs"), *rest) if rest
+                      else assert_finite_features(inputs, "the dataset's inputs"))  # fmt: skip
         else:
             x = checked_features(x, "x")
         with readable_checks():
