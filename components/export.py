@@ -98,6 +98,13 @@ def checked_input(features: tf.Tensor, name: str, shape: list, value_range: tupl
         return tf.identity(features)
 
 
+def mirror_averaged(encoder, images):
+    """Continuous codes of ``images`` averaged with those of their horizontal mirrors, before the
+    sign: ``(F(x) + F(mirror(x))) / 2`` (test-time flip augmentation; images ``(n, H, W)`` or
+    ``(n, H, W, C)``, mirrored along the width, axis 2). Twice the encoder's cost per image."""
+    return (encoder(images, training=False) + encoder(tf.reverse(images, axis=[2]), training=False)) / 2
+
+
 class ServingModule:
     """The serving signatures of a Keras model and its Transform layer (:func:`save_serving_module`
     saves them). ``tft_layer`` maps the parsed raw features to the model inputs (the Transform
@@ -106,10 +113,14 @@ class ServingModule:
     ``modalities``; a single-input model has one, whatever its name); each input is encoded with
     the model's encoder of that modality (:meth:`tfhash.models.base.EncoderMixin.encoder`).
     ``value_ranges``: ``{input name: (low, high)}``, default +-:data:`DEFAULT_VALUE_BOUND`.
-    ``image_inputs``: the inputs that are images, which also get a ``uint8`` pixel signature."""
+    ``image_inputs``: the inputs that are images, which also get a ``uint8`` pixel signature;
+    ``mirrored_inputs``: image inputs encoded with their mirror (:func:`mirror_averaged`)."""
 
     def __init__(self, model, tft_layer, raw_feature_spec: dict, inputs: dict, bits: int, value_ranges: dict | None = None,
-                 image_inputs=()):  # fmt: skip
+                 image_inputs=(), mirrored_inputs=()):  # fmt: skip
+        if set(mirrored_inputs) - set(image_inputs):
+            raise ValueError(f"only image inputs are encoded mirrored; {sorted(set(mirrored_inputs) - set(image_inputs))} are not images")
+        self.mirrored = set(mirrored_inputs)
         self.tft_layer = tft_layer
         self.bits = int(bits)
         self.inputs = {name: list(shape) for name, shape in inputs.items()}
@@ -133,7 +144,8 @@ class ServingModule:
 
     def _encode(self, name: str, features):
         features = checked_input(features, name, self.inputs[name], self.value_ranges[name])
-        codes = self.encoders[name](features, training=False)
+        encoder = self.encoders[name]
+        codes = mirror_averaged(encoder, features) if name in self.mirrored else encoder(features, training=False)
         return code_outputs(tf.cast(codes, tf.float32), self.bits)
 
     def signatures(self) -> dict:
@@ -153,11 +165,12 @@ class ServingModule:
 
 def export_serving_model(model, tf_transform_output, inputs: dict, bits: int, path: str,
                          warmup_examples: list[bytes] | None = None, model_name: str = "tfhash",
-                         value_ranges: dict | None = None, image_inputs=()) -> None:  # fmt: skip
+                         value_ranges: dict | None = None, image_inputs=(), mirrored_inputs=()) -> None:  # fmt: skip
     """Save ``model`` with the Transform graph as a SavedModel at ``path`` (see module docstring);
-    ``image_inputs`` get an ``encode_pixels`` signature."""
+    ``image_inputs`` get an ``encode_pixels`` signature; ``mirrored_inputs`` are encoded with their
+    mirror (:func:`mirror_averaged`)."""
     module = ServingModule(model, tf_transform_output.transform_features_layer(),
-                           tf_transform_output.raw_feature_spec(), inputs, bits, value_ranges, image_inputs)  # fmt: skip
+                           tf_transform_output.raw_feature_spec(), inputs, bits, value_ranges, image_inputs, mirrored_inputs)  # fmt: skip
     save_serving_module(module, path, warmup_examples, model_name)
 
 
@@ -175,15 +188,17 @@ def export_feature_model(model, path: str, input_name: str, input_shape, bits: i
 
 
 def export_image_model(model, path: str, image_shape, bits: int, input_name: str = "image",
-                       warmup_examples: list[bytes] | None = None, model_name: str = "tfhash") -> None:  # fmt: skip
+                       warmup_examples: list[bytes] | None = None, model_name: str = "tfhash", mirrored: bool = False) -> None:  # fmt: skip
     """Export a tfhash Keras image model outside the pipeline (its backbone resizes and
     preprocesses, e.g. :func:`tfhash.models.image_backbone`): ``serving_default`` takes
     tf.Examples whose ``input_name`` holds the encoded image (PNG or JPEG), ``encode_pixels`` raw
-    ``uint8`` pixels, ``encode_features`` float pixels; every image must be ``image_shape``."""
+    ``uint8`` pixels, ``encode_features`` float pixels; every image must be ``image_shape``.
+    ``mirrored``: encode each image with its mirror (:func:`mirror_averaged`)."""
     shape = [int(s) for s in image_shape]
     spec = {input_name: modality_spec("image", shape)}
     module = ServingModule(model, lambda parsed: {input_name: decode_images(parsed[input_name], shape)}, spec,
-                           {input_name: shape}, bits, {input_name: IMAGE_RANGE}, image_inputs=[input_name])  # fmt: skip
+                           {input_name: shape}, bits, {input_name: IMAGE_RANGE}, image_inputs=[input_name],
+                           mirrored_inputs=[input_name] if mirrored else [])  # fmt: skip
     save_serving_module(module, path, warmup_examples, model_name)
 
 

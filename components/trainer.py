@@ -99,10 +99,11 @@ def training_recipe(training: dict):
     return FineTuning.for_backbone(training["backbone"], **training.get("fine_tuning", {}))
 
 
-def use_mixed_precision(training: dict) -> bool:
-    """``mixed_precision`` "on", or "auto" with a GPU present."""
-    setting = training.get("mixed_precision", "auto")
-    return setting == "on" or (setting == "auto" and bool(tf.config.list_physical_devices("GPU")))
+def dtype_policy(training: dict) -> str:
+    """The Keras dtype policy of the run's ``mixed_precision`` (:func:`tfhash.fine_tuning.precision_policy`)."""
+    from tfhash.fine_tuning import precision_policy
+
+    return precision_policy(training.get("mixed_precision", "auto"), bool(tf.config.list_physical_devices("GPU")))
 
 
 def batch_size(training: dict) -> int:
@@ -112,11 +113,14 @@ def batch_size(training: dict) -> int:
     return int(training["batch_size"])
 
 
-def build_model(training: dict, inputs: dict, num_classes: int, tag_statistics: tuple | None = None, data_root=None):
+def build_model(training: dict, inputs: dict, num_classes: int, tag_statistics: tuple | None = None, data_root=None,
+                backbone_model=None):  # fmt: skip
     """The registered method (:mod:`tfhash.registry`) that the run config's ``training``
     section names; ``inputs``: ``{name: shape}`` (two entries for a cross-modal method: one tower
     each). ``tag_statistics``: ``(n, C x C co-occurrence)`` of the training labels (from Transform),
     for the methods that need them (the proxy methods' balanced BCE and sHCLM's assignment).
+    ``backbone_model``: the backbone to build on (one input) instead of the configured one (the
+    trunk cache's top).
 
     Raises:
         ValueError: as the method's builder does (e.g. sHCLM on single-label data).
@@ -124,6 +128,8 @@ def build_model(training: dict, inputs: dict, num_classes: int, tag_statistics: 
     from tfhash.registry import BuildInputs, TagStatistics, build_method
 
     def backbone(modality: str):
+        if backbone_model is not None:
+            return backbone_model
         name = f"backbone_{modality}" if len(inputs) > 1 else "backbone"
         return backbone_for(training, inputs[modality], name, data_root, modality)
 
@@ -176,6 +182,49 @@ def training_dataset(data_accessor, file_pattern, schema, input_names: list[str]
     return data.map(lambda f: (model_inputs(f), targets(f, label_coefficients))), max(1, steps)
 
 
+def training_arrays(data_accessor, file_pattern, schema, input_name: str, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """The transformed training records of ``file_pattern`` as arrays, in record order: the model
+    input ``input_name`` and the labels (what the trunk cache is built from)."""
+    inputs, labels = [], []
+    for features in _records(data_accessor, file_pattern, schema, batch_size, False, 0).as_numpy_iterator():
+        inputs.append(features[input_name])
+        labels.append(features[LABELS])
+    return np.concatenate(inputs), np.concatenate(labels)
+
+
+def fit_cached(fn_args, training: dict, inputs: dict, num_classes: int, statistics, recipe, batch: int, policy: str,
+               callbacks: list):  # fmt: skip
+    """Train on a trunk cache (:func:`tfhash.trunk_cache.fit_on_cache`) kept in the run's
+    ``trunk_cache_dir``; returns the float32 model on raw images.
+
+    Raises:
+        tfhash.trunk_cache.CacheError: several workers (each would build its own cache), or as
+            ``fit_on_cache`` does.
+    """
+    from dataclasses import replace
+
+    from tfhash.fine_tuning import compile_fine_tuning
+    from tfhash.trunk_cache import CacheError, fit_on_cache
+
+    config = fn_args.custom_config
+    if is_multi_worker():
+        raise CacheError("training.fine_tuning.trunk_cache trains on one machine (the cache is a local file); "
+                         "turn it off for multi-worker training")  # fmt: skip
+    (name,) = inputs
+    if recipe.trunk_cache.directory is None:
+        recipe = replace(recipe, trunk_cache=replace(recipe.trunk_cache, directory=config["trunk_cache_dir"]))
+    schema = tft.TFTransformOutput(fn_args.transform_output).transformed_metadata.schema
+    images, labels = training_arrays(fn_args.data_accessor, fn_args.train_files, schema, name, batch)
+    seed, epochs = int(training["seed"]), int(training["epochs"])
+    model, _, _ = fit_on_cache(
+        build=lambda backbone: build_model(training, inputs, num_classes, statistics, config.get("data_root"), backbone),
+        make_backbone=lambda: backbone_for(training, inputs[name], "backbone", config.get("data_root")),
+        images=images, labels=labels, recipe=recipe, epochs=epochs, batch_size=batch, seed=seed, backbone_name=training["backbone"],
+        compile_model=lambda model, steps: compile_fine_tuning(model, recipe, epochs, steps),
+        training_policy=policy, callbacks=callbacks)  # fmt: skip
+    return model
+
+
 def warmup_records(config: dict, count: int = 4) -> list[bytes]:
     """The first ``count`` usable raw training records (the RecordFilter's check), to replay as TF
     Serving warmup requests: a bad record there would make TF Serving refuse to load the model."""
@@ -204,8 +253,7 @@ def run_fn(fn_args) -> None:
     config = fn_args.custom_config
     training = config["training"]
     keras.utils.set_random_seed(int(training["seed"]))
-    if use_mixed_precision(training):
-        keras.mixed_precision.set_global_policy("mixed_float16")
+    policy = dtype_policy(training)
     transform_output = tft.TFTransformOutput(fn_args.transform_output)
     inputs = {name: list(shape) for name, shape in config["inputs"].items()}
     batch = batch_size(training)
@@ -213,19 +261,24 @@ def run_fn(fn_args) -> None:
                                               list(inputs), batch, int(training["seed"]), bool(training.get("label_coefficients")))  # fmt: skip
     epochs = int(training["epochs"])
     strategy = make_strategy()
+    recipe = training_recipe(training).scaled_to_batch(batch / int(training["batch_size"]))
+    needs_statistics = get_method(training["method"]).needs_tag_statistics
+    statistics = read_transform_tag_statistics(transform_output, int(config["num_classes"])) if needs_statistics else None
+    callbacks = [keras.callbacks.TensorBoard(log_dir=fn_args.model_run_dir)] if fn_args.model_run_dir else []
     try:
-        with strategy.scope():
-            needs_statistics = get_method(training["method"]).needs_tag_statistics
-            statistics = read_transform_tag_statistics(transform_output, int(config["num_classes"])) if needs_statistics else None
-            model = build_model(training, inputs, int(config["num_classes"]), statistics, config.get("data_root"))
-            recipe = training_recipe(training).scaled_to_batch(batch / int(training["batch_size"]))
-            compile_fine_tuning(model, recipe, epochs, steps_per_epoch)
-        callbacks = [keras.callbacks.TensorBoard(log_dir=fn_args.model_run_dir)] if fn_args.model_run_dir else []
-        train(model, train_data, epochs, callbacks)
+        if recipe.trunk_cache is not None:
+            with strategy.scope():
+                model = fit_cached(fn_args, training, inputs, int(config["num_classes"]), statistics, recipe, batch, policy, callbacks)
+        else:
+            keras.mixed_precision.set_global_policy(policy)
+            with strategy.scope():
+                model = build_model(training, inputs, int(config["num_classes"]), statistics, config.get("data_root"))
+                compile_fine_tuning(model, recipe, epochs, steps_per_epoch)
+            train(model, train_data, epochs, callbacks)
     finally:
         keras.mixed_precision.set_global_policy("float32")
     warmup = warmup_records(config) or None
     image_inputs = [name for name in inputs if config["modalities"][name]["kind"] == "image"]
     export_serving_model(model, transform_output, inputs, int(training["bits"]), export_directory(fn_args.serving_model_dir),
                          warmup_examples=warmup, value_ranges={name: IMAGE_RANGE for name in image_inputs},
-                         image_inputs=image_inputs)  # fmt: skip
+                         image_inputs=image_inputs, mirrored_inputs=image_inputs if training.get("encode_mirrored") else [])  # fmt: skip

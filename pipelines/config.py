@@ -56,8 +56,12 @@ class TrainingConfig:
     epochs: int = doc(20, "training epochs (one pass over the training split each)")
     batch_size: int = doc(64, "training batch")
     fine_tuning: dict = doc(dict, "`tfhash.fine_tuning.FineTuning` settings over the backbone's defaults: "
-                            "optimizer, learning_rate, backbone_learning_rate, schedule, augment, dropout, ...")
-    mixed_precision: str = doc("auto", "`auto` (mixed_float16 when a GPU is present), `on` or `off`")
+                            "optimizer, learning_rate, backbone_learning_rate, schedule, augment, dropout, trunk_cache (train "
+                            "above a cached frozen trunk: `{\"cut\": \"pool5\", \"views\": 8}`), ...")
+    mixed_precision: str = doc("auto", "`auto` (mixed_float16 when a GPU is present), `on` (mixed_float16), "
+                               "`bfloat16` (mixed_bfloat16 where the CPU or GPU has it, else float32) or `off`")
+    encode_mirrored: bool = doc(False, "image inputs: the exported model averages each image's continuous codes with "
+                                "its mirror's before the sign (twice the encoding cost)")
     gpu_batch_size: int | None = doc(None, "the batch when a GPU is present (null: batch_size)")
     seed: int = doc(0, "seeds the initial weights and the shuffling")
     label_coefficients: bool = doc(False, "train with the JCCH coefficients q / u computed in Transform (needs "
@@ -78,6 +82,9 @@ class TrainingConfig:
         check_count("training.gpu_batch_size", self.gpu_batch_size, optional=True)
         if not (isinstance(self.hidden, list) and all(isinstance(u, int) and not isinstance(u, bool) and u > 0 for u in self.hidden)):
             raise ValueError(f"training.hidden must be a list of positive layer widths, e.g. [1024], got {self.hidden!r}")
+        if not isinstance(self.encode_mirrored, bool) or (self.encode_mirrored and self.backbone == "mlp"):
+            raise ValueError(f"training.encode_mirrored is true or false, for image backbones; got {self.encode_mirrored!r} "
+                             f"with backbone {self.backbone!r}")  # fmt: skip
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"training.seed must be an integer, got {self.seed!r}")
         for key in ("overrides", "fine_tuning"):
@@ -85,9 +92,15 @@ class TrainingConfig:
                 raise ValueError(f"training.{key} must be an object of settings, got {getattr(self, key)!r}")
         if self.image_size is not None and not (isinstance(self.image_size, int) and 16 <= self.image_size <= 1024):
             raise ValueError(f"image_size must be an integer side from 16 to 1024 pixels, got {self.image_size!r}")
-        if self.mixed_precision not in ("auto", "on", "off"):
-            raise ValueError(f"mixed_precision must be 'auto', 'on' or 'off', got {self.mixed_precision!r}")
-        self.optimisation()  # raises ValueError on unknown or invalid fine-tuning settings
+        from tfhash.fine_tuning import PRECISIONS
+
+        if self.mixed_precision not in PRECISIONS:
+            raise ValueError(f"mixed_precision must be one of {list(PRECISIONS)}, got {self.mixed_precision!r}")
+        if self.optimisation().trunk_cache is not None:  # raises ValueError on unknown or invalid fine-tuning settings
+            method = get_method(self.method)
+            if self.backbone in ("small_cnn", "mlp") or method.cross_modal or method.semi_supervised:
+                raise ValueError(f"training.fine_tuning.trunk_cache serves one pretrained image network (an ImageNet "
+                                 f"network or your encoder), not method {self.method!r} with backbone {self.backbone!r}")  # fmt: skip
         if self.recipe is not None:
             recipe = pipeline_recipe(self.recipe)
             if (self.method, self.backbone) != (recipe.method, "mlp"):

@@ -75,6 +75,7 @@ def create_pipeline(config: PipelineConfig, metadata: dict, metadata_connection=
             "raw_examples_dir": data_dir or where.data,
             "data_root": config.data_root,
             "modalities": metadata["modalities"],
+            "trunk_cache_dir": where.trunk_cache,
         },
     )
     baseline = tfx.dsl.Resolver(

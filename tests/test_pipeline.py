@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -13,6 +14,8 @@ from tfhash.components import trainer
 from tfhash.pipelines.config import PipelineConfig, TrainingConfig
 
 from tests.pipeline_fixtures import small_config
+
+CONFIGS = Path(__file__).resolve().parents[1] / "pipelines" / "configs"
 
 
 @pytest.mark.slow
@@ -365,12 +368,12 @@ def test_a_recipe_fills_the_training_section_under_its_own_keys():
     assert not np.array_equal(*centres)  # the fixed centres follow the run's seed
 
 
-@pytest.mark.parametrize("name", ["mnist", "cifar10", "mirflickr25k", "wiki"])
+@pytest.mark.parametrize("name", ["mnist", "cifar10", "cifar10-gpu", "mirflickr25k", "wiki"])
 def test_shipped_configs_load(name):
     from importlib import resources
 
     config = PipelineConfig.load(str(resources.files("tfhash.pipelines") / "configs" / f"{name}.json"))
-    assert config.dataset == name and config.inputs
+    assert config.dataset == name.removesuffix("-gpu") and config.inputs
 
 
 @pytest.mark.slow
@@ -408,22 +411,26 @@ def test_cross_modal_wiki_pipeline_and_search(tmp_path):
 
 
 @pytest.mark.slow
-def test_pretrained_image_pipeline(tmp_path):
-    """The CIFAR-10 config's path on 200 images: JPEGs through ExampleGen, SqueezeNet with the shared
-    ImageNet weights fine-tuned (one epoch at 32x32), exported with both image signatures, indexed;
-    a query's encoded example and its raw pixels get the same code, and the index answers it."""
+@pytest.mark.parametrize("shipped", ["cifar10", "cifar10-gpu"])
+def test_pretrained_image_pipeline(tmp_path, shipped):
+    """The shipped CIFAR-10 configs' code paths on 200 images: JPEGs through ExampleGen, SqueezeNet
+    with the shared ImageNet weights trained one epoch at 32x32 (``cifar10``: above its cached
+    trunk, in its precision; ``cifar10-gpu``: every layer, the papers' schedule), exported with both
+    image signatures, indexed; a query's encoded example and its raw pixels get the same code, and
+    the index answers it."""
     import numpy as np
     import tensorflow as tf
     from tfhash.pipelines.runner import run_local
 
     from tfhash.index import load_index
 
-    config = small_config(tmp_path, name="tiny-cifar10", dataset="cifar10", limit=200, map_threshold=0.0,
-                          training={"method": "scdh", "bits": 16, "backbone": "squeezenet", "backbone_weights": "imagenet",
-                                    "image_size": 32, "epochs": 1, "batch_size": 32,
-                                    "fine_tuning": {"backbone_learning_rate": 0.005, "dropout": 0.5}})  # fmt: skip
+    training = json.loads((CONFIGS / f"{shipped}.json").read_text())["training"]
+    config = small_config(tmp_path, name=f"tiny-{shipped}", dataset="cifar10", limit=200, map_threshold=0.0,
+                          training={**training, "bits": 16, "image_size": 32, "epochs": 1, "batch_size": 32})  # fmt: skip
     summary = run_local(config, log=lambda message: None)
     assert summary["blessed"] is True and summary["metrics"]["bits"] == 16
+    cached = os.listdir(config.layout.trunk_cache) if os.path.isdir(config.layout.trunk_cache) else []
+    assert len(cached) == (1 if "trunk_cache" in training.get("fine_tuning", {}) else 0)
     loaded = tf.saved_model.load(summary["model_dir"])
     assert {"serving_default", "encode_pixels"} <= set(loaded.signatures)
     files = sorted(tf.io.gfile.glob(os.path.join(config.layout.data, "query", "*")))

@@ -258,6 +258,11 @@ class RunLayout:
         return os.path.join(self.run_dir, "metadata.sqlite")
 
     @property
+    def trunk_cache(self) -> str:
+        """Where the Trainer keeps its trunk caches (:mod:`tfhash.trunk_cache`), one per key."""
+        return os.path.join(self.run_dir, "trunk_cache")
+
+    @property
     def serving(self) -> str:
         """The TF Serving model base directory (the Pusher's destination)."""
         return os.path.join(self.run_dir, "serving", self.name)

@@ -17,6 +17,11 @@ import math
 from dataclasses import asdict, dataclass, field, fields, replace
 
 SCHEDULES = ("constant", "step", "cosine")
+#: The run config's ``mixed_precision`` values (:func:`precision_policy`).
+PRECISIONS = ("auto", "on", "off", "bfloat16")
+#: The cut of :class:`TrunkCache` per network tfhash knows: SqueezeNet v1.1's last pooling, below
+#: fire6-fire9 (a third of the network's training cost at 224x224 and most of its parameters).
+DEFAULT_CUTS = {"squeezenet": "pool5"}
 OPTIMIZERS = ("sgd", "adam", "adamw")
 
 
@@ -42,6 +47,86 @@ def learning_rate_schedule(base: float, schedule: str, epochs: int, steps_per_ep
     raise ValueError(f"unknown learning-rate schedule {schedule!r}; choose one of {SCHEDULES}")
 
 
+def cpu_has_bfloat16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """True when the CPU computes in bfloat16 natively (AVX512_BF16 or AMX-BF16 in its flags);
+    elsewhere oneDNN emulates it, slower than float32."""
+    try:
+        with open(cpuinfo) as handle:
+            flags = next((line for line in handle if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def precision_policy(setting: str, gpu: bool, cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The Keras dtype policy of a run's ``mixed_precision`` setting: ``"off"`` float32; ``"on"``
+    mixed_float16; ``"auto"`` mixed_float16 with a GPU, else float32; ``"bfloat16"``
+    mixed_bfloat16 on a GPU or a CPU that has it (:func:`cpu_has_bfloat16`), else float32 with a
+    warning (the same run, slower, rather than a failure on another machine)."""
+    if setting not in PRECISIONS:
+        raise ValueError(f"mixed_precision must be one of {PRECISIONS}, got {setting!r}")
+    if setting == "bfloat16":
+        if gpu or cpu_has_bfloat16(cpuinfo):
+            return "mixed_bfloat16"
+        import logging
+
+        logging.getLogger(__name__).warning("mixed_precision 'bfloat16': this CPU has no bfloat16 instructions "
+                                            "(avx512_bf16 / amx_bf16); training in float32")  # fmt: skip
+        return "float32"
+    return "mixed_float16" if setting == "on" or (setting == "auto" and gpu) else "float32"
+
+
+@dataclass(frozen=True)
+class TrunkCache:
+    """Train on a cache of the frozen lower layers (:mod:`tfhash.trunk_cache`).
+
+    Attributes:
+        cut: the layer whose output is cached; the layers up to it do not train (default: the
+            network's entry of :data:`DEFAULT_CUTS`; required for other backbones).
+        views: augmented views of each training image stored (view 0 as is, view 1 mirrored, the
+            rest drawn by the recipe's ``augment`` policy); each epoch draws one view per image.
+        directory: where caches are kept, one entry per key (the Trainer's default: ``trunk_cache``
+            in the run directory).
+    """
+
+    cut: str | None = None
+    views: int = 8
+    directory: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.views, bool) or not isinstance(self.views, int) or not 1 <= self.views <= 256:
+            raise ValueError(f"trunk_cache.views must be an integer from 1 to 256, got {self.views!r}")
+        if self.cut is not None and (not isinstance(self.cut, str) or not self.cut):
+            raise ValueError(f"trunk_cache.cut must be a layer name, got {self.cut!r}")
+
+    @classmethod
+    def of(cls, value, backbone: str | None) -> TrunkCache | None:
+        """The setting ``trunk_cache`` of a recipe: None / False (off), True (defaults) or a dict of
+        fields; the cut defaults to ``backbone``'s :data:`DEFAULT_CUTS`.
+
+        Raises:
+            ValueError: unknown fields, or no cut for a backbone without a default.
+        """
+        if value is None or value is False:
+            return None
+        if isinstance(value, TrunkCache):
+            settings = value
+        elif value is True or isinstance(value, dict):
+            settings = value if value is not True else {}
+            unknown = set(settings) - {f.name for f in fields(cls)}
+            if unknown:
+                raise ValueError(f"unknown trunk_cache settings {sorted(unknown)}; known: {[f.name for f in fields(cls)]}")
+            settings = cls(**settings)
+        else:
+            raise ValueError(f"trunk_cache must be false, true or an object of settings, got {value!r}")
+        if settings.cut is None and backbone is not None:
+            if backbone not in DEFAULT_CUTS:
+                raise ValueError(f"trunk_cache needs a cut for backbone {backbone!r}: name the layer whose output is "
+                                 "cached, e.g. {\"cut\": \"conv4_block6_out\"} for resnet50")
+            settings = replace(settings, cut=DEFAULT_CUTS[backbone])
+        return settings
+
+
 @dataclass
 class FineTuning:
     """A training recipe.
@@ -63,6 +148,8 @@ class FineTuning:
             classifier); for an MLP backbone, the dropout after each hidden layer.
         input_dropout: MLP backbones: dropout on the input features, one rate or
             ``{modality: rate}`` (0 for a modality not named).
+        trunk_cache: train the layers above a cut on cached activations of the frozen layers
+            below it (:class:`TrunkCache`; a dict of its fields, True for its defaults).
     """
 
     optimizer: str = "adam"
@@ -78,6 +165,7 @@ class FineTuning:
     augment: bool | str = False
     dropout: float = 0.0
     input_dropout: float | dict = 0.0
+    trunk_cache: TrunkCache | dict | bool | None = None
 
     def __post_init__(self) -> None:
         if self.optimizer not in OPTIMIZERS:
@@ -95,6 +183,7 @@ class FineTuning:
         from tfhash.networks import augmentation_policy
 
         augmentation_policy(self.augment)
+        self.trunk_cache = TrunkCache.of(self.trunk_cache, None)
 
     @classmethod
     def for_backbone(cls, backbone: str, **overrides) -> FineTuning:
@@ -115,7 +204,9 @@ class FineTuning:
             base = FINE_TUNING_DEFAULTS["pretrained"]
         else:
             base = {}
-        return cls(**{**base, **overrides})
+        recipe = cls(**{**base, **overrides})
+        recipe.trunk_cache = TrunkCache.of(recipe.trunk_cache, backbone)
+        return recipe
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -1,0 +1,238 @@
+"""CIFAR-10 through SqueezeNet v1.1 fine-tuned above a cached frozen trunk (:mod:`tfhash.trunk_cache`).
+
+Protocol as :mod:`benchmarks.fine_tuning` (1,000 queries, 59,000 database, 5,000 of it train; mAP
+over the whole ranking). Three modes:
+
+* ``--validation``: train on 4,000 of the 5,000 training images; every ``--eval-every`` epochs 500
+  held-out training images (50 per class) are scored against the other 500. This curve chooses
+  the settings (``--recipe``, ``--views``, ``--cut``, ``--precision``) and the epochs; the
+  queries are never used.
+* test (default): train on all 5,000, report the last epoch on the queries against the database.
+* ``--timing``: seconds per epoch on the cache against full fine-tuning at the same side (at
+  least 3 measured epochs each, after one warm-up epoch), the cache's build time, disk and the
+  process's peak memory.
+
+Results accumulate in ``benchmarks/results/trunk_cache.{json,md}`` (a rerun replaces its row)::
+
+    python -m benchmarks.trunk_cache --validation --bits 48 --epochs 60 --eval-every 10 --seed 0 --label base
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+from benchmarks.common import RESULTS_DIR, markdown_table, write_results  # noqa: E402
+from benchmarks.fine_tuning import SCDH_TABLE_I_ALEXNET, TimedRetrievalEval  # noqa: E402
+from tfhash.codes import sign_codes  # noqa: E402
+from tfhash.data import load_cifar10  # noqa: E402
+from tfhash.data.splits import validation_split  # noqa: E402
+from tfhash.fine_tuning import FineTuning, compile_fine_tuning  # noqa: E402
+from tfhash.metrics import evaluate_retrieval  # noqa: E402
+from tfhash.models import build_hclm, build_hyp2, build_scdh, image_backbone  # noqa: E402
+from tfhash.trunk_cache import fit_on_cache  # noqa: E402
+
+BATCH = 64
+#: The settings of the shipped config (pipelines/configs/cifar10.json), the baseline of --recipe.
+BASE = {"backbone_learning_rate": 0.005, "dropout": 0.5}
+
+
+def peak_rss_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
+
+
+def make_backbone(size: int, recipe: FineTuning):
+    return lambda: image_backbone("squeezenet", (32, 32, 3), size=size, **recipe.backbone_options())
+
+
+def build(method: str, bits: int, seed: int):
+    """backbone -> the method's model, its initial weights drawn from ``seed``."""
+
+    def model(backbone):
+        keras.utils.set_random_seed(seed)
+        if method == "SCDH":
+            return build_scdh(backbone, 10, bits, preset="cifar10")
+        if method == "HCLM":
+            return build_hclm(backbone, 10, bits, seed=seed)
+        return build_hyp2(backbone, 10, bits)
+
+    return model
+
+
+def run(args, images, labels, split) -> dict:
+    keras.utils.set_random_seed(args.seed)
+    cache_dir = args.cache_dir or os.path.join(tempfile.gettempdir(), "tfhash-trunk-cache")
+    recipe = FineTuning.for_backbone("squeezenet", **{**BASE, **args.recipe,
+                                                       "trunk_cache": {"cut": args.cut, "views": args.views, "directory": cache_dir}})  # fmt: skip
+    if args.validation:
+        carved = validation_split(split.train, labels, held_out=100, queries=50, seed=args.seed)  # per class
+        train, curve_q, curve_db = carved.train, carved.query, carved.database
+    else:
+        train, curve_q = split.train, split.query
+        curve_db = np.random.default_rng(args.seed).choice(split.database, 5000, replace=False)
+    x_train, y_train = images[train], labels[train]
+    curve = []
+
+    flipped = {}
+
+    class FlipEval(keras.callbacks.Callback):
+        """At the end: the curve's mAP@all with each image's codes averaged with its mirror's
+        before the sign (encoding with flips)."""
+
+        def __init__(self, activations):
+            super().__init__()
+            self.activations = activations
+
+        def on_train_end(self, logs=None):
+            (q, q_flip), (db, db_flip) = self.activations
+            codes = lambda a, b: sign_codes(self.model.continuous_codes(a) + self.model.continuous_codes(b))  # noqa: E731
+            flipped["mAP@all"] = evaluate_retrieval(codes(q, q_flip), codes(db, db_flip), labels[curve_q],
+                                                    labels[curve_db]).mean_average_precision()  # fmt: skip
+
+    def callbacks(cut):
+        trunk = lambda x: np.asarray(cut.trunk.predict(x, batch_size=256, verbose=0), np.float32)  # noqa: E731
+        activations = [(trunk(images[rows]), trunk(images[rows][:, :, ::-1])) for rows in (curve_q, curve_db)]
+        curve.append(TimedRetrievalEval(activations[0][0], labels[curve_q], activations[1][0], labels[curve_db],
+                                        frequency=args.eval_every, prefix="curve_"))  # fmt: skip
+        return [*curve, FlipEval(activations)]
+
+    policy = {"float32": "float32", "bfloat16": "mixed_bfloat16"}[args.precision]
+    compile_model = lambda model, steps: compile_fine_tuning(model, recipe, args.epochs, steps)  # noqa: E731
+    start = time.perf_counter()
+    model, history, cache = fit_on_cache(build(args.method, args.bits, args.seed), make_backbone(args.size, recipe), x_train, y_train,
+                                         recipe, compile_model, args.epochs, BATCH, args.seed,
+                                         "squeezenet", policy, callbacks)  # fmt: skip
+    seconds = time.perf_counter() - start - curve[0].seconds
+    history = history.history
+    points = [{"epoch": args.eval_every * (i + 1), "mAP@all": value, "loss": history["loss"][args.eval_every * (i + 1) - 1]}
+              for i, value in enumerate(history.get("curve_map", []))]  # fmt: skip
+    row = {"label": args.label, "mode": "validation" if args.validation else "test", "method": args.method, "bits": args.bits, "size": args.size,
+           "cut": args.cut, "views": args.views, "precision": args.precision, "epochs": args.epochs, "seed": args.seed,
+           "train images": int(len(train)), "curve": points, "recipe": {**BASE, **args.recipe},
+           "cache + train seconds": round(seconds, 1), "cache GB": round(cache.activations.nbytes / 1e9, 2),
+           "curve mAP@all with flips": flipped.get("mAP@all")}  # fmt: skip
+    if not args.validation:
+        start = time.perf_counter()
+        report = evaluate_retrieval(model.encode(images[split.query]), model.encode(images[split.database]),
+                                    labels[split.query], labels[split.database])  # fmt: skip
+        row.update({"mAP@all": report.mean_average_precision(), "P@H<=2": float(report.precision_at_radius(2)),
+                    "encode + score seconds": round(time.perf_counter() - start, 1)})  # fmt: skip
+    row["peak RSS GB"] = round(peak_rss_gb(), 2)
+    return row
+
+
+def timing(args, images, labels, split) -> dict:
+    """Seconds per epoch: cached against full fine-tuning at ``args.size``, same recipe and batch."""
+    cache_dir = tempfile.mkdtemp(prefix="tfhash-trunk-timing-")
+    policy = {"float32": "float32", "bfloat16": "mixed_bfloat16"}[args.precision]
+    recipe = FineTuning.for_backbone("squeezenet", **{**BASE, **args.recipe,
+                                                       "trunk_cache": {"cut": args.cut, "views": args.views, "directory": cache_dir}})  # fmt: skip
+    x_train, y_train = images[split.train], labels[split.train]
+    measured = args.epochs
+
+    class EpochTimes(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.times = []
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.start = time.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.times.append(time.perf_counter() - self.start)
+
+    try:
+        cached_times = EpochTimes()
+        start = time.perf_counter()
+        compile_model = lambda model, steps: compile_fine_tuning(model, recipe, measured + 1, steps)  # noqa: E731
+        _, _, cache = fit_on_cache(build(args.method, args.bits, args.seed), make_backbone(args.size, recipe), x_train, y_train, recipe,
+                                   compile_model, measured + 1, BATCH, args.seed, "squeezenet",
+                                   policy, [cached_times])  # fmt: skip
+        cached_total = time.perf_counter() - start
+        build_seconds = cached_total - sum(cached_times.times)
+        disk = sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(cache_dir) for f in files)
+        full_times = EpochTimes()
+        keras.mixed_precision.set_global_policy(policy)
+        try:
+            model = build(args.method, args.bits, args.seed)(make_backbone(args.size, recipe)())
+            compile_fine_tuning(model, recipe, measured + 1, -(-len(y_train) // BATCH))
+            model.fit(x_train, y_train, batch_size=BATCH, epochs=measured + 1, verbose=0, callbacks=[full_times])
+        finally:
+            keras.mixed_precision.set_global_policy("float32")
+    finally:
+        shutil.rmtree(cache_dir, ignore_errors=True)
+    cached_epoch, full_epoch = float(np.median(cached_times.times[1:])), float(np.median(full_times.times[1:]))
+    return {"label": args.label, "mode": "timing", "method": args.method, "bits": args.bits, "size": args.size, "cut": args.cut, "views": args.views,
+            "precision": args.precision, "measured epochs": measured, "seed": args.seed, "train images": int(len(y_train)),
+            "cached seconds per epoch": round(cached_epoch, 2), "full seconds per epoch": round(full_epoch, 2),
+            "speed-up": round(full_epoch / cached_epoch, 2), "cache build seconds": round(build_seconds, 1),
+            "cache disk GB": round(disk / 1e9, 2), "peak RSS GB": round(peak_rss_gb(), 2),
+            "cached epochs (s)": [round(t, 2) for t in cached_times.times], "full epochs (s)": [round(t, 2) for t in full_times.times],
+            "curve": []}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--method", choices=("SCDH", "HCLM", "HyP2"), default="SCDH")
+    parser.add_argument("--bits", type=int, default=48)
+    parser.add_argument("--size", type=int, default=224)
+    parser.add_argument("--cut", default="pool5")
+    parser.add_argument("--views", type=int, default=8)
+    parser.add_argument("--precision", choices=("float32", "bfloat16"), default="bfloat16")
+    parser.add_argument("--epochs", type=int, default=60)
+    parser.add_argument("--eval-every", type=int, default=10)
+    parser.add_argument("--validation", action="store_true")
+    parser.add_argument("--timing", action="store_true", help="--epochs measured epochs each, after one warm-up epoch")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--recipe", type=json.loads, default={}, help="FineTuning settings over BASE, as JSON")
+    parser.add_argument("--label", default="base", help="names the settings in the results (rows are keyed by it)")
+    parser.add_argument("--cache-dir", default=None, help="where caches are kept (default: a folder in the temp dir)")
+    args = parser.parse_args()
+    if not args.timing and args.epochs % args.eval_every:
+        parser.error(f"--eval-every {args.eval_every} must divide --epochs {args.epochs} (the last epoch is on the curve)")
+    ds = load_cifar10(seed=args.seed)
+    row = (timing if args.timing else run)(args, ds.inputs["image"], ds.labels, ds.split)
+    print(json.dumps({k: v for k, v in row.items() if k not in ("recipe",)}), flush=True)
+    path = RESULTS_DIR / "trunk_cache.json"
+    rows = json.loads(path.read_text())["rows"] if path.is_file() else []
+    key = ("label", "mode", "method", "bits", "size", "seed")
+    rows = [r for r in rows if tuple(r.get(k) for k in key) != tuple(row[k] for k in key)] + [row]
+    write_results("trunk_cache", {"rows": rows, "scdh_table_i_alexnet": SCDH_TABLE_I_ALEXNET}, markdown(rows))
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["# CIFAR-10, SqueezeNet v1.1 trained above a cached frozen trunk (python -m benchmarks.trunk_cache)", "",
+             "SCDH Table I, AlexNet fine-tuned, mAP@all: " + ", ".join(f"{b} bits {v}" for b, v in SCDH_TABLE_I_ALEXNET.items()),
+             "", "## Test protocol (last epoch)", "",
+             markdown_table([r for r in rows if r["mode"] == "test"],
+                            ["label", "method", "bits", "size", "cut", "views", "precision", "epochs", "mAP@all", "P@H<=2",
+                             "cache + train seconds", "cache GB", "peak RSS GB", "seed"]), "",
+             "## Validation (500 held-out training images against the other 500; 4,000 train)", "",
+             markdown_table([{**r, "last mAP@all": r["curve"][-1]["mAP@all"] if r["curve"] else None, "settings": json.dumps(r["recipe"])}
+                             for r in rows if r["mode"] == "validation"],
+                            ["label", "method", "bits", "size", "cut", "views", "precision", "epochs", "last mAP@all",
+                             "curve mAP@all with flips", "settings", "cache + train seconds", "seed"]), "",
+             "## Seconds per epoch: cache against full fine-tuning (5,000 images, batch 64)", "",
+             markdown_table([r for r in rows if r["mode"] == "timing"],
+                            ["label", "size", "cut", "views", "precision", "measured epochs", "cached seconds per epoch",
+                             "full seconds per epoch", "speed-up", "cache build seconds", "cache disk GB", "peak RSS GB"]), "",
+             "## Curves (mAP@all by epoch)", ""]  # fmt: skip
+    for r in rows:
+        if r["curve"]:
+            points = ", ".join(f"{p['epoch']}: {p['mAP@all']:.3f}" for p in r["curve"])
+            lines.append(f"- {r['mode']} {r['label']} {r.get('method', 'SCDH')} {r['bits']} bits {r['size']}px {r['precision']}, seed {r['seed']}: {points}")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
