@@ -221,7 +221,7 @@ def markdown(rows: list[dict]) -> str:
              markdown_table([{**r, "last mAP@all": r["curve"][-1]["mAP@all"] if r["curve"] else None, "settings": json.dumps(r["recipe"])}
                              for r in rows if r["mode"] == "validation"],
                             ["label", "method", "bits", "size", "cut", "views", "precision", "epochs", "last mAP@all",
-                             "curve mAP@all with flips", "settings", "cache + train seconds", "seed"]), "",
+                             "curve mAP@all with flips", "settings", "cache + train seconds", "seed", "note"]), "",
              "## Seconds per epoch: cache against full fine-tuning (5,000 images, batch 64)", "",
              markdown_table([r for r in rows if r["mode"] == "timing"],
                             ["label", "size", "cut", "views", "precision", "measured epochs", "cached seconds per epoch",

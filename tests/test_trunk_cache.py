@@ -13,7 +13,7 @@ import pytest
 
 from tfhash.fine_tuning import FineTuning, TrunkCache, compile_fine_tuning, cpu_has_bfloat16, precision_policy
 from tfhash.models import build_scdh, image_backbone
-from tfhash.trunk_cache import CacheError, build_cache, fit_on_cache, open_cache, split_backbone, view_images
+from tfhash.trunk_cache import CacheError, build_cache, fit_on_cache, open_cache, split_backbone, view_transform
 
 SHAPE, SIDE = (32, 32, 3), 64
 #: Maximum absolute difference between the cached and the raw forward pass, float32 (the same
@@ -55,11 +55,15 @@ def test_the_cached_forward_pass_is_the_raw_one(weights):
 
 
 def test_views_are_the_images_their_mirror_and_seeded_draws():
-    images, _ = images_and_labels(4)
-    np.testing.assert_array_equal(view_images(images, 0, "shift", 0), images)
-    np.testing.assert_array_equal(view_images(images, 1, "shift", 0), images[:, :, ::-1])
-    np.testing.assert_array_equal(view_images(images, 2, "shift", 5), view_images(images, 2, "shift", 5))
-    assert not np.array_equal(view_images(images, 2, "shift", 5), view_images(images, 3, "shift", 5))
+    images, _ = images_and_labels(8)
+    np.testing.assert_array_equal(view_transform(0, "shift", 0)(images), images)
+    np.testing.assert_array_equal(view_transform(1, "shift", 0)(images), images[:, :, ::-1])
+    first, again = view_transform(2, "shift", 5), view_transform(2, "shift", 5)
+    batches = [first(images[:4]), first(images[4:])]
+    np.testing.assert_array_equal(np.concatenate(batches), np.concatenate([again(images[:4]), again(images[4:])]))
+    # the draws run on across batches: the same image in the next batch is transformed anew
+    assert not np.array_equal(batches[0], first(images[:4]))
+    assert not np.array_equal(batches[0], view_transform(3, "shift", 5)(images[:4]))
 
 
 def scdh(seed=0):

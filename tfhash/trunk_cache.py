@@ -64,7 +64,7 @@ class CacheKey:
         weights: sha256 of the trunk's weights (the frozen layers' values).
         cut: the layer whose output is stored.
         image_shape: the stored images' shape; ``size``: the side the network runs at.
-        views, policy, seed: the views (:func:`view_images`).
+        views, policy, seed: the views (:func:`view_transform`).
         data: sha256 of the training images and labels, in order.
         compute_dtype: the trunk's compute dtype (float32 or bfloat16).
     """
@@ -156,19 +156,20 @@ def split_backbone(backbone: keras.Model, cut: str) -> Split:
     return Split(trunk, top, cut, None if side is None else int(side))
 
 
-def view_images(images: np.ndarray, view: int, policy: str | None, seed: int) -> np.ndarray:
-    """View ``view`` of a batch of stored images: 0, the images; 1, mirrored; from 2 on, the
-    augmentation ``policy`` of :data:`tfhash.networks.AUGMENTATIONS` (random shift and flip,
-    ``"zoom"`` also a random zoom) drawn from ``(seed, view)``; without a policy, views 2 and up
+def view_transform(view: int, policy: str | None, seed: int) -> Callable[[np.ndarray], np.ndarray]:
+    """The function that makes view ``view`` of successive batches of stored images: 0, the images;
+    1, mirrored; from 2 on, the augmentation ``policy`` of :data:`tfhash.networks.AUGMENTATIONS`
+    (random shift and flip, ``"zoom"`` also a random zoom), one draw per image from a generator
+    seeded by ``(seed, view)`` that runs on across the batches; without a policy, views 2 and up
     repeat 0 and 1."""
     from tfhash.models.backbones import Augmentation
 
     if view == 0 or (policy is None and view % 2 == 0):
-        return images
+        return lambda images: images
     if view == 1 or policy is None:
-        return images[:, :, ::-1]
+        return lambda images: images[:, :, ::-1]
     augment = Augmentation(policy, seed=int(seed) * 1000 + int(view))
-    return np.asarray(augment(np.asarray(images, dtype=np.float32), training=True))
+    return lambda images: np.asarray(augment(np.asarray(images, dtype=np.float32), training=True))
 
 
 def weights_fingerprint(model: keras.Model) -> str:
@@ -266,7 +267,7 @@ def build_cache(split: Split, images: np.ndarray, labels: np.ndarray, directory:
         split: from :func:`split_backbone`.
         images, labels: the training rows (stored pixels; ``(n, C)`` labels).
         backbone: the backbone's name (or encoder path) as the run names it, for the :class:`CacheKey`.
-        views, policy, seed: see :func:`view_images`.
+        views, policy, seed: see :func:`view_transform`.
 
     Raises:
         CacheError: fewer than one view, or not enough free disk (the bytes needed and free named).
@@ -296,8 +297,9 @@ def build_cache(split: Split, images: np.ndarray, labels: np.ndarray, directory:
         activations = np.lib.format.open_memmap(os.path.join(staging, ACTIVATIONS), mode="w+", dtype=np.float16,
                                                 shape=(int(views), len(images), *shape))  # fmt: skip
         for view in range(int(views)):
+            transform = view_transform(view, policy, seed)
             for start in range(0, len(images), batch_size):
-                batch = view_images(images[start:start + batch_size], view, policy, seed)
+                batch = transform(images[start:start + batch_size])
                 activations[view, start:start + len(batch)] = np.asarray(split.trunk(batch, training=False), np.float16)
         activations.flush()
         del activations
