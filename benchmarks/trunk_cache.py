@@ -127,6 +127,9 @@ def run(args, images, labels, split) -> dict:
                                     labels[split.query], labels[split.database])  # fmt: skip
         row.update({"mAP@all": report.mean_average_precision(), "P@H<=2": float(report.precision_at_radius(2)),
                     "encode + score seconds": round(time.perf_counter() - start, 1)})  # fmt: skip
+        mirrored = lambda rows: sign_codes(model.continuous_codes(images[rows]) + model.continuous_codes(images[rows][:, :, ::-1]))  # noqa: E731
+        report = evaluate_retrieval(mirrored(split.query), mirrored(split.database), labels[split.query], labels[split.database])
+        row.update({"mAP@all mirrored": report.mean_average_precision(), "P@H<=2 mirrored": float(report.precision_at_radius(2))})
     row["peak RSS GB"] = round(peak_rss_gb(), 2)
     return row
 
@@ -216,6 +219,7 @@ def markdown(rows: list[dict]) -> str:
              "", "## Test protocol (last epoch)", "",
              markdown_table([r for r in rows if r["mode"] == "test"],
                             ["label", "method", "bits", "size", "cut", "views", "precision", "epochs", "mAP@all", "P@H<=2",
+                             "mAP@all mirrored", "P@H<=2 mirrored",
                              "cache + train seconds", "cache GB", "peak RSS GB", "seed"]), "",
              "## Validation (500 held-out training images against the other 500; 4,000 train)", "",
              markdown_table([{**r, "last mAP@all": r["curve"][-1]["mAP@all"] if r["curve"] else None, "settings": json.dumps(r["recipe"])}
