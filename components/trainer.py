@@ -15,7 +15,7 @@ import tensorflow_transform as tft
 from tfhash.components.export import IMAGE_RANGE, export_serving_model
 from tfx_bsl.public import tfxio
 
-from tfhash.artifacts import LABELS
+from tfhash.artifacts import LABELS, TRAINING_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +97,20 @@ def training_recipe(training: dict):
     from tfhash.fine_tuning import FineTuning
 
     return FineTuning.for_backbone(training["backbone"], **training.get("fine_tuning", {}))
+
+
+def tuned_training(training: dict, hyperparameters: dict, input_names: list[str]) -> dict:
+    """The run's training section with the recipe the Tuner chose laid over it
+    (:func:`tfhash.tuning.tuned_recipe` of the ``best_hyperparameters`` config,
+    :meth:`tfhash.recipes.Recipe.pipeline_section`): its method, MLP, epochs, batch, settings and
+    optimizer; bits and seed stay the run's."""
+    import keras_tuner
+
+    from tfhash.tuning import tuned_recipe
+
+    values = keras_tuner.HyperParameters.from_config(hyperparameters).values
+    recipe = tuned_recipe(values, tuple(input_names) if len(input_names) == 2 else ())
+    return {**training, **recipe.pipeline_section(), "recipe": None}
 
 
 def dtype_policy(training: dict) -> str:
@@ -182,20 +196,23 @@ def training_dataset(data_accessor, file_pattern, schema, input_names: list[str]
     return data.map(lambda f: (model_inputs(f), targets(f, label_coefficients))), max(1, steps)
 
 
-def training_arrays(data_accessor, file_pattern, schema, input_name: str, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """The transformed training records of ``file_pattern`` as arrays, in record order: the model
-    input ``input_name`` and the labels (what the trunk cache is built from)."""
-    inputs, labels = [], []
+def training_arrays(data_accessor, file_pattern, schema, input_names: list[str], batch_size: int) -> tuple[dict, np.ndarray]:
+    """The transformed training records of ``file_pattern`` as arrays, in record order:
+    ``{input name: array}`` of the model inputs ``input_names`` and the labels (what the trunk
+    cache and the Tuner's trials are built from)."""
+    inputs, labels = {name: [] for name in input_names}, []
     for features in _records(data_accessor, file_pattern, schema, batch_size, False, 0).as_numpy_iterator():
-        inputs.append(features[input_name])
+        for name in input_names:
+            inputs[name].append(features[name])
         labels.append(features[LABELS])
-    return np.concatenate(inputs), np.concatenate(labels)
+    return {name: np.concatenate(parts) for name, parts in inputs.items()}, np.concatenate(labels)
 
 
-def fit_cached(fn_args, training: dict, inputs: dict, num_classes: int, statistics, recipe, batch: int, policy: str,
+def fit_cached(fn_args, schema, training: dict, inputs: dict, num_classes: int, statistics, recipe, batch: int, policy: str,
                callbacks: list):  # fmt: skip
     """Train on a trunk cache (:func:`tfhash.trunk_cache.fit_on_cache`) kept in the run's
-    ``trunk_cache_dir``; returns the float32 model on raw images.
+    ``trunk_cache_dir``, built from one pass over the transformed training records (``schema``);
+    returns the float32 model on raw images.
 
     Raises:
         tfhash.trunk_cache.CacheError: several workers (each would build its own cache), or as
@@ -213,8 +230,8 @@ def fit_cached(fn_args, training: dict, inputs: dict, num_classes: int, statisti
     (name,) = inputs
     if recipe.trunk_cache.directory is None:
         recipe = replace(recipe, trunk_cache=replace(recipe.trunk_cache, directory=config["trunk_cache_dir"]))
-    schema = tft.TFTransformOutput(fn_args.transform_output).transformed_metadata.schema
-    images, labels = training_arrays(fn_args.data_accessor, fn_args.train_files, schema, name, batch)
+    arrays, labels = training_arrays(fn_args.data_accessor, fn_args.train_files, schema, [name], batch)
+    images = arrays[name]
     seed, epochs = int(training["seed"]), int(training["epochs"])
     model, _, _ = fit_on_cache(
         build=lambda backbone: build_model(training, inputs, num_classes, statistics, config.get("data_root"), backbone),
@@ -244,7 +261,7 @@ def warmup_records(config: dict, count: int = 4) -> list[bytes]:
 
 def run_fn(fn_args) -> None:
     """TFX Trainer entry point. ``fn_args.custom_config``: ``training`` (the run config's
-    section), ``inputs`` (model input name -> shape), ``num_classes``, ``modalities`` and
+    section; with the Tuner's ``fn_args.hyperparameters``, its recipe laid over it), ``inputs`` (model input name -> shape), ``num_classes``, ``modalities`` and
     ``raw_examples_dir`` (the exported data, whose first usable training records become the TF
     Serving warmup requests)."""
     from tfhash.fine_tuning import compile_fine_tuning
@@ -252,24 +269,34 @@ def run_fn(fn_args) -> None:
 
     config = fn_args.custom_config
     training = config["training"]
+    if fn_args.hyperparameters:  # the Tuner's choice
+        training = tuned_training(training, fn_args.hyperparameters, list(config["inputs"]))
+        logging.info("training the recipe the Tuner chose: %s", json.dumps(training))
     keras.utils.set_random_seed(int(training["seed"]))
     policy = dtype_policy(training)
     transform_output = tft.TFTransformOutput(fn_args.transform_output)
     inputs = {name: list(shape) for name, shape in config["inputs"].items()}
     batch = batch_size(training)
-    train_data, steps_per_epoch = training_dataset(fn_args.data_accessor, fn_args.train_files, transform_output.transformed_metadata.schema,
-                                              list(inputs), batch, int(training["seed"]), bool(training.get("label_coefficients")))  # fmt: skip
+    schema = transform_output.transformed_metadata.schema
     epochs = int(training["epochs"])
     strategy = make_strategy()
     recipe = training_recipe(training).scaled_to_batch(batch / int(training["batch_size"]))
     needs_statistics = get_method(training["method"]).needs_tag_statistics
     statistics = read_transform_tag_statistics(transform_output, int(config["num_classes"])) if needs_statistics else None
-    callbacks = [keras.callbacks.TensorBoard(log_dir=fn_args.model_run_dir)] if fn_args.model_run_dir else []
+    callbacks = []
+    if fn_args.model_run_dir:
+        callbacks.append(keras.callbacks.TensorBoard(log_dir=fn_args.model_run_dir))
+        tf.io.gfile.makedirs(fn_args.model_run_dir)
+        with tf.io.gfile.GFile(os.path.join(fn_args.model_run_dir, TRAINING_FILE), "w") as handle:
+            handle.write(json.dumps(training, indent=2))  # what this run trained (the summary reads it)
     try:
         if recipe.trunk_cache is not None:
             with strategy.scope():
-                model = fit_cached(fn_args, training, inputs, int(config["num_classes"]), statistics, recipe, batch, policy, callbacks)
+                model = fit_cached(fn_args, schema, training, inputs, int(config["num_classes"]), statistics, recipe, batch, policy,
+                                   callbacks)  # fmt: skip
         else:
+            train_data, steps_per_epoch = training_dataset(fn_args.data_accessor, fn_args.train_files, schema, list(inputs), batch,
+                                                           int(training["seed"]), bool(training.get("label_coefficients")))  # fmt: skip
             keras.mixed_precision.set_global_policy(policy)
             with strategy.scope():
                 model = build_model(training, inputs, int(config["num_classes"]), statistics, config.get("data_root"))

@@ -21,6 +21,7 @@ from tfhash.artifacts import DEFAULT_RUN_DIR, RunLayout, resolve_path
 from tfhash.codes import check_bits
 from tfhash.index.factory import parse_index_type
 from tfhash.index.milvus import MilvusIndex, is_local
+from tfhash.recipes import PIPELINE_KINDS
 from tfhash.registry import get_method, method_names
 
 #: The default of a key that has none: the config must set it.
@@ -159,14 +160,10 @@ def with_recipe(training: dict) -> dict:
     tuning = dict(training.get("fine_tuning", {}))
     # the section's own rates etc. go through the recipe, so its optimizer follows them (AdamW when decayed)
     tuned = dataclasses.replace(recipe, **{k: tuning[k] for k in RECIPE_TRAINING_KEYS if k in tuning})
-    return {"method": recipe.method, "backbone": "mlp", "hidden": list(recipe.hidden), "epochs": recipe.epochs,
-            "batch_size": recipe.batch_size, **training, "overrides": {**recipe.options, **training.get("overrides", {})},
+    return {**recipe.pipeline_section(), **training, "overrides": {**recipe.options, **training.get("overrides", {})},
             "fine_tuning": {**tuned.fine_tuning_settings(), **tuning}}  # fmt: skip
 
 
-#: The recipes' kinds of data the pipeline trains: the single-label recipes are for fixed feature
-#: vectors (benchmarks.peers), while the pipeline's single-label datasets are images.
-PIPELINE_RECIPES = ("multi-label", "cross-modal")
 #: Recipe fields a section's ``fine_tuning`` may set over the recipe's.
 RECIPE_TRAINING_KEYS = ("learning_rate", "weight_decay", "schedule", "dropout", "input_dropout")
 
@@ -180,9 +177,9 @@ def pipeline_recipe(kind: str):
     from tfhash.recipes import recommended
 
     recipe = recommended(kind)
-    if kind not in PIPELINE_RECIPES:
+    if kind not in PIPELINE_KINDS:
         raise ValueError(f"training.recipe {kind!r} is for fixed feature vectors (python -m benchmarks.peers); the "
-                         f"pipeline takes {PIPELINE_RECIPES}: for single-label images set method and backbone instead")  # fmt: skip
+                         f"pipeline takes {PIPELINE_KINDS}: for single-label images set method and backbone instead")  # fmt: skip
     return recipe
 
 
@@ -198,6 +195,36 @@ def resolve_training_paths(training: dict, base: Path) -> dict:
     if isinstance(weights, str) and weights not in (IMAGENET, "none"):
         training["backbone_weights"] = resolve_path(base, weights)
     return training
+
+
+@dataclass
+class TunerConfig:
+    """The Tuner component (:mod:`tfhash.tuning`): the method and recipe chosen on a validation split
+    of the training rows, which the Trainer then trains on all of them."""
+
+    kind: str | None = doc(None, "the search space (`tfhash.tuning.SEARCH_SPACES`) of feature vectors the pipeline "
+                           "trains: `multi-label` or `cross-modal` (null: from the labels and modalities)")
+    max_units: int = doc(9, "Hyperband's top fidelity: a trial of u units trains u / max_units of its recipe's epochs")
+    factor: int = doc(3, "Hyperband's reduction factor (1 / factor of the trials go on to the next rung)")
+    trials: int | None = doc(None, "start no trial after this many (null: Hyperband's whole schedule)")
+    seconds: float | None = doc(None, "start no trial after this wall time (null: no limit)")
+
+    def __post_init__(self) -> None:
+        if self.kind is not None and self.kind not in PIPELINE_KINDS:
+            raise ValueError(f"tuner.kind must be one of {list(PIPELINE_KINDS)} or null, got {self.kind!r}"
+                             f"{suggestion(self.kind, PIPELINE_KINDS)}")  # fmt: skip
+        check_count("tuner.max_units", self.max_units)
+        check_count("tuner.factor", self.factor)
+        check_count("tuner.trials", self.trials, optional=True)
+        if self.seconds is not None and (isinstance(self.seconds, bool) or not isinstance(self.seconds, numbers.Real)):
+            raise ValueError(f"tuner.seconds must be a number of seconds or null, got {self.seconds!r}")
+        self.budget()  # refuses a budget that cannot run one trial
+
+    def budget(self):
+        """The search's :class:`tfhash.tuning.Budget`."""
+        from tfhash.tuning import Budget
+
+        return Budget.of(asdict(self))
 
 
 @dataclass
@@ -234,6 +261,8 @@ class PipelineConfig:
     beam_args: list[str] = doc(lambda: ["--direct_running_mode=in_memory", "--direct_num_workers=1"],
                                "arguments of every Beam job (runner, workers)")
     image: str = doc("tfhash-pipeline:latest", "the container image named in the Kubeflow JSON")
+    tuner: TunerConfig | None = doc(None, "choose the method and recipe with the Tuner component on a validation split "
+                                    "of the training rows (keys `tuner.*` below; null: train the training section as it is)")
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -243,6 +272,14 @@ class PipelineConfig:
             self.training = TrainingConfig(**with_recipe(self.training))
         elif not isinstance(self.training, TrainingConfig):
             raise ValueError(f"training must be an object of training settings, got {self.training!r}")
+        if isinstance(self.tuner, dict):
+            check_keys(self.tuner, [f.name for f in fields(TunerConfig)], "tuner.")
+            self.tuner = TunerConfig(**self.tuner)
+        elif self.tuner is not None and not isinstance(self.tuner, TunerConfig):
+            raise ValueError(f"tuner must be an object of tuner settings or null, got {self.tuner!r}")
+        if self.tuner is not None and self.training.backbone != "mlp":
+            raise ValueError(f"tuner chooses among recipes for feature vectors (the mlp backbone), not backbone "
+                             f"{self.training.backbone!r}; drop the tuner or train on features")  # fmt: skip
         self._check_data()
         check_count("limit", self.limit, optional=True)
         check_count("jcch_anchors", self.jcch_anchors, optional=True)
@@ -363,7 +400,7 @@ def key_table() -> str:
     """Every key of a config file with its default and what it does, as a Markdown table (the
     README shows it; a test checks they agree)."""
     rows = ["| key | default | what it does |", "|---|---|---|"]
-    for prefix, cls in (("", PipelineConfig), ("training.", TrainingConfig)):
+    for prefix, cls in (("", PipelineConfig), ("training.", TrainingConfig), ("tuner.", TunerConfig)):
         for item in fields(cls):
             if item.name == "training" and not prefix:
                 continue

@@ -1,5 +1,5 @@
 """The tfhash pipeline: ImportExampleGen -> RecordFilter (bad-record policy) -> StatisticsGen ->
-SchemaGen -> Transform -> Trainer -> RetrievalEvaluator (against the latest blessed model) -> Pusher
+SchemaGen -> Transform -> (Tuner, when the config has a ``tuner`` section) -> Trainer -> RetrievalEvaluator (against the latest blessed model) -> Pusher
 -> IndexBuilder."""
 
 from __future__ import annotations
@@ -58,11 +58,26 @@ def create_pipeline(config: PipelineConfig, metadata: dict, metadata_connection=
             "num_classes": num_classes,
             "modalities": {name: metadata["modalities"][name] for name in inputs},
             "jcch_anchors": config.jcch_anchors,
-            "tag_statistics": get_method(config.training.method).needs_tag_statistics,
+            # a tuned method may need them whatever the section names
+            "tag_statistics": get_method(config.training.method).needs_tag_statistics or config.tuner is not None,
         },
     )
+    tuner = None
+    if config.tuner is not None:
+        tuner = tfx.components.Tuner(
+            tuner_fn="tfhash.components.tuner.tuner_fn",
+            examples=transform.outputs["transformed_examples"],
+            transform_graph=transform.outputs["transform_graph"],
+            schema=schema_gen.outputs["schema"],
+            # the validation split is carved from the training rows: the queries are never read
+            train_args=tfx.proto.TrainArgs(splits=["train"]),
+            eval_args=tfx.proto.EvalArgs(splits=["train"]),
+            custom_config={"training": config.to_dict()["training"], "tuner": config.to_dict()["tuner"], "inputs": inputs,
+                           "num_classes": num_classes},  # fmt: skip
+        )
     trainer = tfx.components.Trainer(
         run_fn="tfhash.components.trainer.run_fn",
+        hyperparameters=None if tuner is None else tuner.outputs["best_hyperparameters"],
         examples=transform.outputs["transformed_examples"],
         transform_graph=transform.outputs["transform_graph"],
         schema=schema_gen.outputs["schema"],
@@ -113,7 +128,8 @@ def create_pipeline(config: PipelineConfig, metadata: dict, metadata_connection=
     return tfx.dsl.Pipeline(
         pipeline_name=config.name,
         pipeline_root=pipeline_root or where.pipeline_root,
-        components=[example_gen, record_filter, statistics_gen, schema_gen, transform, trainer, baseline, evaluator, pusher, index_builder],
+        components=[example_gen, record_filter, statistics_gen, schema_gen, transform, *([tuner] if tuner else []), trainer, baseline,
+                    evaluator, pusher, index_builder],  # fmt: skip
         enable_cache=True,
         metadata_connection_config=metadata_connection,
         beam_pipeline_args=list(config.beam_args),

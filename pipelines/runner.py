@@ -26,6 +26,9 @@ from tfhash.artifacts import (
     LABELS,
     PACKED_CODES,
     RECORDS_REPORT_FILE,
+    TRAINING_FILE,
+    TUNER_CHOICE_FILE,
+    TUNER_RESULTS_FILE,
     Item,
     RunLayout,
     label_spec,
@@ -169,8 +172,8 @@ def summarise(config: PipelineConfig, run_id: str | None = None) -> dict:
     """Model version, metrics, index path and an example query of pipeline run ``run_id`` (None:
     the pipeline's most recent run), read from the outputs that ML Metadata recorded for that run's
     executions (:func:`run_outputs`): the RecordFilter's report, the RetrievalEvaluator's
-    evaluation, the Pusher's pushed model (version and folder, when it pushed) and the
-    IndexBuilder's indexes."""
+    evaluation, the Pusher's pushed model (version and folder, when it pushed), the
+    IndexBuilder's indexes and, with a ``tuner``, the Tuner's chosen settings and completed trials."""
     outputs = run_outputs(config, run_id)
     result = _artifact_json(outputs.get(("RetrievalEvaluator", "evaluation")), EVALUATION_FILE) or {}
     pushed = outputs.get(("Pusher", "pushed_model"))
@@ -188,6 +191,12 @@ def summarise(config: PipelineConfig, run_id: str | None = None) -> dict:
         **indexes,
         "bad_records": _artifact_json(outputs.get(("RecordFilter", "report")), RECORDS_REPORT_FILE),
     }
+    summary["training"] = _artifact_json(outputs.get(("Trainer", "model_run")), TRAINING_FILE)
+    chosen = _artifact_json(outputs.get(("Tuner", "best_hyperparameters")), TUNER_CHOICE_FILE)
+    if chosen is not None:
+        values = chosen.get("values", {})
+        summary["tuning"] = {"chosen": {k: v for k, v in values.items() if not k.startswith("tuner/")},
+                             "trials": _artifact_json(outputs.get(("Tuner", "tuner_results")), TUNER_RESULTS_FILE)}  # fmt: skip
     if indexes.get("indexes"):
         summary["example_query"] = example_query(config, indexes)
     return summary

@@ -441,3 +441,29 @@ def test_pretrained_image_pipeline(tmp_path, shipped):
     by_pixels = loaded.signatures["encode_pixels"](pixels=tf.constant(pixels))["packed_codes"].numpy()
     np.testing.assert_array_equal(by_example, by_pixels)
     assert load_index(summary["indexes"]["BFlat"]).search(by_pixels, 5).ids.shape == (4, 5)
+
+
+def test_tuner_chooses_the_recipe_the_trainer_trains(tmp_path):
+    """The stock Tuner component searches tfhash.tuning's space on the training rows; the Trainer
+    trains exactly the recipe it chose; the summary records the choice and the trials."""
+    from tfhash.components.trainer import tuned_training
+    from tfhash.pipelines.runner import run_local, run_outputs
+
+    from tfhash.artifacts import TUNER_CHOICE_FILE
+
+    config = small_config(tmp_path, name="tiny-tuned", dataset="mirflickr25k", modality="text", limit=400, map_threshold=0.0,
+                          training={"recipe": "multi-label", "bits": 16}, tuner={"max_units": 3, "trials": 3})  # fmt: skip
+    summary = run_local(config, log=lambda message: None)
+    tuning = summary["tuning"]
+    from tfhash.tuning import SEARCH_SPACES
+
+    assert tuning["chosen"]["kind"] == "multi-label" and tuning["chosen"]["variant"] in SEARCH_SPACES["multi-label"].methods
+    assert 1 <= len(tuning["trials"]) <= 3 and all(0 <= t["score"] <= 1 for t in tuning["trials"])
+    chosen = json.loads(open(os.path.join(run_outputs(config)[("Tuner", "best_hyperparameters")].uri, TUNER_CHOICE_FILE)).read())
+    expected = tuned_training(config.to_dict()["training"], chosen, ["text"])
+    assert summary["training"] == json.loads(json.dumps(expected)) and summary["blessed"] is True
+    with pytest.raises(ValueError, match="tuner chooses among recipes for feature vectors"):
+        small_config(tmp_path, tuner={"trials": 2})
+    with pytest.raises(ValueError, match="tuner.trials must be a positive integer"):
+        small_config(tmp_path, name="t", dataset="mirflickr25k", modality="text", training={"recipe": "multi-label"},
+                     tuner={"trials": 0})  # fmt: skip

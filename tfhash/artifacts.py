@@ -222,6 +222,9 @@ def index_dir(index_base_dir: str, version: int | str, index_type: str, modality
 EVALUATION_FILE = "metrics.json"  # RetrievalEvaluator: metrics, blessing and its reason
 RECORDS_REPORT_FILE = "report.json"  # RecordFilter: the bad records by split and reason
 INDEXES_FILE = "indexes.json"  # IndexBuilder: model version, model folder, index paths
+TRAINING_FILE = "training.json"  # Trainer (its model_run): the training section it trained, the Tuner's choice laid over
+TUNER_CHOICE_FILE = "best_hyperparameters.txt"  # the stock Tuner: the best trial's KerasTuner hyperparameters (JSON)
+TUNER_RESULTS_FILE = "tuner_results.json"  # the stock Tuner: the completed trials, best first
 
 
 #: Where a pipeline config without ``run_dir`` puts its run (relative to the config file).

@@ -207,6 +207,62 @@ def data_image_query(image: str, data_dir: str) -> None:
         raise BadInput(str(err)) from err
 
 
+@main.command()
+@click.argument("data_file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--bits", default=32, show_default=True, type=click.IntRange(max=256), callback=_code_length,
+              help="Code length K: a multiple of 8.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seeds the validation split, the search and the trials.")
+@click.option("--kind", default=None, type=click.Choice(["single-label", "single-label pixels", "multi-label", "cross-modal"]),
+              help="The kind of data (default: from the arrays).")
+@click.option("--max-units", default=9, show_default=True, type=click.IntRange(2), help="Hyperband's top fidelity (rungs).")
+@click.option("--trials", default=None, type=click.IntRange(1), help="Start no trial after this many.")
+@click.option("--seconds", default=None, type=click.FloatRange(min=0, min_open=True), help="Start no trial after this wall time.")
+@click.option("--output-dir", required=True, help="Where tuning.json (recipe, trials, cost) and trials.md go.")
+def tune(data_file: str, bits: int, seed: int, kind: str | None, max_units: int, trials: int | None, seconds: float | None,
+         output_dir: str) -> None:  # fmt: skip
+    """Choose the method and recipe for your features on a validation split of their rows.
+
+    DATA_FILE is an .npz (numpy.savez) holding:
+
+    \b
+      x            (n, d) feature vectors; or x_<modality> for each of two modalities
+      labels       (n,) integer class ids, or (n, C) one-hot / multi-hot
+      unlabelled   optional (m, d) rows without labels (MT-SCDH joins the search)
+
+    The chosen recipe is printed and written with every trial to OUTPUT_DIR/tuning.json; train it
+    on all rows with tfhash.recipes.Recipe(**recipe).fit(x, labels, bits).
+    """
+    import os
+
+    import numpy as np
+
+    from tfhash.tuning import Budget
+    from tfhash.tuning import tune as run_tune
+
+    try:
+        with np.load(data_file, allow_pickle=False) as arrays:
+            names = set(arrays.files)
+            paired = {name[2:]: arrays[name] for name in sorted(names) if name.startswith("x_")}
+            if "labels" not in names or not ("x" in names or len(paired) == 2):
+                raise ValueError(f"{data_file} holds {sorted(names)}; it needs 'labels' and 'x' (or two x_<modality> arrays)")
+            x = arrays["x"] if "x" in names else paired
+            unlabelled = arrays["unlabelled"] if "unlabelled" in names else None
+            labels = arrays["labels"]
+        result = run_tune(x, labels, bits, seed=seed, budget=Budget(max_units=max_units, trials=trials, seconds=seconds),
+                          kind=kind, unlabelled=unlabelled)  # fmt: skip
+    except ValueError as err:
+        raise BadInput(str(err)) from err
+    os.makedirs(output_dir, exist_ok=True)
+    with open(os.path.join(output_dir, "tuning.json"), "w") as f:
+        json.dump(result.summary(), f, indent=2, default=float)
+    with open(os.path.join(output_dir, "trials.md"), "w") as f:
+        f.write(result.table() + "\n")
+    click.echo(result.table())
+    click.echo(f"{len(result.trials)} trials in {result.seconds} s (budget: {result.budget.multiple():.1f} trainings)")
+    click.echo(f"chosen: {result.recipe.method} {json.dumps(result.recipe.options)}, validation mAP@all {result.score:.4f}")
+    click.echo(f"written to {output_dir}/tuning.json")
+
+
 @main.command("methods")
 def methods_() -> None:
     """The registered methods (tfhash.registry): name, label and what each needs."""

@@ -36,6 +36,9 @@ if TYPE_CHECKING:  # Keras loads when a recipe builds or trains, not when a conf
 
 SCHEDULES = ("constant", "cosine")
 DATA_KINDS = ("single-label", "single-label pixels", "multi-label", "cross-modal")
+#: The kinds whose recipes the TFX pipeline trains (``training.recipe``, its Tuner): the single-label
+#: recipes are for fixed feature vectors, while the pipeline's single-label datasets are images.
+PIPELINE_KINDS = ("multi-label", "cross-modal")
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,13 @@ class Recipe:
         return {"optimizer": "adamw" if self.weight_decay else "adam", "learning_rate": self.learning_rate,
                 "weight_decay": self.weight_decay, "schedule": self.schedule, "dropout": self.dropout,
                 "input_dropout": self.input_dropout}  # fmt: skip
+
+    def pipeline_section(self) -> dict:
+        """The pipeline config's training-section keys that train this recipe: its method, the
+        MLP, epochs and batch, its settings as ``overrides`` and its optimizer as ``fine_tuning``
+        (``training.recipe`` expands so, and the Trainer lays the Tuner's choice over the section so)."""
+        return {"method": self.method, "backbone": "mlp", "hidden": list(self.hidden), "epochs": self.epochs,
+                "batch_size": self.batch_size, "overrides": dict(self.options), "fine_tuning": self.fine_tuning_settings()}  # fmt: skip
 
     def fine_tuning(self) -> FineTuning:
         """The :class:`tfhash.fine_tuning.FineTuning` the pipeline's Trainer compiles with."""

@@ -1,0 +1,132 @@
+"""tfhash.tuning on the peer protocol: the tuned recipe against the fixed recommended one and the bar.
+
+Per dataset, :func:`tfhash.tuning.tune` searches on the protocol's training rows only (its own
+validation split, seed 0) at ``--tune-bits``; the chosen recipe is then trained on all training rows
+at each of ``--bits`` over ``--seeds`` and scored on the protocol's queries against its database
+(mAP@all; mAP@1000 on MIRFlickr). The search keeps the protocol's head (one hidden layer of 1024:
+``hidden`` is fixed) so the comparison with the peers holds; everything else in
+:data:`tfhash.tuning.SEARCH_SPACES` is searched. The recommended recipe's and the best peer's numbers
+come from ``benchmarks/results/peers.json`` (same protocol, seeds 0-2)::
+
+    python -m benchmarks.tuning --datasets mnist cifar10 mirflickr --tune-bits 32 --bits 16 32 64 --seeds 0 1 2
+
+Rows accumulate in ``benchmarks/results/tuning.{json,md}`` (a rerun replaces its rows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict, replace
+
+import numpy as np
+
+from benchmarks.common import RESULTS_DIR, markdown_table, positive_int, write_results
+from benchmarks.peer_data import DATASETS, load_peer_data
+from benchmarks.peers import BAR, HIDDEN, KINDS, MAP_DEPTH, MARGIN
+from tfhash.metrics import evaluate_retrieval
+from tfhash.recipes import Recipe
+from tfhash.tuning import SEARCH_SPACES, Budget, tune
+
+METRICS = {"mnist": ("mAP@all",), "cifar10": ("mAP@all",), "mirflickr": ("mAP@all", "mAP@1000")}
+
+
+def test_row(data, recipe: Recipe, bits: int, seed: int) -> dict:
+    """Train ``recipe`` on all training rows and score the protocol's queries against its database."""
+    split = data.split
+    start = time.perf_counter()
+    model = recipe.fit(data.x[split.train], data.labels[split.train], bits, seed=seed)
+    seconds = time.perf_counter() - start
+    q, db = model.encode(data.x[split.query]), model.encode(data.x[split.database])
+    yq, ydb = data.labels[split.query], data.labels[split.database]
+    row = {"mAP@all": evaluate_retrieval(q, db, yq, ydb).mean_average_precision(), "train_s": round(seconds, 1)}
+    if "mAP@1000" in METRICS[data.name]:
+        row["mAP@1000"] = evaluate_retrieval(q, db, yq, ydb, top_r=MAP_DEPTH).mean_average_precision()
+    return row
+
+
+def recommended_scores(dataset: str, bits: int, metric: str) -> list[float]:
+    rows = json.loads((RESULTS_DIR / "peers.json").read_text())["rows"]
+    return [r[metric] for r in rows if (r["recipe label"], r["dataset"], r["bits"]) == ("recommended", dataset, bits)]
+
+
+def cells(tests: list[dict]) -> list[dict]:
+    """Per dataset, metric and bits: the tuned mean and spread over seeds, the recommended recipe's,
+    the best peer's, and the margins."""
+    out = []
+    for dataset, bits in sorted({(r["dataset"], r["bits"]) for r in tests}):
+        runs = [r for r in tests if (r["dataset"], r["bits"]) == (dataset, bits)]
+        for metric in METRICS[dataset]:
+            tuned = [r[metric] for r in runs]
+            fixed = recommended_scores(dataset, bits, metric)
+            bar, peer = BAR[(dataset, metric)][bits]
+            mean = float(np.mean(tuned))
+            out.append({"dataset": dataset, "metric": metric, "bits": bits, "tuned at": runs[0]["tuned at bits"],
+                        "tuned method": runs[0]["method"], "tuned": mean, "tuned std": float(np.std(tuned)), "seeds": len(tuned),
+                        "recommended": float(np.mean(fixed)) if fixed else None,
+                        "recommended std": float(np.std(fixed)) if fixed else None,
+                        "tuned - recommended": mean - float(np.mean(fixed)) if fixed else None,
+                        "best peer": f"{bar:.4f} {peer}", "margin": mean - bar, "+0.01 met": "yes" if mean >= bar + MARGIN else "no"})  # fmt: skip
+    return out
+
+
+def markdown(payload: dict) -> str:
+    lines = ["# tfhash.tuning on the peer protocol (python -m benchmarks.tuning)", "",
+             "The search sees the training rows only (its own validation split: 20% held out, half of them queries, "
+             "training rows joining the held-out database to half of it); the chosen recipe is then trained on all "
+             "training rows and tested on the protocol's queries. The head is the protocol's (one hidden layer of 1024). "
+             "The recommended recipe and the best peer: benchmarks/results/peers.json, same protocol.", "",
+             "## Tuned against the recommended recipe and the best peer (test, mean over seeds)", "",
+             markdown_table(cells(payload["tests"]), ["dataset", "metric", "bits", "tuned at", "tuned method", "tuned", "tuned std",
+                                                      "seeds", "recommended", "recommended std", "tuned - recommended", "best peer",
+                                                      "margin", "+0.01 met"]), "",
+             "## The searches (seed 0)", "",
+             markdown_table(payload["searches"], ["dataset", "bits", "chosen", "validation mAP@all", "trials", "failed",
+                                                  "budget multiple", "seconds", "one training seconds", "cost multiple"]), ""]  # fmt: skip
+    for search in payload["searches"]:
+        lines += [f"### {search['dataset']}, {search['bits']} bits: every trial", "", search["table"], ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--datasets", nargs="+", choices=DATASETS, default=list(DATASETS))
+    parser.add_argument("--tune-bits", type=int, default=32, help="the code length each dataset is tuned at")
+    parser.add_argument("--bits", nargs="+", type=int, default=[16, 32, 64])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--seed", type=int, default=0, help="the search's seed (validation split, Hyperband, trials)")
+    parser.add_argument("--max-units", type=positive_int, default=9)
+    parser.add_argument("--cache", default="runs/cache", help="where the CIFAR-10 features are kept")
+    args = parser.parse_args()
+    path = RESULTS_DIR / "tuning.json"
+    payload = json.loads(path.read_text()) if path.is_file() else {"searches": [], "tests": []}
+    for dataset in args.datasets:
+        data = load_peer_data(dataset, cache_dir=args.cache)
+        kind = KINDS[dataset]
+        space = replace(SEARCH_SPACES[kind], hidden=(HIDDEN,))
+        train = data.split.train
+        result = tune(data.x[train], data.labels[train], args.tune_bits, seed=args.seed, budget=Budget(max_units=args.max_units),
+                      kind=kind, space=space)  # fmt: skip
+        recipe = result.recipe
+        one = test_row(data, recipe, args.tune_bits, args.seed)["train_s"]  # one training of the chosen recipe, for the multiple
+        failed = sum(t["status"] != "ok" for t in result.trials)
+        search = {"dataset": dataset, "bits": args.tune_bits, "seed": args.seed, "chosen": f"{recipe.method} {json.dumps(recipe.options)} "
+                  f"lr {recipe.learning_rate} wd {recipe.weight_decay} dropout {recipe.dropout} {recipe.schedule} {recipe.epochs} epochs",
+                  "recipe": asdict(recipe), "validation mAP@all": result.score, "trials": len(result.trials), "failed": failed,
+                  "budget multiple": round(result.budget.multiple(), 2), "seconds": result.seconds, "one training seconds": one,
+                  "cost multiple": round(result.seconds / one, 1), "table": result.table(), "trial rows": result.trials}  # fmt: skip
+        print(json.dumps({k: v for k, v in search.items() if k not in ("table", "trial rows")}), flush=True)
+        payload["searches"] = [s for s in payload["searches"] if s["dataset"] != dataset] + [search]
+        payload["tests"] = [r for r in payload["tests"] if r["dataset"] != dataset]
+        for bits in args.bits:
+            for seed in args.seeds:
+                row = {"dataset": dataset, "bits": bits, "seed": seed, "method": recipe.method, "tuned at bits": args.tune_bits,
+                       **test_row(data, recipe, bits, seed)}  # fmt: skip
+                print(json.dumps(row), flush=True)
+                payload["tests"].append(row)
+                write_results("tuning", payload, markdown(payload))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+"""TFX ``Tuner`` entry point: :mod:`tfhash.tuning`'s search on the transformed training rows.
+
+The stock ``Tuner`` component calls :func:`tuner_fn`, runs the returned KerasTuner search, and
+writes the best trial's hyperparameters (``best_hyperparameters``) and the completed trials
+(``tuner_results``); the Trainer reads the hyperparameters and trains their recipe on every
+training row (:func:`tfhash.components.trainer.tuned_training`). Only the training split is read:
+the validation split is carved from it, never from the queries.
+"""
+
+from __future__ import annotations
+
+import tensorflow_transform as tft
+from tfhash.components.trainer import training_arrays
+from tfx import v1 as tfx
+
+from tfhash.recipes import PIPELINE_KINDS
+
+#: Rows per read of the transformed records.
+READ_BATCH = 1024
+
+
+def tuner_fn(fn_args) -> tfx.components.TunerFnResult:
+    """``fn_args.custom_config``: ``training`` (the run config's section: bits and seed),
+    ``tuner`` (the config's ``tuner`` section), ``inputs`` (model input name -> shape) and
+    ``num_classes``.
+
+    Raises:
+        tfhash.tuning.TuningError: as :func:`tfhash.tuning.prepare` (too few labelled rows, ...).
+    """
+    from tfhash.tuning import Budget, TuningError, make_tuner, prepare
+
+    config = fn_args.custom_config
+    training, settings = config["training"], config["tuner"]
+    names = list(config["inputs"])
+    schema = tft.TFTransformOutput(fn_args.transform_graph_path).transformed_metadata.schema
+    arrays, labels = training_arrays(fn_args.data_accessor, fn_args.train_files, schema, names, READ_BATCH)
+    x = arrays if len(names) == 2 else arrays[names[0]].reshape(len(labels), -1)
+    task, default = prepare(x, labels, int(training["bits"]), int(training["seed"]), Budget.of(settings), kind=settings["kind"],
+                            in_pipeline=True, num_classes=int(config["num_classes"]))  # fmt: skip
+    if task.kind not in PIPELINE_KINDS:
+        raise TuningError(f"the pipeline's Tuner searches the recipes of {PIPELINE_KINDS} (as training.recipe takes them); "
+                          f"these are {task.kind} data: tune them with tfhash.tuning.tune or `tfhash tune`")  # fmt: skip
+    return tfx.components.TunerFnResult(tuner=make_tuner(task, default, fn_args.working_dir), fit_kwargs={})

@@ -1,0 +1,155 @@
+"""tfhash.tuning: the search space, the budget, the validation split and the failures."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from tfhash.recipes import RECOMMENDED, Recipe
+from tfhash.registry import Method, register_method, unregister_method
+from tfhash.tuning import (
+    SEARCH_SPACES,
+    Budget,
+    SearchSpace,
+    TuningError,
+    carve_validation,
+    data_kind,
+    tune,
+)
+
+SMALL = Budget(max_units=3, trials=3)
+
+
+def clusters(n_per_class: int = 60, classes: int = 5, dim: int = 24, seed: int = 0):
+    """Gaussian clusters: separable enough that a short training ranks the right method well."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(classes, dim))
+    y = np.repeat(np.arange(classes), n_per_class)
+    return (centres[y] + rng.normal(scale=1.5, size=(len(y), dim))).astype("float32"), y
+
+
+@pytest.mark.parametrize("kind", sorted(SEARCH_SPACES))
+def test_every_space_holds_its_recommended_recipe_and_reads_it_back(kind):
+    space = SEARCH_SPACES[kind]
+    recommended = RECOMMENDED[kind]
+    values = space.values_of(recommended)
+    hp = space.hyperparameters(recommended)
+    assert {h.name: h.default for h in hp.space} == values
+    modalities = ("image", "text") if kind == "cross-modal" else ()
+    rebuilt = space.recipe(values, modalities)
+    for name in ("method", "options", "hidden", "dropout", "input_dropout", "learning_rate", "weight_decay", "schedule", "epochs"):
+        assert getattr(rebuilt, name) == getattr(recommended, name), name
+
+
+def test_the_space_keeps_only_the_methods_the_caller_can_train():
+    space = SEARCH_SPACES["single-label"]
+    assert any(method == "mt-scdh" for method, _ in space.methods.values())
+    assert all(method != "mt-scdh" for method, _ in space.restricted().methods.values())
+    assert any(method == "mt-scdh" for method, _ in space.restricted(semi_supervised=True).methods.values())
+    assert all(method != "mt-scdh" for method, _ in space.restricted(in_pipeline=True, semi_supervised=True).methods.values())
+    with pytest.raises(TuningError, match="no method to train"):
+        SearchSpace(methods={}).restricted()
+    with pytest.raises(TuningError, match="has no values"):
+        SearchSpace(methods={"scdh": ("scdh", {})}, dropout=()).hyperparameters()
+
+
+def test_budget_states_its_cost_and_refuses_a_budget_without_a_trial():
+    # KerasTuner's Hyperband at 9 units, factor 3: 9x1 + 3x3 + 1x9, 5x3 + 2x9, 3x9 = 87 units.
+    assert Budget().schedule() == [(9, 1), (3, 3), (1, 9), (5, 3), (2, 9), (3, 9)]
+    assert Budget().multiple() == pytest.approx(87 / 9)
+    for bad in ({"trials": 0}, {"seconds": 0}, {"max_units": 2, "factor": 3}):
+        with pytest.raises(TuningError, match="budget"):
+            Budget(**bad)
+
+
+def test_validation_split_is_carved_from_the_rows_and_refuses_too_few_labels():
+    x, y = clusters(n_per_class=40)
+    labels = np.eye(5, dtype="float32")[y]
+    split = carve_validation(labels, seed=0)
+    assert len(split.query) == 5 * 4 and not set(split.query) & set(split.train)
+    assert not set(split.query) & set(split.database)
+    assert set(split.database) - set(split.train) and set(split.database) & set(split.train)  # held out + trained rows
+    assert data_kind(x, labels) == "single-label"
+    with pytest.raises(TuningError, match="too few labelled rows.*smallest class has 10 rows"):
+        tune(x[:50], y[:50], bits=16, budget=SMALL)
+    multi = (np.random.default_rng(0).random((60, 6)) < 0.4).astype("float32")
+    multi[:, 0] = 1
+    assert data_kind(np.zeros((60, 3)), multi) == "multi-label"
+    with pytest.raises(TuningError, match="60 rows, a validation split needs at least 100"):
+        carve_validation(multi, seed=0)
+
+
+def test_tune_starts_from_the_recommended_recipe_and_returns_a_trainable_recipe():
+    x, y = clusters()
+    result = tune(x, y, bits=16, seed=0, budget=SMALL)
+    first = result.trials[0]
+    assert first["variant"].startswith("recommended") and first["units"] == 1 and first["status"] == "ok"
+    assert len(result.trials) == 3 and all(t["status"] == "ok" and 0 <= t["score"] <= 1 for t in result.trials)
+    top = max(t["units"] for t in result.trials)
+    best = max((t for t in result.trials if t["units"] == top), key=lambda t: t["score"])
+    assert result.score == pytest.approx(best["score"])  # chosen among the highest fidelity reached
+    assert isinstance(result.recipe, Recipe) and result.recipe.method == SEARCH_SPACES["single-label"].methods[best["variant"]][0]
+    assert "validation mAP@all" in result.recipe.chosen and result.kind == "single-label"
+    model = result.recipe.fit(x, y, bits=16, seed=0, epochs=2)
+    assert model.encode(x[:4]).shape == (4, 16)
+    assert "| trial |" in result.table() and json.dumps(result.summary())
+
+
+def test_a_failing_trial_is_recorded_and_skipped_and_all_failing_is_an_error():
+    def broken(inputs, **options):
+        raise RuntimeError("this builder always fails")
+
+    register_method(Method("broken-for-test", "Broken", broken))
+    try:
+        x, y = clusters()
+        mixed = SearchSpace(methods={"broken": ("broken-for-test", {}), "scdh": ("scdh", {})}, epochs=(6,))
+        result = tune(x, y, bits=16, budget=Budget(max_units=3, trials=4), space=mixed)
+        statuses = {t["variant"]: t["status"] for t in result.trials}
+        assert statuses.get("broken") == "failed" and statuses.get("scdh") == "ok"
+        assert "this builder always fails" in next(t["error"] for t in result.trials if t["status"] == "failed")
+        assert result.recipe.method == "scdh"
+        with pytest.raises(TuningError, match="all 2 trials failed.*always fails"):
+            tune(x, y, bits=16, budget=Budget(max_units=3, trials=2), space=SearchSpace(methods={"b": ("broken-for-test", {})}))
+    finally:
+        unregister_method("broken-for-test")
+
+
+def test_non_finite_losses_fail_the_trial_not_the_search():
+    x, y = clusters()
+    exploding = SearchSpace(methods={"scdh": ("scdh", {})}, learning_rate=(1e30,), epochs=(6,))
+    with pytest.raises(TuningError, match="all 1 trials failed.*non-finite"):
+        tune(x, y, bits=16, budget=Budget(max_units=3, trials=1), space=exploding)
+
+
+def test_bad_inputs_are_refused_before_any_trial():
+    x, y = clusters()
+    with pytest.raises(ValueError, match="rows"):
+        tune(x[:-1], y, bits=16, budget=SMALL)
+    bad = x.copy()
+    bad[3, 2] = np.nan
+    with pytest.raises(ValueError, match="NaN|finite"):
+        tune(bad, y, bits=16, budget=SMALL)
+    with pytest.raises(ValueError, match="multiple of 8"):
+        tune(x, y, bits=12, budget=SMALL)
+    with pytest.raises(ValueError, match="unlabelled rows must be"):
+        tune(x, y, bits=16, budget=SMALL, unlabelled=np.zeros((5, 3), "float32"))
+
+
+def test_cli_tune_writes_the_recipe_and_trials(tmp_path):
+    from tfhash.cli import main
+
+    x, y = clusters()
+    data = tmp_path / "data.npz"
+    np.savez(data, x=x, labels=y)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["tune", str(data), "--bits", "16", "--max-units", "3", "--trials", "2", "--output-dir", str(out)])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "tuning.json").read_text())
+    assert len(summary["trials"]) == 2 and summary["recipe"]["method"] and "chosen:" in result.output
+    assert Recipe(**{**summary["recipe"], "hidden": tuple(summary["recipe"]["hidden"])}).method == summary["recipe"]["method"]
+    np.savez(data, features=x, labels=y)
+    refused = CliRunner().invoke(main, ["tune", str(data), "--output-dir", str(out)])
+    assert refused.exit_code == 2 and "needs 'labels' and 'x'" in refused.output

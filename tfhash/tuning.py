@@ -1,0 +1,552 @@
+"""Model selection on the user's own data: the method and recipe chosen on a validation split carved
+from the training rows, never on the queries.
+
+One call picks a :class:`tfhash.recipes.Recipe` for feature vectors and their labels::
+
+    result = tfhash.tuning.tune(features, class_ids, bits=32, seed=0)
+    model = result.recipe.fit(features, class_ids, bits=32, seed=0)   # all training rows
+    print(result.table())                                              # every trial, its score and time
+
+The search is KerasTuner's Hyperband (:class:`RecipeOracle`, :class:`RecipeTuner`), so the same
+tuner runs inside the TFX pipeline's stock ``Tuner`` component. What it searches is declared once,
+in :data:`SEARCH_SPACES` (one :class:`SearchSpace` per kind of data of
+:data:`tfhash.recipes.DATA_KINDS`): the registered methods that fit the labels, with their own
+settings, and the recipe's settings (MLP width, dropout, learning rate and schedule, weight decay,
+epochs). Every space holds the recommended recipe of its kind (:data:`tfhash.recipes.RECOMMENDED`),
+and the first trial trains it, so the search starts from tfhash's fixed choice.
+
+**Fidelity.** Hyperband's "epochs" are units of a budget (:attr:`Budget.max_units`): a trial with
+``u`` units trains its recipe for ``u / max_units`` of the recipe's epochs, from scratch, with the
+learning-rate schedule spanning those epochs; only trials at the highest fidelity reached can be
+chosen (a short run's score is not comparable with a full one's).
+
+**Scoring.** mAP@all of held-out training rows against held-out training rows plus a share of the
+rows trained on (:data:`TRAIN_IN_DATABASE`, the catalogue containing what was trained on), the last
+epoch; multi-label data also records mAP@1000 (scaled to the validation database's size);
+cross-modal data scores the mean of the two directions.
+
+**Failures.** A trial that raises, or whose loss or score is not finite, is recorded in the trial
+table with its error and skipped; the search raises :class:`TuningError` only when every trial
+failed.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+import time
+from dataclasses import dataclass, field, fields, replace
+
+import numpy as np
+
+from tfhash.labels import multi_hot
+from tfhash.recipes import MEAN_TEACHER, RECOMMENDED, SCHEDULES, Recipe
+
+#: Objective of the search: mAP@all on the validation split (maximised).
+OBJECTIVE = "val_map"
+#: Share of the validation database drawn from the rows trained on (a catalogue holds what the
+#: model was trained on; the protocols put 8% (CIFAR-10) to 55% (MIRFlickr) there).
+TRAIN_IN_DATABASE = 0.5
+#: Share of the training rows held out for validation (of each class for single-label data);
+#: half of them are the validation queries (a quarter on multi-label data).
+HELD_OUT = 0.2
+#: A validation split needs at least this many held-out rows per class (single-label) or in all.
+MIN_HELD_OUT = {"single": 4, "multi": 20}
+MAP_DEPTH = 1000
+
+
+class TuningError(ValueError):
+    """The search cannot run (empty space, too few labelled rows) or every trial failed."""
+
+
+def _hidden_text(hidden: tuple[int, ...]) -> str:
+    return "-".join(str(width) for width in hidden)
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """The settings a search draws from for one kind of data.
+
+    Args:
+        methods: ``{variant: (registered method, its builder options)}``; a variant is one
+            method with one set of its own settings (e.g. sHCLM with triplet weight 2).
+        hidden, dropout, learning_rate, weight_decay, schedule, epochs: the
+            :class:`tfhash.recipes.Recipe` values to choose among.
+        input_dropout: input dropout of the first modality's tower (cross-modal data).
+    """
+
+    methods: dict[str, tuple[str, dict]]
+    hidden: tuple[tuple[int, ...], ...] = ((1024,), (1024, 1024))
+    dropout: tuple[float, ...] = (0.0, 0.2, 0.5)
+    learning_rate: tuple[float, ...] = (3e-4, 1e-3, 3e-3)
+    weight_decay: tuple[float, ...] = (0.0, 0.01, 0.05)
+    schedule: tuple[str, ...] = SCHEDULES
+    epochs: tuple[int, ...] = (20, 50, 100)
+    input_dropout: tuple[float, ...] = (0.0,)
+
+    def restricted(self, in_pipeline: bool = False, semi_supervised: bool = False) -> SearchSpace:
+        """The space without the methods the caller cannot train: those the TFX pipeline does not
+        (``in_pipeline``), and the semi-supervised ones unless there are unlabelled rows.
+
+        Raises:
+            TuningError: no method is left.
+        """
+        from tfhash.registry import get_method
+
+        kept = {variant: (name, options) for variant, (name, options) in self.methods.items()
+                if (get_method(name).in_pipeline or not in_pipeline) and (semi_supervised or not get_method(name).semi_supervised)}  # fmt: skip
+        if not kept:
+            raise TuningError(f"the search space has no method to train (methods {sorted(self.methods)}, in_pipeline={in_pipeline}, "
+                              f"unlabelled rows: {semi_supervised}); add a method the caller can train")  # fmt: skip
+        return replace(self, methods=kept)
+
+    def hyperparameters(self, default: Recipe | None = None):
+        """The space as ``keras_tuner.HyperParameters``; ``default`` (a recipe inside the space)
+        gives each setting's default value, the first trial's values.
+
+        Raises:
+            TuningError: an empty setting, or a default outside the space.
+        """
+        import keras_tuner
+
+        hp = keras_tuner.HyperParameters()
+        fixed = {} if default is None else self.values_of(default)
+        for name, values in self.choices().items():
+            if not values:
+                raise TuningError(f"the search space's {name!r} has no values")
+            if name in fixed and fixed[name] not in values:
+                raise TuningError(f"the default recipe's {name}={fixed[name]!r} is not in the search space {list(values)}")
+            hp.Choice(name, list(values), default=fixed.get(name, values[0]))
+        return hp
+
+    def choices(self) -> dict[str, tuple]:
+        """``{hyperparameter name: values}`` as KerasTuner holds them (strings, numbers)."""
+        return {"variant": tuple(self.methods), "hidden": tuple(_hidden_text(h) for h in self.hidden), "dropout": self.dropout,
+                "learning_rate": self.learning_rate, "weight_decay": self.weight_decay, "schedule": self.schedule,
+                "epochs": self.epochs, "input_dropout": self.input_dropout}  # fmt: skip
+
+    def values_of(self, recipe: Recipe) -> dict:
+        """The hyperparameter values of ``recipe`` (the inverse of :meth:`recipe`).
+
+        Raises:
+            TuningError: the recipe's method and options are no variant of this space.
+        """
+        variants = [v for v, (name, options) in self.methods.items() if (name, options) == (recipe.method, recipe.options)]
+        if not variants:
+            raise TuningError(f"recipe method {recipe.method!r} with options {recipe.options} is no variant of the search space")
+        dropout = recipe.input_dropout
+        first = float(next(iter(dropout.values()), 0.0)) if isinstance(dropout, dict) else float(dropout)
+        return {"variant": variants[0], "hidden": _hidden_text(recipe.hidden), "dropout": recipe.dropout,
+                "learning_rate": recipe.learning_rate, "weight_decay": recipe.weight_decay, "schedule": recipe.schedule,
+                "epochs": recipe.epochs, "input_dropout": first}  # fmt: skip
+
+    def recipe(self, values: dict, modalities: tuple[str, ...] = (), chosen: str = "") -> Recipe:
+        """The :class:`tfhash.recipes.Recipe` of hyperparameter ``values`` (KerasTuner's own
+        ``tuner/...`` entries are ignored). This is the one reading of a search's result: the
+        library and the pipeline's Trainer both call it."""
+        method, options = self.methods[values["variant"]]
+        input_dropout = float(values.get("input_dropout", 0.0))
+        return Recipe(method=method, options=dict(options), hidden=tuple(int(w) for w in str(values["hidden"]).split("-")),
+                      dropout=float(values["dropout"]), learning_rate=float(values["learning_rate"]),
+                      weight_decay=float(values["weight_decay"]), schedule=str(values["schedule"]), epochs=int(values["epochs"]),
+                      input_dropout={modalities[0]: input_dropout} if modalities and input_dropout else input_dropout,
+                      chosen=chosen)  # fmt: skip
+
+
+def _recommended_variant(kind: str) -> dict[str, tuple[str, dict]]:
+    recipe = RECOMMENDED[kind]
+    return {"recommended " + recipe.method: (recipe.method, dict(recipe.options))}
+
+
+_SINGLE_LABEL = {"scdh": ("scdh", {}), "hclm": ("hclm", {}), "shclm": ("shclm", {}), "shclm triplet 1": ("shclm", {"triplet_weight": 1.0}),
+                 "hyp2": ("hyp2", {})}  # fmt: skip
+_MEAN_TEACHER = {f"mt-scdh {kind}": ("mt-scdh", dict(MEAN_TEACHER[kind]["options"])) for kind in MEAN_TEACHER}
+
+#: What a search draws from, per kind of data (:data:`tfhash.recipes.DATA_KINDS`). Each holds the
+#: kind's recommended recipe; MT-SCDH variants are searched only when unlabelled rows are given.
+SEARCH_SPACES: dict[str, SearchSpace] = {
+    "single-label": SearchSpace(methods={**_recommended_variant("single-label"), **_SINGLE_LABEL, **_MEAN_TEACHER}),
+    "single-label pixels": SearchSpace(methods={**_recommended_variant("single-label pixels"),
+                                                **{k: v for k, v in _SINGLE_LABEL.items() if k != "scdh"}, **_MEAN_TEACHER}),
+    "multi-label": SearchSpace(methods={**_recommended_variant("multi-label"), "hyp2 beta 8 labelled": ("hyp2", {"beta": 8.0, "pair_scope": "labelled"}),
+                                        "hyp2": ("hyp2", {}), "scdh": ("scdh", {}), "shclm": ("shclm", {}), "hclm": ("hclm", {})}),
+    "cross-modal": SearchSpace(methods={**_recommended_variant("cross-modal"), "jcch": ("jcch", {"beta": 0.1}),
+                                        "jcch fixed centres beta 0": ("jcch", {"fixed_centres": 0.5, "beta": 0.0})},
+                               epochs=(100, 200, 300), input_dropout=(0.0, 0.2)),
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How much a search may spend.
+
+    Args:
+        max_units: Hyperband's top fidelity: a trial of ``u`` units trains ``u / max_units`` of its
+            recipe's epochs (3 or more; each factor of ``factor`` adds a rung).
+        factor: Hyperband's reduction factor (the share of trials promoted per rung is 1/factor).
+        iterations: Hyperband iterations.
+        trials: start no trial after this many (``None``: as Hyperband's schedule says).
+        seconds: start no trial after this much wall time (``None``: no limit).
+
+    Raises:
+        TuningError: a budget that cannot run one trial.
+    """
+
+    max_units: int = 9
+    factor: int = 3
+    iterations: int = 1
+    trials: int | None = None
+    seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.max_units, int) and self.max_units >= self.factor >= 2 and self.iterations >= 1):
+            raise TuningError(f"a budget needs max_units >= factor >= 2 and iterations >= 1; got max_units={self.max_units}, "
+                              f"factor={self.factor}, iterations={self.iterations}")  # fmt: skip
+        if self.trials is not None and self.trials < 1:
+            raise TuningError(f"a budget of {self.trials} trials cannot run one trial; give trials >= 1 (or None)")
+        if self.seconds is not None and not self.seconds > 0:
+            raise TuningError(f"a budget of {self.seconds} seconds cannot run one trial; give seconds > 0 (or None)")
+
+    @classmethod
+    def of(cls, settings: dict) -> Budget:
+        """The budget of a config's ``tuner`` section (its other keys, such as ``kind``, ignored)."""
+        return cls(**{f.name: settings[f.name] for f in fields(cls) if f.name in settings})
+
+    def schedule(self) -> list[tuple[int, int]]:
+        """Hyperband's full schedule as ``(trials, units each)`` per rung (KerasTuner's arithmetic)."""
+        from keras_tuner.src.tuners.hyperband import HyperbandOracle
+
+        oracle = HyperbandOracle(objective=_objective(), max_epochs=self.max_units, factor=self.factor)
+        rungs = []
+        for _ in range(self.iterations):
+            for bracket in reversed(range(oracle._get_num_brackets())):
+                rungs += [(oracle._get_size(bracket, r), oracle._get_epochs(bracket, r)) for r in range(bracket + 1)]
+        return rungs
+
+    def multiple(self) -> float:
+        """The full schedule's training cost in trainings of one recipe (before ``trials`` and
+        ``seconds`` cut it), not counting the final training on all rows."""
+        return sum(n * units for n, units in self.schedule()) / self.max_units
+
+
+@dataclass
+class TuneResult:
+    """What :func:`tune` chose and how.
+
+    Attributes:
+        recipe: the chosen :class:`tfhash.recipes.Recipe` (``chosen`` says how); train it on all
+            training rows with ``recipe.fit``.
+        trials: one row per trial: ``trial``, the settings, ``units``, ``epochs`` trained,
+            ``score`` (validation mAP@all), ``mAP@1000`` (multi-label), ``seconds``, ``status``
+            (``ok`` / ``failed``), ``error``.
+        score: the chosen trial's validation mAP@all.
+        kind: the kind of data searched (a key of :data:`SEARCH_SPACES`).
+        validation: how the validation split was carved.
+        budget: the :class:`Budget`; ``seconds``: the search's wall time.
+    """
+
+    recipe: Recipe
+    trials: list[dict]
+    score: float
+    kind: str
+    validation: str
+    budget: Budget
+    seconds: float
+    seed: int = 0
+    bits: int = 0
+
+    def table(self) -> str:
+        """The trials as a markdown table."""
+        columns = ["trial", "variant", "hidden", "dropout", "learning_rate", "weight_decay", "schedule", "epochs", "units",
+                   "score", "mAP@1000", "seconds", "status", "error"]  # fmt: skip
+        lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+        for row in self.trials:
+            cells = [row.get(c, "") for c in columns]
+            lines.append("| " + " | ".join(f"{v:.4f}" if isinstance(v, float) and c in ("score", "mAP@1000") else str(v)
+                                           for c, v in zip(columns, cells, strict=True)) + " |")  # fmt: skip
+        return "\n".join(lines)
+
+    def summary(self) -> dict:
+        """A JSON-ready record: the recipe, the score, the cost and the trial table."""
+        from dataclasses import asdict
+
+        return {"recipe": asdict(self.recipe), "score": self.score, "kind": self.kind, "validation": self.validation,
+                "budget": {**asdict(self.budget), "multiple": self.budget.multiple()}, "seconds": self.seconds,
+                "seed": self.seed, "bits": self.bits, "trials": self.trials}  # fmt: skip
+
+
+def data_kind(x, labels: np.ndarray) -> str:
+    """The kind of data (:data:`tfhash.recipes.DATA_KINDS`) of inputs ``x`` and ``(n, C)`` labels:
+    cross-modal for a dict of two modalities, multi-label when a row has several tags, otherwise
+    single-label (features; pass ``kind="single-label pixels"`` to :func:`tune` for raw pixels)."""
+    if isinstance(x, dict):
+        return "cross-modal"
+    return "multi-label" if bool((labels.sum(axis=1) > 1).any()) else "single-label"
+
+
+def carve_validation(labels: np.ndarray, seed: int, held_out: float = HELD_OUT, train_in_database: float = TRAIN_IN_DATABASE):
+    """The validation split of :func:`tune` over ``(n, C)`` labelled rows
+    (:func:`tfhash.data.splits.validation_split`): ``held_out`` of the rows (of each class's
+    smallest count, single-label) leave training; half of them (a quarter, multi-label) are the
+    queries, the rest the database, which training rows join to ``train_in_database`` of it.
+
+    Raises:
+        TuningError: too few rows (of a class) for a validation split.
+    """
+    from tfhash.data.splits import validation_split
+
+    single = bool((labels.sum(axis=1) == 1).all())
+    if single:
+        counts = labels.sum(axis=0)
+        smallest = int(counts[counts > 0].min())
+        count = int(smallest * held_out)
+        if count < MIN_HELD_OUT["single"]:
+            need = math.ceil(MIN_HELD_OUT["single"] / held_out)
+            raise TuningError(f"too few labelled rows for a validation split: the smallest class has {smallest} rows, a "
+                              f"validation split needs at least {need} per class (held_out={held_out}); label more rows or "
+                              "train a recommended recipe without tuning (tfhash.recipes.recommended)")  # fmt: skip
+        queries = count // 2
+    else:
+        count = int(len(labels) * held_out)
+        if count < MIN_HELD_OUT["multi"]:
+            raise TuningError(f"too few labelled rows for a validation split: {len(labels)} rows, a validation split needs "
+                              f"at least {math.ceil(MIN_HELD_OUT['multi'] / held_out)}; label more rows or train a "
+                              "recommended recipe without tuning (tfhash.recipes.recommended)")  # fmt: skip
+        queries = count // 4
+    return validation_split(np.arange(len(labels)), labels, held_out=count, queries=queries, seed=seed,
+                            train_in_database=train_in_database)  # fmt: skip
+
+
+@dataclass
+class _Task:
+    """What every trial trains and scores on."""
+
+    x: object
+    labels: np.ndarray
+    split: object
+    kind: str
+    bits: int
+    seed: int
+    space: SearchSpace
+    budget: Budget
+    unlabelled: np.ndarray | None = None
+    trials: list[dict] = field(default_factory=list)
+
+    @property
+    def modalities(self) -> tuple[str, ...]:
+        return tuple(self.x) if isinstance(self.x, dict) else ()
+
+    def rows(self, index):
+        return {m: v[index] for m, v in self.x.items()} if isinstance(self.x, dict) else self.x[index]
+
+    def training_rows(self, method: str):
+        """The trial's inputs and labels: the training part, plus the unlabelled rows (all-zero
+        labels) for a semi-supervised method."""
+        from tfhash.registry import get_method
+
+        x, y = self.rows(self.split.train), self.labels[self.split.train]
+        if get_method(method).semi_supervised and self.unlabelled is not None:
+            x = np.concatenate([x, self.unlabelled])
+            y = np.concatenate([y, np.zeros((len(self.unlabelled), y.shape[1]), y.dtype)])
+        return x, y
+
+    def score(self, model) -> dict:
+        """Validation mAP@all (mean of both directions, cross-modal); mAP@1000 at the validation
+        database's scale (multi-label)."""
+        from tfhash.metrics import evaluate_retrieval
+
+        q, db = self.split.query, self.split.database
+        yq, ydb = self.labels[q], self.labels[db]
+        if self.modalities:
+            a, b = self.modalities
+            first = evaluate_retrieval(model.encode(self.x[a][q], a), model.encode(self.x[b][db], b), yq, ydb)
+            second = evaluate_retrieval(model.encode(self.x[b][q], b), model.encode(self.x[a][db], a), yq, ydb)
+            return {OBJECTIVE: (first.mean_average_precision() + second.mean_average_precision()) / 2}
+        codes_q, codes_db = model.encode(self.rows(q)), model.encode(self.rows(db))
+        result = {OBJECTIVE: evaluate_retrieval(codes_q, codes_db, yq, ydb).mean_average_precision()}
+        if (self.labels.sum(axis=1) > 1).any():
+            depth = max(1, min(len(db), round(MAP_DEPTH * len(db) / 18015)))
+            result["mAP@1000"] = evaluate_retrieval(codes_q, codes_db, yq, ydb, top_r=depth).mean_average_precision()
+        return result
+
+    def run(self, trial_id: str, values: dict) -> dict:
+        """Train and score one trial; record it. Raises ``keras_tuner.errors.FailedTrialError`` on
+        any failure (recorded with its message)."""
+        import keras
+        import keras_tuner
+
+        recipe = self.space.recipe(values, self.modalities)
+        units = int(values.get("tuner/epochs", self.budget.max_units))
+        epochs = max(1, round(recipe.epochs * units / self.budget.max_units))
+        row = {"trial": trial_id, **{k: v for k, v in values.items() if not k.startswith("tuner/") and k != "kind"}, "units": units,
+               "epochs": epochs}  # fmt: skip
+        start = time.perf_counter()
+        try:
+            x, y = self.training_rows(recipe.method)
+            model = recipe.fit(x, y, self.bits, seed=self.seed, num_classes=self.labels.shape[1], epochs=epochs,
+                               callbacks=[keras.callbacks.TerminateOnNaN()])  # fmt: skip
+            losses = np.asarray(model.history.history.get("loss", [np.nan]), dtype=float)
+            if len(losses) < epochs or not np.isfinite(losses).all():
+                raise FloatingPointError(f"the training loss was not finite (epoch {len(losses)} of {epochs}: {losses[-1]})")
+            scores = self.score(model)
+            if not all(np.isfinite(v) for v in scores.values()):
+                raise FloatingPointError(f"the validation score was not finite: {scores}")
+        except Exception as err:  # a failed trial is recorded and skipped, never the end of the search
+            row.update(score=float("nan"), seconds=round(time.perf_counter() - start, 1), status="failed",
+                       error=f"{type(err).__name__}: {err}"[:300])  # fmt: skip
+            self.trials.append(row)
+            raise keras_tuner.errors.FailedTrialError(row["error"]) from err
+        finally:
+            keras.backend.clear_session()
+        row.update(score=float(scores[OBJECTIVE]), seconds=round(time.perf_counter() - start, 1), status="ok", error="")
+        if "mAP@1000" in scores:
+            row["mAP@1000"] = float(scores["mAP@1000"])
+        self.trials.append(row)
+        return {k: float(v) for k, v in scores.items()}
+
+
+def _oracle_class():
+    """:class:`RecipeOracle`, defined when KerasTuner is imported (an optional dependency)."""
+    from keras_tuner.src.tuners.hyperband import HyperbandOracle
+
+    class RecipeOracle(HyperbandOracle):
+        """Hyperband whose first trial takes the space's defaults (the recommended recipe), which
+        stops starting trials when the :class:`Budget`'s trials or seconds are spent, and whose
+        best trials are those at the highest fidelity reached."""
+
+        def __init__(self, budget: Budget, hyperparameters, seed: int):
+            super().__init__(objective=_objective(), max_epochs=budget.max_units, factor=budget.factor,
+                             hyperband_iterations=budget.iterations, seed=seed, hyperparameters=hyperparameters,
+                             max_consecutive_failed_trials=10**9)  # fmt: skip
+            self.budget, self.started, self.defaults_given = budget, time.monotonic(), False
+
+        def _random_values(self):
+            if not self.defaults_given:
+                self.defaults_given = True
+                return {hp.name: hp.default for hp in self.hyperparameters.space}
+            return super()._random_values()
+
+        def populate_space(self, trial_id):
+            spent = self.budget.seconds is not None and time.monotonic() - self.started >= self.budget.seconds
+            if spent or (self.budget.trials is not None and len(self.trials) >= self.budget.trials):
+                return {"status": "STOPPED", "values": None}
+            return super().populate_space(trial_id)
+
+        def get_best_trials(self, num_trials=1):
+            """The best completed trials, highest fidelity first, then by score: the first is the
+            best of the highest fidelity reached (``num_trials=None``: every completed trial, as
+            the TFX Tuner's ``tuner_results`` asks)."""
+            done = [t for t in self.trials.values() if t.status == "COMPLETED" and t.score is not None]
+            return sorted(done, key=lambda t: (t.hyperparameters.values.get("tuner/epochs", 0), t.score), reverse=True)[:num_trials]
+
+    return RecipeOracle
+
+
+def _objective():
+    import keras_tuner
+
+    return keras_tuner.Objective(OBJECTIVE, direction="max")
+
+
+def make_tuner(task: _Task, default: Recipe | None, directory: str, project: str = "tfhash_tuning", overwrite: bool = True):
+    """A KerasTuner tuner searching ``task.space`` under ``task.budget`` (its ``search()`` takes no
+    arguments; the trials land in ``task.trials``). The TFX Tuner component runs the same tuner."""
+    import keras_tuner
+
+    class RecipeTuner(keras_tuner.Tuner):
+        """Each trial trains :meth:`SearchSpace.recipe` of its values and scores it on the
+        validation split (:class:`_Task`)."""
+
+        def run_trial(self, trial, *args, **kwargs):
+            return task.run(trial.trial_id, trial.hyperparameters.values)
+
+    hp = task.space.hyperparameters(default)
+    hp.Fixed("kind", task.kind)  # names the space, so that the values alone give the recipe (tuned_recipe)
+    oracle = _oracle_class()(task.budget, hp, task.seed)
+    return RecipeTuner(oracle, directory=directory, project_name=project, overwrite=overwrite)
+
+
+def tuned_recipe(values: dict, modalities: tuple[str, ...] = (), chosen: str = "") -> Recipe:
+    """The recipe of a search's hyperparameter ``values`` over :data:`SEARCH_SPACES` (their
+    ``kind`` names the space): how the pipeline's Trainer reads the Tuner's best hyperparameters."""
+    return SEARCH_SPACES[values["kind"]].recipe(values, modalities, chosen)
+
+
+def prepare(x, labels, bits: int, seed: int = 0, budget: Budget | None = None, *, kind: str | None = None,
+            unlabelled=None, in_pipeline: bool = False, space: SearchSpace | None = None,
+            num_classes: int | None = None) -> tuple[_Task, Recipe | None]:  # fmt: skip
+    """What a search runs on (:func:`tune`'s arguments, checked): ``(task, the space's default
+    recipe)``, for :func:`make_tuner`. The pipeline's Tuner component calls it too."""
+    from tfhash.codes import check_bits
+    from tfhash.models.inputs import checked_features
+
+    check_bits(bits)
+    budget = Budget() if budget is None else budget
+    labels = multi_hot(labels, num_classes)
+    checked = checked_features(x if isinstance(x, dict) else {"features": x}, "x")
+    if any(len(v) != len(labels) for v in checked.values()):
+        raise ValueError(f"x has {sorted({len(v) for v in checked.values()})} rows but labels have {len(labels)}")
+    if unlabelled is not None:
+        if isinstance(x, dict):
+            raise TuningError("unlabelled rows serve MT-SCDH on single-modality features; cross-modal data has no such method")
+        unlabelled = checked_features({"unlabelled": unlabelled}, "unlabelled")["unlabelled"]
+        if unlabelled.ndim != 2 or unlabelled.shape[1] != np.shape(x)[1]:
+            raise ValueError(f"unlabelled rows must be (m, {np.shape(x)[1]}) like x; got {unlabelled.shape}")
+    kind = data_kind(x, labels) if kind is None else kind
+    if kind not in SEARCH_SPACES:
+        raise TuningError(f"unknown kind of data {kind!r}; choose one of {sorted(SEARCH_SPACES)}")
+    space = (SEARCH_SPACES[kind] if space is None else space).restricted(in_pipeline, unlabelled is not None)
+    recommended = RECOMMENDED.get(kind)
+    default = recommended if recommended is not None and any(
+        (recommended.method, recommended.options) == m for m in space.methods.values()) else None  # fmt: skip
+    task = _Task(x=x, labels=labels, split=carve_validation(labels, seed), kind=kind, bits=bits, seed=seed, space=space,
+                 budget=budget, unlabelled=unlabelled)  # fmt: skip
+    return task, default
+
+
+def tune(x, labels, bits: int, seed: int = 0, budget: Budget | None = None, *, kind: str | None = None,
+         unlabelled=None, in_pipeline: bool = False, space: SearchSpace | None = None, directory: str | None = None,
+         num_classes: int | None = None, verbose: int = 0) -> TuneResult:  # fmt: skip
+    """Choose the method and recipe for ``x`` and ``labels`` on a validation split of these rows.
+
+    Args:
+        x: ``(n, d)`` feature vectors, or ``{modality: (n, d_m)}`` for paired items of two
+            modalities.
+        labels: class ids ``(n,)`` or one-hot / multi-hot ``(n, C)``.
+        bits: the code length K.
+        seed: seeds the validation split, the search and every trial's initial weights.
+        budget: a :class:`Budget` (default ``Budget()``: about ten trainings' worth).
+        kind: the kind of data (:data:`tfhash.recipes.DATA_KINDS`; default from ``x`` and
+            ``labels``, :func:`data_kind`).
+        unlabelled: ``(m, d)`` rows without labels: MT-SCDH joins the search, training on them too.
+        in_pipeline: only methods the TFX pipeline trains.
+        space: a :class:`SearchSpace` (default ``SEARCH_SPACES[kind]``).
+        directory: where KerasTuner keeps its state (default a temporary folder, removed after).
+        num_classes: C, when ids do not reach the last class.
+
+    Returns:
+        :class:`TuneResult`; its ``recipe`` is trained on all rows with ``recipe.fit``.
+
+    Raises:
+        TuningError: an empty search space, a budget that cannot run one trial, too few labelled
+            rows for a validation split, every trial failing.
+        ValueError: bad labels, inputs or bits (as :meth:`tfhash.recipes.Recipe.fit` says).
+    """
+    task, default = prepare(x, labels, bits, seed, budget, kind=kind, unlabelled=unlabelled, in_pipeline=in_pipeline,
+                            space=space, num_classes=num_classes)  # fmt: skip
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="tfhash-tune-") as scratch:
+        tuner = make_tuner(task, default, directory or scratch, overwrite=directory is None)
+        tuner.search(verbose=verbose)
+        best = tuner.oracle.get_best_trials(1)
+    if not best:
+        failed = [t for t in task.trials if t["status"] == "failed"]
+        first = failed[0]["error"] if failed else "no trial ran"
+        raise TuningError(f"all {len(task.trials)} trials failed; the first: {first}")
+    values, score = best[0].hyperparameters.values, float(best[0].score)
+    ok = sum(t["status"] == "ok" for t in task.trials)
+    chosen = (f"tfhash.tuning.tune({task.kind}, {bits} bits, seed {seed}): validation mAP@all {score:.4f}, best of {ok} "
+              f"completed trials ({len(task.trials) - ok} failed); {task.split.protocol}")  # fmt: skip
+    return TuneResult(recipe=task.space.recipe(values, task.modalities, chosen=chosen), trials=task.trials, score=score,
+                      kind=task.kind, validation=task.split.protocol, budget=task.budget,
+                      seconds=round(time.perf_counter() - start, 1), seed=seed, bits=bits)  # fmt: skip
