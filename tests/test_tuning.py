@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -153,3 +154,18 @@ def test_cli_tune_writes_the_recipe_and_trials(tmp_path):
     np.savez(data, features=x, labels=y)
     refused = CliRunner().invoke(main, ["tune", str(data), "--output-dir", str(out)])
     assert refused.exit_code == 2 and "needs 'labels' and 'x'" in refused.output
+
+
+def test_unlabelled_rows_bring_mt_scdh_and_cross_modal_data_scores_both_directions():
+    x, y = clusters()
+    rest, _ = clusters(n_per_class=20, seed=1)
+    mean_teacher = SearchSpace(methods={"mt": ("mt-scdh", {"consistency": 5.0, "noise": 0.1})}, epochs=(6,))
+    result = tune(x, y, bits=16, budget=Budget(max_units=3, trials=1), space=mean_teacher, unlabelled=rest)
+    assert result.recipe.method == "mt-scdh" and result.trials[0]["status"] == "ok"
+    with pytest.raises(TuningError, match="no method to train"):  # MT-SCDH needs the unlabelled rows
+        tune(x, y, bits=16, budget=Budget(max_units=3, trials=1), space=mean_teacher)
+    paired = {"image": x, "text": x[:, :8] + np.random.default_rng(2).normal(size=(len(x), 8)).astype("float32")}
+    cross = replace(SEARCH_SPACES["cross-modal"], epochs=(6,), input_dropout=(0.2,))
+    result = tune(paired, y, bits=16, budget=Budget(max_units=3, trials=1), space=cross)
+    assert result.kind == "cross-modal" and 0 < result.score <= 1
+    assert result.recipe.method == "jcch" and result.recipe.input_dropout == {"image": 0.2}

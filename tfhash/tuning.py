@@ -101,11 +101,12 @@ class SearchSpace:
         return replace(self, methods=kept)
 
     def hyperparameters(self, default: Recipe | None = None):
-        """The space as ``keras_tuner.HyperParameters``; ``default`` (a recipe inside the space)
-        gives each setting's default value, the first trial's values.
+        """The space as ``keras_tuner.HyperParameters``; ``default`` (a recipe whose method is a
+        variant of the space) gives each setting's default value, the first trial's values (a
+        value the space does not hold: the space's first).
 
         Raises:
-            TuningError: an empty setting, or a default outside the space.
+            TuningError: an empty setting.
         """
         import keras_tuner
 
@@ -114,9 +115,7 @@ class SearchSpace:
         for name, values in self.choices().items():
             if not values:
                 raise TuningError(f"the search space's {name!r} has no values")
-            if name in fixed and fixed[name] not in values:
-                raise TuningError(f"the default recipe's {name}={fixed[name]!r} is not in the search space {list(values)}")
-            hp.Choice(name, list(values), default=fixed.get(name, values[0]))
+            hp.Choice(name, list(values), default=fixed[name] if name in fixed and fixed[name] in values else values[0])
         return hp
 
     def choices(self) -> dict[str, tuple]:
