@@ -12,8 +12,10 @@ tuner runs inside the TFX pipeline's stock ``Tuner`` component. What it searches
 in :data:`SEARCH_SPACES` (one :class:`SearchSpace` per kind of data of
 :data:`tfhash.recipes.DATA_KINDS`): the registered methods that fit the labels, with their own
 settings, and the recipe's settings (MLP width, dropout, learning rate and schedule, weight decay,
-epochs). Every space holds the recommended recipe of its kind (:data:`tfhash.recipes.RECOMMENDED`),
-and the first trial trains it, so the search starts from tfhash's fixed choice.
+epochs). Every space holds the recommended recipe of its kind (:data:`tfhash.recipes.RECOMMENDED`);
+the first trial trains it at full fidelity, and it is kept unless another trial beats it on
+validation by :data:`KEEP_RECOMMENDED_WITHIN`, so the search starts from tfhash's fixed choice and
+leaves it only for a gain larger than validation noise.
 
 **Fidelity.** Hyperband's "epochs" are units of a budget (:attr:`Budget.max_units`): a trial with
 ``u`` units trains its recipe for ``u / max_units`` of the recipe's epochs, from scratch, with the
@@ -53,6 +55,9 @@ HELD_OUT = 0.2
 #: A validation split needs at least this many held-out rows per class (single-label) or in all.
 MIN_HELD_OUT = {"single": 4, "multi": 20}
 MAP_DEPTH = 1000
+#: The recommended recipe is kept unless another trial beats it on validation by this much (about
+#: one seed's spread of mAP@all on the shared datasets: a smaller gain is as likely noise).
+KEEP_RECOMMENDED_WITHIN = 0.005
 
 
 class TuningError(ValueError):
@@ -224,8 +229,9 @@ class Budget:
 
     def multiple(self) -> float:
         """The full schedule's training cost in trainings of one recipe (before ``trials`` and
-        ``seconds`` cut it), not counting the final training on all rows."""
-        return sum(n * units for n, units in self.schedule()) / self.max_units
+        ``seconds`` cut it), the recommended recipe's full training included, not counting the final
+        training on all rows."""
+        return 1 + sum(n * units for n, units in self.schedule()) / self.max_units
 
 
 @dataclass
@@ -409,34 +415,43 @@ def _oracle_class():
     from keras_tuner.src.tuners.hyperband import HyperbandOracle
 
     class RecipeOracle(HyperbandOracle):
-        """Hyperband whose first trial takes the space's defaults (the recommended recipe), which
-        stops starting trials when the :class:`Budget`'s trials or seconds are spent, and whose
-        best trials are those at the highest fidelity reached."""
+        """Hyperband whose first trial trains the space's defaults (the recommended recipe) at full
+        fidelity, which stops starting trials when the :class:`Budget`'s trials or seconds are
+        spent, and whose best trial is the best at the highest fidelity reached, the recommended
+        recipe kept unless beaten by ``margin``."""
 
-        def __init__(self, budget: Budget, hyperparameters, seed: int):
+        def __init__(self, budget: Budget, hyperparameters, seed: int, has_default: bool, margin: float):
             super().__init__(objective=_objective(), max_epochs=budget.max_units, factor=budget.factor,
-                             hyperband_iterations=budget.iterations, seed=seed, hyperparameters=hyperparameters,
+                             # KerasTuner draws a random seed for a falsy one: 0 must stay a seed
+                             hyperband_iterations=budget.iterations, seed=seed + 1, hyperparameters=hyperparameters,
                              max_consecutive_failed_trials=10**9)  # fmt: skip
-            self.budget, self.started, self.defaults_given = budget, time.monotonic(), False
-
-        def _random_values(self):
-            if not self.defaults_given:
-                self.defaults_given = True
-                return {hp.name: hp.default for hp in self.hyperparameters.space}
-            return super()._random_values()
+            self.budget, self.started, self.margin = budget, time.monotonic(), margin
+            self.default_pending, self.default_trial = has_default, None
 
         def populate_space(self, trial_id):
             spent = self.budget.seconds is not None and time.monotonic() - self.started >= self.budget.seconds
             if spent or (self.budget.trials is not None and len(self.trials) >= self.budget.trials):
                 return {"status": "STOPPED", "values": None}
+            if self.default_pending:  # the recommended recipe, at full fidelity, outside Hyperband's brackets
+                self.default_pending, self.default_trial = False, trial_id
+                values = {hp.name: hp.default for hp in self.hyperparameters.space}
+                return {"status": "RUNNING", "values": {**values, "tuner/epochs": self.max_epochs, "tuner/initial_epoch": 0,
+                                                        "tuner/bracket": 0, "tuner/round": 0}}  # fmt: skip
             return super().populate_space(trial_id)
 
         def get_best_trials(self, num_trials=1):
-            """The best completed trials, highest fidelity first, then by score: the first is the
-            best of the highest fidelity reached (``num_trials=None``: every completed trial, as
-            the TFX Tuner's ``tuner_results`` asks)."""
+            """The best completed trials, highest fidelity first, then by score; the recommended
+            recipe first unless a trial of the same fidelity beats it by ``margin`` or more
+            (``num_trials=None``: every completed trial, as the TFX Tuner's ``tuner_results`` asks)."""
             done = [t for t in self.trials.values() if t.status == "COMPLETED" and t.score is not None]
-            return sorted(done, key=lambda t: (t.hyperparameters.values.get("tuner/epochs", 0), t.score), reverse=True)[:num_trials]
+            done.sort(key=lambda t: (t.hyperparameters.values.get("tuner/epochs", 0), t.score), reverse=True)
+            default = self.trials.get(self.default_trial)
+            if done and default in done and done[0] is not default:
+                same_fidelity = done[0].hyperparameters.values["tuner/epochs"] == default.hyperparameters.values["tuner/epochs"]
+                if same_fidelity and done[0].score - default.score < self.margin:
+                    done.remove(default)
+                    done.insert(0, default)
+            return done[:num_trials]
 
     return RecipeOracle
 
@@ -447,9 +462,11 @@ def _objective():
     return keras_tuner.Objective(OBJECTIVE, direction="max")
 
 
-def make_tuner(task: _Task, default: Recipe | None, directory: str, project: str = "tfhash_tuning", overwrite: bool = True):
+def make_tuner(task: _Task, default: Recipe | None, directory: str, project: str = "tfhash_tuning", overwrite: bool = True,
+               margin: float = KEEP_RECOMMENDED_WITHIN):  # fmt: skip
     """A KerasTuner tuner searching ``task.space`` under ``task.budget`` (its ``search()`` takes no
-    arguments; the trials land in ``task.trials``). The TFX Tuner component runs the same tuner."""
+    arguments; the trials land in ``task.trials``), its first trial ``default`` at full fidelity,
+    kept unless beaten by ``margin``. The TFX Tuner component runs the same tuner."""
     import keras_tuner
 
     class RecipeTuner(keras_tuner.Tuner):
@@ -461,7 +478,7 @@ def make_tuner(task: _Task, default: Recipe | None, directory: str, project: str
 
     hp = task.space.hyperparameters(default)
     hp.Fixed("kind", task.kind)  # names the space, so that the values alone give the recipe (tuned_recipe)
-    oracle = _oracle_class()(task.budget, hp, task.seed)
+    oracle = _oracle_class()(task.budget, hp, task.seed, default is not None, margin)
     return RecipeTuner(oracle, directory=directory, project_name=project, overwrite=overwrite)
 
 
@@ -505,7 +522,7 @@ def prepare(x, labels, bits: int, seed: int = 0, budget: Budget | None = None, *
 
 def tune(x, labels, bits: int, seed: int = 0, budget: Budget | None = None, *, kind: str | None = None,
          unlabelled=None, in_pipeline: bool = False, space: SearchSpace | None = None, directory: str | None = None,
-         num_classes: int | None = None, verbose: int = 0) -> TuneResult:  # fmt: skip
+         num_classes: int | None = None, margin: float = KEEP_RECOMMENDED_WITHIN, verbose: int = 0) -> TuneResult:  # fmt: skip
     """Choose the method and recipe for ``x`` and ``labels`` on a validation split of these rows.
 
     Args:
@@ -522,6 +539,8 @@ def tune(x, labels, bits: int, seed: int = 0, budget: Budget | None = None, *, k
         space: a :class:`SearchSpace` (default ``SEARCH_SPACES[kind]``).
         directory: where KerasTuner keeps its state (default a temporary folder, removed after).
         num_classes: C, when ids do not reach the last class.
+        margin: the recommended recipe (trained first, at full fidelity) is kept unless another
+            trial beats its validation score by this much.
 
     Returns:
         :class:`TuneResult`; its ``recipe`` is trained on all rows with ``recipe.fit``.
@@ -535,9 +554,13 @@ def tune(x, labels, bits: int, seed: int = 0, budget: Budget | None = None, *, k
                             space=space, num_classes=num_classes)  # fmt: skip
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="tfhash-tune-") as scratch:
-        tuner = make_tuner(task, default, directory or scratch, overwrite=directory is None)
+        tuner = make_tuner(task, default, directory or scratch, overwrite=directory is None, margin=margin)
         tuner.search(verbose=verbose)
-        best = tuner.oracle.get_best_trials(1)
+        ranked = tuner.oracle.get_best_trials(None)
+        best = ranked[:1]
+        fidelity = [t.hyperparameters.values.get("tuner/epochs") for t in ranked[:2]]
+        kept = (len(ranked) > 1 and best[0].trial_id == tuner.oracle.default_trial and fidelity[0] == fidelity[1]
+                and ranked[1].score > best[0].score)  # fmt: skip
     if not best:
         failed = [t for t in task.trials if t["status"] == "failed"]
         first = failed[0]["error"] if failed else "no trial ran"
@@ -545,7 +568,9 @@ def tune(x, labels, bits: int, seed: int = 0, budget: Budget | None = None, *, k
     values, score = best[0].hyperparameters.values, float(best[0].score)
     ok = sum(t["status"] == "ok" for t in task.trials)
     chosen = (f"tfhash.tuning.tune({task.kind}, {bits} bits, seed {seed}): validation mAP@all {score:.4f}, best of {ok} "
-              f"completed trials ({len(task.trials) - ok} failed); {task.split.protocol}")  # fmt: skip
+              f"completed trials ({len(task.trials) - ok} failed)"
+              + (f"; the recommended recipe kept (the best other trial, {ranked[1].score:.4f}, is within {margin})" if kept else "")
+              + f"; {task.split.protocol}")  # fmt: skip
     return TuneResult(recipe=task.space.recipe(values, task.modalities, chosen=chosen), trials=task.trials, score=score,
                       kind=task.kind, validation=task.split.protocol, budget=task.budget,
                       seconds=round(time.perf_counter() - start, 1), seed=seed, bits=bits)  # fmt: skip
