@@ -479,7 +479,9 @@ def main() -> None:
     suffix = "_quick" if args.quick else ""
     if args.render:
         results = json.loads((RESULTS_DIR / f"report{suffix}.json").read_text())
-        write_report(results, regenerate_command(args.quick, results["seed"], []), suffix, plot=False)
+        whole = results["sections"] == list(SECTIONS)
+        write_report(results, regenerate_command(args.quick, results["seed"], [] if whole else results["sections"]), suffix,
+                     plot=False)  # fmt: skip
         return
     results: dict = {"seed": args.seed, "mode": mode, "suffix": suffix, "settings": cfg, "sections": parts}
     start = time.perf_counter()

@@ -103,14 +103,18 @@ def tuned_training(training: dict, hyperparameters: dict, input_names: list[str]
     """The run's training section with the recipe the Tuner chose laid over it
     (:func:`tfhash.tuning.tuned_recipe` of the ``best_hyperparameters`` config,
     :meth:`tfhash.recipes.Recipe.pipeline_section`): its method, MLP, epochs, batch, settings and
-    optimizer; bits and seed stay the run's."""
+    optimizer, and its loss preset; float32 at the recipe's batch, without JCCH coefficients, as the
+    trials trained it; bits and seed stay the run's."""
     import keras_tuner
 
+    from tfhash.recipes import preset_for
     from tfhash.tuning import tuned_recipe
 
     values = keras_tuner.HyperParameters.from_config(hyperparameters).values
     recipe = tuned_recipe(values, tuple(input_names) if len(input_names) == 2 else ())
-    return {**training, **recipe.pipeline_section(), "recipe": None}
+    # as the trials trained it: the recipe's preset, float32 at the recipe's batch, no JCCH coefficients
+    return {**training, **recipe.pipeline_section(), "recipe": None, "preset": preset_for(values["kind"] == "multi-label"),
+            "label_coefficients": False, "gpu_batch_size": None, "mixed_precision": "off"}  # fmt: skip
 
 
 def dtype_policy(training: dict) -> str:

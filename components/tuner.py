@@ -20,14 +20,15 @@ READ_BATCH = 1024
 
 
 def tuner_fn(fn_args) -> tfx.components.TunerFnResult:
-    """``fn_args.custom_config``: ``training`` (the run config's section: bits and seed),
+    """``fn_args.custom_config``: ``training`` (the run's bits and seed),
     ``tuner`` (the config's ``tuner`` section), ``inputs`` (model input name -> shape) and
     ``num_classes``.
 
     Raises:
         tfhash.tuning.TuningError: as :func:`tfhash.tuning.prepare` (too few labelled rows, ...).
     """
-    from tfhash.tuning import Budget, TuningError, make_tuner, prepare
+    from tfhash.labels import multi_hot
+    from tfhash.tuning import Budget, TuningError, data_kind, make_tuner, prepare
 
     config = fn_args.custom_config
     training, settings = config["training"], config["tuner"]
@@ -35,9 +36,10 @@ def tuner_fn(fn_args) -> tfx.components.TunerFnResult:
     schema = tft.TFTransformOutput(fn_args.transform_graph_path).transformed_metadata.schema
     arrays, labels = training_arrays(fn_args.data_accessor, fn_args.train_files, schema, names, READ_BATCH)
     x = arrays if len(names) == 2 else arrays[names[0]].reshape(len(labels), -1)
-    task, default = prepare(x, labels, int(training["bits"]), int(training["seed"]), Budget.of(settings), kind=settings["kind"],
-                            in_pipeline=True, num_classes=int(config["num_classes"]))  # fmt: skip
-    if task.kind not in PIPELINE_KINDS:
+    kind = settings["kind"] or data_kind(x, multi_hot(labels, int(config["num_classes"])))
+    if kind not in PIPELINE_KINDS:
         raise TuningError(f"the pipeline's Tuner searches the recipes of {PIPELINE_KINDS} (as training.recipe takes them); "
-                          f"these are {task.kind} data: tune them with tfhash.tuning.tune or `tfhash tune`")  # fmt: skip
+                          f"these are {kind} data: tune them with tfhash.tuning.tune or `tfhash tune`")  # fmt: skip
+    task, default = prepare(x, labels, int(training["bits"]), int(training["seed"]), Budget.of(settings), kind=kind,
+                            in_pipeline=True, num_classes=int(config["num_classes"]))  # fmt: skip
     return tfx.components.TunerFnResult(tuner=make_tuner(task, default, fn_args.working_dir), fit_kwargs={})

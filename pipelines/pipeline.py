@@ -72,8 +72,9 @@ def create_pipeline(config: PipelineConfig, metadata: dict, metadata_connection=
             # the validation split is carved from the training rows: the queries are never read
             train_args=tfx.proto.TrainArgs(splits=["train"]),
             eval_args=tfx.proto.EvalArgs(splits=["train"]),
-            custom_config={"training": config.to_dict()["training"], "tuner": config.to_dict()["tuner"], "inputs": inputs,
-                           "num_classes": num_classes},  # fmt: skip
+            # only what the search reads, so that other training edits reuse the cached Tuner run
+            custom_config={"training": {"bits": config.training.bits, "seed": config.training.seed},
+                           "tuner": config.to_dict()["tuner"], "inputs": inputs, "num_classes": num_classes},  # fmt: skip
         )
     trainer = tfx.components.Trainer(
         run_fn="tfhash.components.trainer.run_fn",

@@ -75,8 +75,11 @@ def test_validation_split_is_carved_from_the_rows_and_refuses_too_few_labels():
     assert not set(split.query) & set(split.database)
     assert set(split.database) - set(split.train) and set(split.database) & set(split.train)  # held out + trained rows
     assert data_kind(x, labels) == "single-label"
-    with pytest.raises(TuningError, match="too few labelled rows.*smallest class has 10 rows"):
-        tune(x[:50], y[:50], bits=16, budget=SMALL)
+    few_x, few_y = clusters(n_per_class=10)
+    with pytest.raises(TuningError, match="too few labelled rows.*10 rows per class.*at least 20 per class"):
+        tune(few_x, few_y, bits=16, budget=SMALL)
+    with pytest.raises(TuningError, match="too few labelled rows.*50 rows.*at least 100"):
+        tune(x[:50], y[:50], bits=16, budget=SMALL)  # classes of uneven sizes: held out at random
     multi = (np.random.default_rng(0).random((60, 6)) < 0.4).astype("float32")
     multi[:, 0] = 1
     assert data_kind(np.zeros((60, 3)), multi) == "multi-label"
@@ -181,3 +184,15 @@ def test_the_search_is_determined_by_its_seed():
     runs = [[(t["variant"], t["dropout"], t["learning_rate"], t["units"]) for t in tune(x, y, bits=16, seed=0, space=space,
              budget=Budget(max_units=3, trials=4)).trials] for _ in range(2)]  # fmt: skip
     assert runs[0] == runs[1]
+
+
+def test_uneven_classes_are_held_out_at_random_and_a_wrong_kind_is_refused():
+    x, y = clusters(n_per_class=200, classes=3)
+    keep = np.concatenate([np.flatnonzero(y == 0), np.flatnonzero(y == 1), np.flatnonzero(y == 2)[:25]])
+    split = carve_validation(np.eye(3, dtype="float32")[y[keep]], seed=0)
+    assert len(split.train) == len(keep) - int(len(keep) * 0.2)  # training keeps every row not held out
+    assert len(split.query) == int(len(keep) * 0.2) // 2
+    with pytest.raises(TuningError, match="kind 'multi-label' does not fit.*single-label"):
+        tune(x, y, bits=16, kind="multi-label", budget=SMALL)
+    with pytest.raises(ValueError, match="dict of 3 modalities"):
+        tune({"a": x, "b": x, "c": x}, y, bits=16, budget=SMALL)

@@ -213,8 +213,9 @@ def data_image_query(image: str, data_dir: str) -> None:
               help="Code length K: a multiple of 8.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seeds the validation split, the search and the trials.")
 @click.option("--kind", default=None, type=click.Choice(["single-label", "single-label pixels", "multi-label", "cross-modal"]),
-              help="The kind of data (default: from the arrays).")
-@click.option("--max-units", default=9, show_default=True, type=click.IntRange(2), help="Hyperband's top fidelity (rungs).")
+              help="The kind of data (tfhash.recipes.DATA_KINDS; default: from the arrays).")
+@click.option("--max-units", default=9, show_default=True, type=click.IntRange(3),
+              help="Hyperband's top fidelity (a trial of u units trains u / max-units of its recipe's epochs; factor 3).")
 @click.option("--trials", default=None, type=click.IntRange(1), help="Start no trial after this many.")
 @click.option("--seconds", default=None, type=click.FloatRange(min=0, min_open=True), help="Start no trial after this wall time.")
 @click.option("--output-dir", required=True, help="Where tuning.json (recipe, trials, cost) and trials.md go.")
@@ -230,7 +231,8 @@ def tune(data_file: str, bits: int, seed: int, kind: str | None, max_units: int,
       unlabelled   optional (m, d) rows without labels (MT-SCDH joins the search)
 
     The chosen recipe is printed and written with every trial to OUTPUT_DIR/tuning.json; train it
-    on all rows with tfhash.recipes.Recipe(**recipe).fit(x, labels, bits).
+    on all rows with tfhash.recipes.Recipe(**recipe).fit(x, labels, bits) (an MT-SCDH recipe
+    with the unlabelled rows too, as tfhash.tuning.TuneResult.fit does).
     """
     import os
 

@@ -180,12 +180,17 @@ class Recipe:
             name = f"mlp_{modality}" if method.cross_modal else "mlp"
             return mlp(dims[modality], self.hidden, name=name, **self.fine_tuning().mlp_options(modality))
 
-        build = BuildInputs(backbone, list(inputs), labels.shape[1], bits, seed=seed,
-                            preset="nuswide" if statistics.multi_label else "cifar10", statistics=statistics)  # fmt: skip
+        build = BuildInputs(backbone, list(inputs), labels.shape[1], bits, seed=seed, preset=preset_for(statistics.multi_label),
+                            statistics=statistics)  # fmt: skip
         model = build_method(self.method, build, **options)
         model.compile(optimizer=self.optimizer(math.ceil(len(fit_y if not isinstance(fit_y, dict) else fit_y["labels"])
                                                          / self.batch_size), epochs))  # fmt: skip
         return model, fit_x, fit_y, epochs
+
+
+def preset_for(multi_label: bool) -> str:
+    """The SCDH / JCCH loss preset a recipe trains with: ``nuswide`` on multi-label data, else ``cifar10``."""
+    return "nuswide" if multi_label else "cifar10"
 
 
 RECOMMENDED: dict[str, Recipe] = {

@@ -4,7 +4,7 @@ from the training rows, never on the queries.
 One call picks a :class:`tfhash.recipes.Recipe` for feature vectors and their labels::
 
     result = tfhash.tuning.tune(features, class_ids, bits=32, seed=0)
-    model = result.recipe.fit(features, class_ids, bits=32, seed=0)   # all training rows
+    model = result.fit(features, class_ids)                            # all training rows: result.recipe.fit
     print(result.table())                                              # every trial, its score and time
 
 The search is KerasTuner's Hyperband (:class:`RecipeOracle`, :class:`RecipeTuner`), so the same
@@ -49,10 +49,10 @@ OBJECTIVE = "val_map"
 #: Share of the validation database drawn from the rows trained on (a catalogue holds what the
 #: model was trained on; the protocols put 8% (CIFAR-10) to 55% (MIRFlickr) there).
 TRAIN_IN_DATABASE = 0.5
-#: Share of the training rows held out for validation (of each class for single-label data);
-#: half of them are the validation queries (a quarter on multi-label data).
+#: Share of the training rows held out for validation (of each class when the classes are of one
+#: size); half of them are the validation queries (a quarter on multi-label data).
 HELD_OUT = 0.2
-#: A validation split needs at least this many held-out rows per class (single-label) or in all.
+#: A validation split needs at least this many held-out rows per class (classes of one size) or in all.
 MIN_HELD_OUT = {"single": 4, "multi": 20}
 MAP_DEPTH = 1000
 #: The recommended recipe is kept unless another trial beats it on validation by this much (about
@@ -218,9 +218,9 @@ class Budget:
 
     def schedule(self) -> list[tuple[int, int]]:
         """Hyperband's full schedule as ``(trials, units each)`` per rung (KerasTuner's arithmetic)."""
-        from keras_tuner.src.tuners.hyperband import HyperbandOracle
+        import keras_tuner
 
-        oracle = HyperbandOracle(objective=_objective(), max_epochs=self.max_units, factor=self.factor)
+        oracle = keras_tuner.oracles.HyperbandOracle(objective=_objective(), max_epochs=self.max_units, factor=self.factor)
         rungs = []
         for _ in range(self.iterations):
             for bracket in reversed(range(oracle._get_num_brackets())):
@@ -240,7 +240,7 @@ class TuneResult:
 
     Attributes:
         recipe: the chosen :class:`tfhash.recipes.Recipe` (``chosen`` says how); train it on all
-            training rows with ``recipe.fit``.
+            training rows with :meth:`fit` (``recipe.fit`` at the same bits and seed).
         trials: one row per trial: ``trial``, the settings, ``units``, ``epochs`` trained,
             ``score`` (validation mAP@all), ``mAP@1000`` (multi-label), ``seconds``, ``status``
             (``ok`` / ``failed``), ``error``.
@@ -259,6 +259,19 @@ class TuneResult:
     seconds: float
     seed: int = 0
     bits: int = 0
+
+    def fit(self, x, labels, unlabelled=None, **kwargs):
+        """Train :attr:`recipe` on all of ``x`` and ``labels`` at the searched bits and seed (and,
+        for a chosen MT-SCDH recipe, on ``unlabelled`` rows too, as its trials were); ``kwargs`` as
+        :meth:`tfhash.recipes.Recipe.fit` takes them."""
+        from tfhash.registry import get_method
+
+        labels = multi_hot(labels, kwargs.pop("num_classes", None))
+        if get_method(self.recipe.method).semi_supervised:
+            if unlabelled is None:
+                raise ValueError("the chosen recipe is MT-SCDH, which the search trained with unlabelled rows: pass them")
+            x, labels = with_unlabelled(x, labels, np.asarray(unlabelled, dtype=np.float32))
+        return self.recipe.fit(x, labels, self.bits, seed=self.seed, **kwargs)
 
     def table(self) -> str:
         """The trials as a markdown table."""
@@ -280,6 +293,14 @@ class TuneResult:
                 "seed": self.seed, "bits": self.bits, "trials": self.trials}  # fmt: skip
 
 
+def with_unlabelled(x: np.ndarray, labels: np.ndarray, unlabelled: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """``x`` and ``(n, C)`` ``labels`` followed by the ``unlabelled`` rows with all-zero labels
+    (MT-SCDH's marker for "no label"); unchanged without unlabelled rows."""
+    if unlabelled is None:
+        return x, labels
+    return np.concatenate([x, unlabelled]), np.concatenate([labels, np.zeros((len(unlabelled), labels.shape[1]), labels.dtype)])
+
+
 def data_kind(x, labels: np.ndarray) -> str:
     """The kind of data (:data:`tfhash.recipes.DATA_KINDS`) of inputs ``x`` and ``(n, C)`` labels:
     cross-modal for a dict of two modalities, multi-label when a row has several tags, otherwise
@@ -291,23 +312,24 @@ def data_kind(x, labels: np.ndarray) -> str:
 
 def carve_validation(labels: np.ndarray, seed: int, held_out: float = HELD_OUT, train_in_database: float = TRAIN_IN_DATABASE):
     """The validation split of :func:`tune` over ``(n, C)`` labelled rows
-    (:func:`tfhash.data.splits.validation_split`): ``held_out`` of the rows (of each class's
-    smallest count, single-label) leave training; half of them (a quarter, multi-label) are the
-    queries, the rest the database, which training rows join to ``train_in_database`` of it.
+    (:func:`tfhash.data.splits.validation_split`): ``held_out`` of the rows leave training, of each
+    class when the classes are of one size (single-label), at random otherwise (classes of uneven
+    sizes then lose a share each in expectation, and training keeps every other row); half of them
+    (a quarter, multi-label) are the queries, the rest the database, which training rows join to
+    ``train_in_database`` of it.
 
     Raises:
         TuningError: too few rows (of a class) for a validation split.
     """
     from tfhash.data.splits import validation_split
 
-    single = bool((labels.sum(axis=1) == 1).all())
-    if single:
-        counts = labels.sum(axis=0)
-        smallest = int(counts[counts > 0].min())
-        count = int(smallest * held_out)
+    counts = labels.sum(axis=0)[labels.sum(axis=0) > 0]
+    per_class = bool((labels.sum(axis=1) == 1).all()) and counts.min() == counts.max()
+    if per_class:
+        count = int(counts.min() * held_out)
         if count < MIN_HELD_OUT["single"]:
             need = math.ceil(MIN_HELD_OUT["single"] / held_out)
-            raise TuningError(f"too few labelled rows for a validation split: the smallest class has {smallest} rows, a "
+            raise TuningError(f"too few labelled rows for a validation split: {int(counts.min())} rows per class, a "
                               f"validation split needs at least {need} per class (held_out={held_out}); label more rows or "
                               "train a recommended recipe without tuning (tfhash.recipes.recommended)")  # fmt: skip
         queries = count // 2
@@ -317,9 +339,9 @@ def carve_validation(labels: np.ndarray, seed: int, held_out: float = HELD_OUT, 
             raise TuningError(f"too few labelled rows for a validation split: {len(labels)} rows, a validation split needs "
                               f"at least {math.ceil(MIN_HELD_OUT['multi'] / held_out)}; label more rows or train a "
                               "recommended recipe without tuning (tfhash.recipes.recommended)")  # fmt: skip
-        queries = count // 4
+        queries = count // (4 if (labels.sum(axis=1) > 1).any() else 2)
     return validation_split(np.arange(len(labels)), labels, held_out=count, queries=queries, seed=seed,
-                            train_in_database=train_in_database)  # fmt: skip
+                            train_in_database=train_in_database, at_random=not per_class)  # fmt: skip
 
 
 @dataclass
@@ -350,10 +372,7 @@ class _Task:
         from tfhash.registry import get_method
 
         x, y = self.rows(self.split.train), self.labels[self.split.train]
-        if get_method(method).semi_supervised and self.unlabelled is not None:
-            x = np.concatenate([x, self.unlabelled])
-            y = np.concatenate([y, np.zeros((len(self.unlabelled), y.shape[1]), y.dtype)])
-        return x, y
+        return with_unlabelled(x, y, self.unlabelled) if get_method(method).semi_supervised else (x, y)
 
     def score(self, model) -> dict:
         """Validation mAP@all (mean of both directions, cross-modal); mAP@1000 at the validation
@@ -412,9 +431,9 @@ class _Task:
 
 def _oracle_class():
     """:class:`RecipeOracle`, defined when KerasTuner is imported (an optional dependency)."""
-    from keras_tuner.src.tuners.hyperband import HyperbandOracle
+    import keras_tuner
 
-    class RecipeOracle(HyperbandOracle):
+    class RecipeOracle(keras_tuner.oracles.HyperbandOracle):
         """Hyperband whose first trial trains the space's defaults (the recommended recipe) at full
         fidelity, which stops starting trials when the :class:`Budget`'s trials or seconds are
         spent, and whose best trial is the best at the highest fidelity reached, the recommended
@@ -426,7 +445,7 @@ def _oracle_class():
                              hyperband_iterations=budget.iterations, seed=seed + 1, hyperparameters=hyperparameters,
                              max_consecutive_failed_trials=10**9)  # fmt: skip
             self.budget, self.started, self.margin = budget, time.monotonic(), margin
-            self.default_pending, self.default_trial = has_default, None
+            self.default_pending, self.default_trial, self.kept_default = has_default, None, False
 
         def populate_space(self, trial_id):
             spent = self.budget.seconds is not None and time.monotonic() - self.started >= self.budget.seconds
@@ -451,6 +470,7 @@ def _oracle_class():
                 if same_fidelity and done[0].score - default.score < self.margin:
                     done.remove(default)
                     done.insert(0, default)
+                    self.kept_default = True
             return done[:num_trials]
 
     return RecipeOracle
@@ -462,11 +482,13 @@ def _objective():
     return keras_tuner.Objective(OBJECTIVE, direction="max")
 
 
-def make_tuner(task: _Task, default: Recipe | None, directory: str, project: str = "tfhash_tuning", overwrite: bool = True,
+def make_tuner(task: _Task, default: Recipe | None, directory: str, project: str = "tfhash_tuning",
                margin: float = KEEP_RECOMMENDED_WITHIN):  # fmt: skip
     """A KerasTuner tuner searching ``task.space`` under ``task.budget`` (its ``search()`` takes no
     arguments; the trials land in ``task.trials``), its first trial ``default`` at full fidelity,
-    kept unless beaten by ``margin``. The TFX Tuner component runs the same tuner."""
+    kept unless beaten by ``margin``; a search starts afresh in ``directory`` (no resuming: the
+    trial table lives in ``task``). ``search()`` raises :class:`TuningError` when every trial
+    failed. The TFX Tuner component runs the same tuner."""
     import keras_tuner
 
     class RecipeTuner(keras_tuner.Tuner):
@@ -476,10 +498,17 @@ def make_tuner(task: _Task, default: Recipe | None, directory: str, project: str
         def run_trial(self, trial, *args, **kwargs):
             return task.run(trial.trial_id, trial.hyperparameters.values)
 
+        def on_search_end(self):
+            super().on_search_end()
+            if not self.oracle.get_best_trials(1):
+                failed = [t for t in task.trials if t["status"] == "failed"]
+                first = failed[0]["error"] if failed else "no trial ran"
+                raise TuningError(f"all {len(task.trials)} trials failed; the first: {first}")
+
     hp = task.space.hyperparameters(default)
     hp.Fixed("kind", task.kind)  # names the space, so that the values alone give the recipe (tuned_recipe)
     oracle = _oracle_class()(task.budget, hp, task.seed, default is not None, margin)
-    return RecipeTuner(oracle, directory=directory, project_name=project, overwrite=overwrite)
+    return RecipeTuner(oracle, directory=directory, project_name=project, overwrite=True)
 
 
 def tuned_recipe(values: dict, modalities: tuple[str, ...] = (), chosen: str = "") -> Recipe:
@@ -499,6 +528,8 @@ def prepare(x, labels, bits: int, seed: int = 0, budget: Budget | None = None, *
     check_bits(bits)
     budget = Budget() if budget is None else budget
     labels = multi_hot(labels, num_classes)
+    if isinstance(x, dict) and len(x) != 2:
+        raise ValueError(f"x is a dict of {len(x)} modalities {sorted(x)}; paired items have two (one array otherwise)")
     checked = checked_features(x if isinstance(x, dict) else {"features": x}, "x")
     if any(len(v) != len(labels) for v in checked.values()):
         raise ValueError(f"x has {sorted({len(v) for v in checked.values()})} rows but labels have {len(labels)}")
@@ -508,9 +539,12 @@ def prepare(x, labels, bits: int, seed: int = 0, budget: Budget | None = None, *
         unlabelled = checked_features({"unlabelled": unlabelled}, "unlabelled")["unlabelled"]
         if unlabelled.ndim != 2 or unlabelled.shape[1] != np.shape(x)[1]:
             raise ValueError(f"unlabelled rows must be (m, {np.shape(x)[1]}) like x; got {unlabelled.shape}")
-    kind = data_kind(x, labels) if kind is None else kind
+    found = data_kind(x, labels)
+    kind = found if kind is None else kind
     if kind not in SEARCH_SPACES:
         raise TuningError(f"unknown kind of data {kind!r}; choose one of {sorted(SEARCH_SPACES)}")
+    if kind.split()[0] != found:  # "single-label pixels" is single-label data
+        raise TuningError(f"kind {kind!r} does not fit these inputs and labels, which are {found} data")
     space = (SEARCH_SPACES[kind] if space is None else space).restricted(in_pipeline, unlabelled is not None)
     recommended = RECOMMENDED.get(kind)
     default = recommended if recommended is not None and any(
@@ -537,7 +571,8 @@ def tune(x, labels, bits: int, seed: int = 0, budget: Budget | None = None, *, k
         unlabelled: ``(m, d)`` rows without labels: MT-SCDH joins the search, training on them too.
         in_pipeline: only methods the TFX pipeline trains.
         space: a :class:`SearchSpace` (default ``SEARCH_SPACES[kind]``).
-        directory: where KerasTuner keeps its state (default a temporary folder, removed after).
+        directory: where KerasTuner writes its state, kept for inspection (default a temporary
+            folder, removed after); a search starts afresh there.
         num_classes: C, when ids do not reach the last class.
         margin: the recommended recipe (trained first, at full fidelity) is kept unless another
             trial beats its validation score by this much.
@@ -554,22 +589,17 @@ def tune(x, labels, bits: int, seed: int = 0, budget: Budget | None = None, *, k
                             space=space, num_classes=num_classes)  # fmt: skip
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="tfhash-tune-") as scratch:
-        tuner = make_tuner(task, default, directory or scratch, overwrite=directory is None, margin=margin)
+        tuner = make_tuner(task, default, directory or scratch, margin=margin)
         tuner.search(verbose=verbose)
-        ranked = tuner.oracle.get_best_trials(None)
-        best = ranked[:1]
-        fidelity = [t.hyperparameters.values.get("tuner/epochs") for t in ranked[:2]]
-        kept = (len(ranked) > 1 and best[0].trial_id == tuner.oracle.default_trial and fidelity[0] == fidelity[1]
-                and ranked[1].score > best[0].score)  # fmt: skip
-    if not best:
-        failed = [t for t in task.trials if t["status"] == "failed"]
-        first = failed[0]["error"] if failed else "no trial ran"
-        raise TuningError(f"all {len(task.trials)} trials failed; the first: {first}")
-    values, score = best[0].hyperparameters.values, float(best[0].score)
+        best = tuner.oracle.get_best_trials(1)[0]
+    values, score = best.hyperparameters.values, float(best.score)
     ok = sum(t["status"] == "ok" for t in task.trials)
+    top = values.get("tuner/epochs", task.budget.max_units)
+    rivals = [t for t in task.trials if t["status"] == "ok" and t["units"] == top and t["trial"] != best.trial_id]
     chosen = (f"tfhash.tuning.tune({task.kind}, {bits} bits, seed {seed}): validation mAP@all {score:.4f}, best of {ok} "
               f"completed trials ({len(task.trials) - ok} failed)"
-              + (f"; the recommended recipe kept (the best other trial, {ranked[1].score:.4f}, is within {margin})" if kept else "")
+              + (f"; the recommended recipe kept (the best other trial is within {margin})" if tuner.oracle.kept_default else "")
+              + ("" if rivals else "; no other trial reached full fidelity: a larger budget compares more")
               + f"; {task.split.protocol}")  # fmt: skip
     return TuneResult(recipe=task.space.recipe(values, task.modalities, chosen=chosen), trials=task.trials, score=score,
                       kind=task.kind, validation=task.split.protocol, budget=task.budget,

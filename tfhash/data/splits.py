@@ -101,14 +101,16 @@ def fixed_split(query: np.ndarray, database: np.ndarray, seed: int = 0) -> Split
 
 
 def validation_split(train: np.ndarray, labels: np.ndarray, held_out: int, queries: int, seed: int = 0,
-                     train_in_database: float = 0.0) -> Split:  # fmt: skip
+                     train_in_database: float = 0.0, at_random: bool = False) -> Split:  # fmt: skip
     """A validation split carved out of the training rows ``train`` (indices into ``labels``), for
     choosing hyper-parameters and epochs without the protocol's queries.
 
     ``held_out`` training rows leave training, per class when ``labels`` are class ids or one-hot
     rows (single-label; training then keeps as many rows per class as the smallest class has
     left), at random otherwise; ``queries`` of them (per class, or in total) are the
-    validation queries and the rest the validation database. ``train_in_database`` in [0, 1) adds
+    validation queries and the rest the validation database. ``at_random=True`` holds rows out at
+    random whatever the labels (single-label classes of uneven sizes: a share of each class in
+    expectation, and training keeps every other row). ``train_in_database`` in [0, 1) adds
     training rows, drawn at random, until they are that share of the validation database: the
     protocols put the training rows in the database (8% of it on CIFAR-10, 55% on MIRFlickr), and
     ranking them against unseen rows is part of what mAP@all measures. The returned split indexes
@@ -120,11 +122,11 @@ def validation_split(train: np.ndarray, labels: np.ndarray, held_out: int, queri
     train, labels = np.asarray(train), np.asarray(labels)
     if not 0 < queries < held_out:
         raise ValueError(f"queries must be in 1..held_out-1; got queries={queries}, held_out={held_out}")
-    single = labels.ndim == 1 or bool((labels.sum(axis=1) == 1).all())
+    single = (labels.ndim == 1 or bool((labels.sum(axis=1) == 1).all())) and not at_random
     if single:
         ids = labels[train] if labels.ndim == 1 else labels[train].argmax(axis=1)
-        per_class = np.bincount(ids)[np.unique(ids)]
-        inner = per_class_split(ids, held_out, int(per_class.min()) - held_out, seed=seed)
+        counts = np.bincount(ids)[np.unique(ids)]
+        inner = per_class_split(ids, held_out, int(counts.min()) - held_out, seed=seed)
         held = train[inner.query]
         halves = per_class_split(ids[inner.query], queries, held_out - queries, seed=seed)
     else:
