@@ -41,5 +41,6 @@ def tuner_fn(fn_args) -> tfx.components.TunerFnResult:
         raise TuningError(f"the pipeline's Tuner searches the recipes of {PIPELINE_KINDS} (as training.recipe takes them); "
                           f"these are {kind} data: tune them with tfhash.tuning.tune or `tfhash tune`")  # fmt: skip
     task, default = prepare(x, labels, int(training["bits"]), int(training["seed"]), Budget.of(settings), kind=kind,
-                            in_pipeline=True, num_classes=int(config["num_classes"]))  # fmt: skip
+                            in_pipeline=True, num_classes=int(config["num_classes"]),
+                            train_in_database=float(settings["train_in_database"]))  # fmt: skip
     return tfx.components.TunerFnResult(tuner=make_tuner(task, default, fn_args.working_dir), fit_kwargs={})

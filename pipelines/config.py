@@ -208,6 +208,8 @@ class TunerConfig:
     factor: int = doc(3, "Hyperband's reduction factor (1 / factor of the trials go on to the next rung)")
     trials: int | None = doc(None, "start no trial after this many (null: Hyperband's whole schedule)")
     seconds: float | None = doc(None, "start no trial after this wall time (null: no limit)")
+    train_in_database: float = doc(0.5, "the share of the validation database drawn from the rows trained on: your "
+                                   "catalogue's (the items trained on themselves: up to 0.9; mostly unseen items: low)")
 
     def __post_init__(self) -> None:
         if self.kind is not None and self.kind not in PIPELINE_KINDS:
@@ -218,6 +220,9 @@ class TunerConfig:
         check_count("tuner.trials", self.trials, optional=True)
         if self.seconds is not None and (isinstance(self.seconds, bool) or not isinstance(self.seconds, numbers.Real)):
             raise ValueError(f"tuner.seconds must be a number of seconds or null, got {self.seconds!r}")
+        if isinstance(self.train_in_database, bool) or not isinstance(self.train_in_database, numbers.Real) or not (
+                0 <= self.train_in_database <= 0.9):  # fmt: skip
+            raise ValueError(f"tuner.train_in_database must be a share from 0 to 0.9, got {self.train_in_database!r}")
         self.budget()  # refuses a budget that cannot run one trial
 
     def budget(self):

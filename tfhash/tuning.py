@@ -518,8 +518,8 @@ def tuned_recipe(values: dict, modalities: tuple[str, ...] = (), chosen: str = "
 
 
 def prepare(x, labels, bits: int, seed: int = 0, budget: Budget | None = None, *, kind: str | None = None,
-            unlabelled=None, in_pipeline: bool = False, space: SearchSpace | None = None,
-            num_classes: int | None = None) -> tuple[_Task, Recipe | None]:  # fmt: skip
+            unlabelled=None, in_pipeline: bool = False, space: SearchSpace | None = None, num_classes: int | None = None,
+            train_in_database: float = TRAIN_IN_DATABASE) -> tuple[_Task, Recipe | None]:  # fmt: skip
     """What a search runs on (:func:`tune`'s arguments, checked): ``(task, the space's default
     recipe)``, for :func:`make_tuner`. The pipeline's Tuner component calls it too."""
     from tfhash.codes import check_bits
@@ -549,14 +549,15 @@ def prepare(x, labels, bits: int, seed: int = 0, budget: Budget | None = None, *
     recommended = RECOMMENDED.get(kind)
     default = recommended if recommended is not None and any(
         (recommended.method, recommended.options) == m for m in space.methods.values()) else None  # fmt: skip
-    task = _Task(x=x, labels=labels, split=carve_validation(labels, seed), kind=kind, bits=bits, seed=seed, space=space,
+    task = _Task(x=x, labels=labels, split=carve_validation(labels, seed, train_in_database=train_in_database), kind=kind, bits=bits, seed=seed, space=space,
                  budget=budget, unlabelled=unlabelled)  # fmt: skip
     return task, default
 
 
 def tune(x, labels, bits: int, seed: int = 0, budget: Budget | None = None, *, kind: str | None = None,
          unlabelled=None, in_pipeline: bool = False, space: SearchSpace | None = None, directory: str | None = None,
-         num_classes: int | None = None, margin: float = KEEP_RECOMMENDED_WITHIN, verbose: int = 0) -> TuneResult:  # fmt: skip
+         num_classes: int | None = None, margin: float = KEEP_RECOMMENDED_WITHIN, train_in_database: float = TRAIN_IN_DATABASE,
+         verbose: int = 0) -> TuneResult:  # fmt: skip
     """Choose the method and recipe for ``x`` and ``labels`` on a validation split of these rows.
 
     Args:
@@ -576,6 +577,11 @@ def tune(x, labels, bits: int, seed: int = 0, budget: Budget | None = None, *, k
         num_classes: C, when ids do not reach the last class.
         margin: the recommended recipe (trained first, at full fidelity) is kept unless another
             trial beats its validation score by this much.
+        train_in_database: the share of the validation database drawn from the rows trained on:
+            set your catalogue's (a database of the training items themselves, as Wiki's, near
+            0.9; unseen items mostly, as CIFAR-10's protocol, 0.08); :data:`TRAIN_IN_DATABASE`
+            when unknown. Recipes that fit the training rows closely rank them well, so the share
+            changes which recipe wins.
 
     Returns:
         :class:`TuneResult`; its ``recipe`` is trained on all rows with ``recipe.fit``.
@@ -586,7 +592,7 @@ def tune(x, labels, bits: int, seed: int = 0, budget: Budget | None = None, *, k
         ValueError: bad labels, inputs or bits (as :meth:`tfhash.recipes.Recipe.fit` says).
     """
     task, default = prepare(x, labels, bits, seed, budget, kind=kind, unlabelled=unlabelled, in_pipeline=in_pipeline,
-                            space=space, num_classes=num_classes)  # fmt: skip
+                            space=space, num_classes=num_classes, train_in_database=train_in_database)  # fmt: skip
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="tfhash-tune-") as scratch:
         tuner = make_tuner(task, default, directory or scratch, margin=margin)
