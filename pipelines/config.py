@@ -97,11 +97,15 @@ class TrainingConfig:
 
         if self.mixed_precision not in PRECISIONS:
             raise ValueError(f"mixed_precision must be one of {list(PRECISIONS)}, got {self.mixed_precision!r}")
-        if self.optimisation().trunk_cache is not None:  # raises ValueError on unknown or invalid fine-tuning settings
+        cache = self.optimisation().trunk_cache  # raises ValueError on unknown or invalid fine-tuning settings
+        if cache is not None:
             method = get_method(self.method)
             if self.backbone in ("small_cnn", "mlp") or method.cross_modal or method.semi_supervised:
                 raise ValueError(f"training.fine_tuning.trunk_cache serves one pretrained image network (an ImageNet "
                                  f"network or your encoder), not method {self.method!r} with backbone {self.backbone!r}")  # fmt: skip
+            if cache.mixup and not method.label_coefficients:
+                raise ValueError(f"training.fine_tuning.trunk_cache.mixup mixes SCUL's label weights: method {self.method!r} "
+                                 "has none (use scdh, or set mixup to 0)")  # fmt: skip
         if self.recipe is not None:
             recipe = pipeline_recipe(self.recipe)
             if (self.method, self.backbone) != (recipe.method, "mlp"):

@@ -11,9 +11,23 @@ import keras
 import numpy as np
 import pytest
 
-from tfhash.fine_tuning import FineTuning, TrunkCache, compile_fine_tuning, cpu_has_bfloat16, precision_policy
-from tfhash.models import build_scdh, image_backbone
-from tfhash.trunk_cache import CacheError, build_cache, fit_on_cache, open_cache, split_backbone, view_transform
+from tfhash.fine_tuning import (
+    FineTuning,
+    TrunkCache,
+    compile_fine_tuning,
+    cpu_has_bfloat16,
+    precision_policy,
+)
+from tfhash.models import build_hclm, build_scdh, image_backbone
+from tfhash.trunk_cache import (
+    CacheError,
+    build_cache,
+    fit_on_cache,
+    mixup_batch,
+    open_cache,
+    split_backbone,
+    view_transform,
+)
 
 SHAPE, SIDE = (32, 32, 3), 64
 #: Maximum absolute difference between the cached and the raw forward pass, float32 (the same
@@ -74,9 +88,10 @@ def scdh(seed=0):
     return build
 
 
-def cached_fit(weights, tmp_path, epochs=1, views=2, policy="float32"):
+def cached_fit(weights, tmp_path, epochs=1, views=2, policy="float32", mixup=0.0):
     recipe = FineTuning.for_backbone("squeezenet", backbone_learning_rate=0.01, learning_rate=0.05, dropout=0.5,
-                                     trunk_cache={"cut": "fire5_concat", "views": views, "directory": str(tmp_path / "cache")})  # fmt: skip
+                                     trunk_cache={"cut": "fire5_concat", "views": views, "directory": str(tmp_path / "cache"),
+                                                  "mixup": mixup})  # fmt: skip
     images, labels = images_and_labels()
     seen = {}
 
@@ -108,9 +123,36 @@ def test_training_on_the_cache_moves_only_the_layers_above_the_cut(weights, tmp_
     assert model.compute_dtype == "float32"
 
 
+def test_mixup_mixes_rows_and_their_scul_weights_alike():
+    features = np.arange(12, dtype=np.float16).reshape(3, 2, 2)
+    labels = np.array([[1, 0, 0], [0, 1, 1], [1, 0, 0]], np.float32)
+    weights, partners = np.array([0.25, 1.0, 0.5]), np.array([1, 0, 2])
+    mixed, targets = mixup_batch(features, labels, weights, partners)
+    np.testing.assert_allclose(mixed[0], 0.25 * features[0] + 0.75 * features[1])
+    np.testing.assert_array_equal(mixed[1:], features[1:])  # weight 1 and a row mixed with itself are unchanged
+    np.testing.assert_array_equal(targets["labels"], [[1, 1, 1], [0, 1, 1], [1, 0, 0]])
+    np.testing.assert_allclose(targets["q"], [[0.25, 0.375, 0.375], [0, 0.5, 0.5], [1, 0, 0]])
+    np.testing.assert_allclose(targets["u"], [[0.25, 0.75, 0.75], [0, 1, 1], [1, 0, 0]])
+
+
+def test_mixup_trains_scdh_and_is_refused_for_a_method_without_clusters(weights, tmp_path):
+    _, history, _, _, _ = cached_fit(weights, tmp_path, mixup=0.4)
+    assert np.isfinite(history.history["loss"]).all()
+    recipe = FineTuning.for_backbone("squeezenet", trunk_cache={"cut": "fire5_concat", "views": 1, "directory": str(tmp_path / "c"), "mixup": 0.4})
+    images, labels = images_and_labels()
+
+    def hclm(net):
+        return build_hclm(net, 4, 16)
+
+    with pytest.raises(CacheError, match="mixup mixes SCUL's label weights"):
+        fit_on_cache(hclm, lambda: backbone(weights), images, labels, recipe, lambda m, steps: compile_fine_tuning(m, recipe, 1, steps),
+                     1, 16, 0, "squeezenet")  # fmt: skip
+    with pytest.raises(ValueError, match="mixup must be a finite number"):
+        TrunkCache(mixup=-1)
+
+
 def test_the_returned_model_encodes_raw_images_with_the_trained_weights(weights, tmp_path):
     import tensorflow as tf
-
     from tfhash.components.export import export_image_model
 
     model, _, _, split, images = cached_fit(weights, tmp_path)
@@ -196,6 +238,7 @@ def test_the_pipeline_config_refuses_a_trunk_cache_it_cannot_serve():
                              ({"backbone": "squeezenet", "method": "mt_scdh", "fine_tuning": {"trunk_cache": True}}, "unknown method|serves one"),
                              ({"backbone": "resnet50", "backbone_weights": None, "fine_tuning": {"trunk_cache": True}}, "needs a cut"),
                              ({"backbone": "squeezenet", "fine_tuning": {"trunk_cache": {"views": 0}}}, "views must be an integer"),
+                             ({"backbone": "squeezenet", "method": "hclm", "fine_tuning": {"trunk_cache": {"mixup": 0.4}}}, "mixup mixes SCUL's"),
                              ({"backbone": "squeezenet", "mixed_precision": "bf16"}, "mixed_precision must be one of")]:  # fmt: skip
         with pytest.raises(ValueError, match=message):
             TrainingConfig(**section)

@@ -196,3 +196,13 @@ def test_uneven_classes_are_held_out_at_random_and_a_wrong_kind_is_refused():
         tune(x, y, bits=16, kind="multi-label", budget=SMALL)
     with pytest.raises(ValueError, match="dict of 3 modalities"):
         tune({"a": x, "b": x, "c": x}, y, bits=16, budget=SMALL)
+
+
+def test_multi_label_trials_record_map_at_1000_of_the_validation_database():
+    x, y = clusters(n_per_class=80, classes=4)
+    labels = np.eye(4, dtype="float32")[y]
+    labels[::3, (y[::3] + 1) % 4] = 1  # a third of the rows carry a second label
+    space = SearchSpace(methods={"scdh": ("scdh", {})}, epochs=(4,))
+    trial = tune(x, labels, bits=16, space=space, budget=Budget(max_units=3, trials=1)).trials[0]
+    # the validation database is under 1,000 rows: mAP@1000 ranks all of it, as mAP@all does
+    assert trial["status"] == "ok" and trial["mAP@1000"] == pytest.approx(trial["score"])

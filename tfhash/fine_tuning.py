@@ -87,17 +87,24 @@ class TrunkCache:
             rest drawn by the recipe's ``augment`` policy); each epoch draws one view per image.
         directory: where caches are kept, one entry per key (the Trainer's default: ``trunk_cache``
             in the run directory).
+        mixup: mixup of the cached activations (Zhang et al., 2018) with a ``Beta(mixup, mixup)``
+            weight per row, the partner a row of the same batch; 0 (default) is off. The mixed
+            row's targets are the union of both label sets with the SCUL weights ``q`` / ``u``
+            mixed by the same weight, so it needs a method taking label coefficients (SCDH).
     """
 
     cut: str | None = None
     views: int = 8
     directory: str | None = None
+    mixup: float = 0.0
 
     def __post_init__(self) -> None:
         if isinstance(self.views, bool) or not isinstance(self.views, int) or not 1 <= self.views <= 256:
             raise ValueError(f"trunk_cache.views must be an integer from 1 to 256, got {self.views!r}")
         if self.cut is not None and (not isinstance(self.cut, str) or not self.cut):
             raise ValueError(f"trunk_cache.cut must be a layer name, got {self.cut!r}")
+        if isinstance(self.mixup, bool) or not isinstance(self.mixup, (int, float)) or not 0 <= self.mixup < math.inf:
+            raise ValueError(f"trunk_cache.mixup must be a finite number >= 0 (0 is off), got {self.mixup!r}")
 
     @classmethod
     def of(cls, value, backbone: str | None) -> TrunkCache | None:

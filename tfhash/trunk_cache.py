@@ -204,10 +204,12 @@ class Cache:
     key: CacheKey
     path: str
 
-    def dataset(self, batch_size: int, seed: int):
+    def dataset(self, batch_size: int, seed: int, mixup: float = 0.0):
         """A ``tf.data`` pass over the cache per epoch: the rows reshuffled and one view drawn per
         row each epoch (from ``seed`` and the epoch), in batches of ``(float16 activations,
-        labels)``; the rows of a batch are read in file order (memory-map friendly)."""
+        labels)``; the rows of a batch are read in file order (memory-map friendly). ``mixup`` > 0
+        mixes each row with a partner of its batch (:func:`mixup_batch`); the targets are then
+        ``{"labels", "q", "u"}``."""
         import tensorflow as tf
 
         views, count = self.activations.shape[:2]
@@ -223,13 +225,33 @@ class Cache:
                 batch = np.empty((len(rows), *self.activations.shape[2:]), np.float16)
                 for view in np.unique(picked):
                     batch[picked == view] = self.activations[view, rows[picked == view]]
-                yield batch, self.labels[rows]
+                if mixup > 0:
+                    yield mixup_batch(batch, self.labels[rows], rng.beta(mixup, mixup, len(rows)), rng.permutation(len(rows)))
+                else:
+                    yield batch, self.labels[rows]
 
-        signature = (tf.TensorSpec((None, *self.activations.shape[2:]), tf.float16),
-                     tf.TensorSpec((None, self.labels.shape[1]), tf.as_dtype(self.labels.dtype)))  # fmt: skip
+        features = tf.TensorSpec((None, *self.activations.shape[2:]), tf.float16)
+        labels = tf.TensorSpec((None, self.labels.shape[1]), tf.as_dtype(self.labels.dtype))
+        if mixup > 0:
+            labels = {name: tf.TensorSpec((None, self.labels.shape[1]), tf.float32) for name in ("labels", "q", "u")}
         steps = -(-count // batch_size)
-        data = tf.data.Dataset.from_generator(batches, output_signature=signature)
+        data = tf.data.Dataset.from_generator(batches, output_signature=(features, labels))
         return data.apply(tf.data.experimental.assert_cardinality(steps)).prefetch(2)
+
+
+def mixup_batch(features: np.ndarray, labels: np.ndarray, weights: np.ndarray, partners: np.ndarray):
+    """Mixup of a batch (Zhang et al., 2018) as SCUL targets: row i becomes
+    ``w_i x_i + (1 - w_i) x_p(i)`` with labels the union of both label sets (of weight > 0) and the SCUL weights of
+    SCDH Eq. 16 mixed by the same weight, ``q = w Y_i/|Y_i| + (1 - w) Y_p/|Y_p|`` and
+    ``u = w Y_i + (1 - w) Y_p``, so its SCUL is the weighted sum of the two rows' (the classifier
+    term weighs the union's labels equally). Returns ``(features, {"labels", "q", "u"})``."""
+    w = np.asarray(weights, np.float32).reshape(-1, *[1] * (features.ndim - 1))
+    mixed = (w * features.astype(np.float32) + (1 - w) * features[partners].astype(np.float32)).astype(features.dtype)
+    own, other = labels.astype(np.float32), labels[partners].astype(np.float32)
+    w = w.reshape(-1, 1)
+    share = lambda y: y / np.maximum(y.sum(axis=1, keepdims=True), 1)  # noqa: E731
+    u = w * own + (1 - w) * other
+    return mixed, {"labels": (u > 0).astype(np.float32), "q": w * share(own) + (1 - w) * share(other), "u": u}
 
 
 def open_cache(path: str, key: CacheKey) -> Cache:
@@ -359,7 +381,10 @@ def fit_on_cache(build: Callable[[keras.Model], keras.Model], make_backbone: Cal
         steps = -(-len(labels) // int(batch_size))
         compile_model(cached, steps)
         callbacks = callbacks(split) if callable(callbacks) else list(callbacks)
-        history = cached.fit(cache.dataset(int(batch_size), seed), epochs=int(epochs), callbacks=callbacks, verbose=verbose)
+        if settings.mixup and not hasattr(cached, "clusters"):
+            raise CacheError(f"trunk_cache.mixup mixes SCUL's label weights; {type(cached).__name__} has no semantic "
+                             "clusters (use it with SCDH, or set mixup to 0)")  # fmt: skip
+        history = cached.fit(cache.dataset(int(batch_size), seed, settings.mixup), epochs=int(epochs), callbacks=callbacks, verbose=verbose)
     finally:
         keras.mixed_precision.set_global_policy(previous)
     keras.mixed_precision.set_global_policy("float32")

@@ -24,7 +24,7 @@ chosen (a short run's score is not comparable with a full one's).
 
 **Scoring.** mAP@all of held-out training rows against held-out training rows plus a share of the
 rows trained on (:data:`TRAIN_IN_DATABASE`, the catalogue containing what was trained on), the last
-epoch; multi-label data also records mAP@1000 (scaled to the validation database's size);
+epoch; multi-label data also records mAP@1000 (the top min(1000, validation database) items);
 cross-modal data scores the mean of the two directions.
 
 **Failures.** A trial that raises, or whose loss or score is not finite, is recorded in the trial
@@ -275,7 +275,7 @@ class TuneResult:
 
     def table(self) -> str:
         """The trials as a markdown table."""
-        columns = ["trial", "variant", "hidden", "dropout", "learning_rate", "weight_decay", "schedule", "epochs", "units",
+        columns = ["trial", "variant", "hidden", "dropout", "input_dropout", "learning_rate", "weight_decay", "schedule", "epochs", "units",
                    "score", "mAP@1000", "seconds", "status", "error"]  # fmt: skip
         lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
         for row in self.trials:
@@ -375,8 +375,8 @@ class _Task:
         return with_unlabelled(x, y, self.unlabelled) if get_method(method).semi_supervised else (x, y)
 
     def score(self, model) -> dict:
-        """Validation mAP@all (mean of both directions, cross-modal); mAP@1000 at the validation
-        database's scale (multi-label)."""
+        """Validation mAP@all (mean of both directions, cross-modal); for multi-label data also
+        ``mAP@1000``, the mAP of the top ``min(1000, validation database)`` items."""
         from tfhash.metrics import evaluate_retrieval
 
         q, db = self.split.query, self.split.database
@@ -389,7 +389,7 @@ class _Task:
         codes_q, codes_db = model.encode(self.rows(q)), model.encode(self.rows(db))
         result = {OBJECTIVE: evaluate_retrieval(codes_q, codes_db, yq, ydb).mean_average_precision()}
         if (self.labels.sum(axis=1) > 1).any():
-            depth = max(1, min(len(db), round(MAP_DEPTH * len(db) / 18015)))
+            depth = min(MAP_DEPTH, len(db))
             result["mAP@1000"] = evaluate_retrieval(codes_q, codes_db, yq, ydb, top_r=depth).mean_average_precision()
         return result
 
