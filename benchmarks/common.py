@@ -19,6 +19,16 @@ def positive_int(text: str) -> int:
     return value
 
 
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``; the platform's processor string elsewhere): machines
+    of one kind differ (AMD EPYC, Intel Xeon), and so do their timings."""
+    try:
+        with open("/proc/cpuinfo") as handle:
+            return next((line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")), platform.processor())
+    except OSError:
+        return platform.processor()
+
+
 def environment() -> dict:
     import numpy as np
 
@@ -26,6 +36,7 @@ def environment() -> dict:
         "python": platform.python_version(),
         "machine": platform.machine(),
         "cpus": os.cpu_count(),
+        "cpu": cpu_model(),
         "numpy": np.__version__,
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
