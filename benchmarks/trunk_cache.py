@@ -223,7 +223,7 @@ def markdown(rows: list[dict]) -> str:
              markdown_table([r for r in rows if r["mode"] == "test"],
                             ["label", "method", "bits", "size", "cut", "views", "mixup", "precision", "epochs", "mAP@all", "P@H<=2",
                              "mAP@all mirrored", "P@H<=2 mirrored",
-                             "cache + train seconds", "cache GB", "peak RSS GB", "seed"]), "",
+                             "cache + train seconds", "cache GB", "peak RSS GB", "seed", "note"]), "",
              "## Validation (500 held-out training images against the other 500; 4,000 train)", "",
              markdown_table([{**r, "last mAP@all": r["curve"][-1]["mAP@all"] if r["curve"] else None, "settings": json.dumps(r["recipe"])}
                              for r in rows if r["mode"] == "validation"],
