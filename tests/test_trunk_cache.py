@@ -147,6 +147,7 @@ def test_mixup_trains_scdh_and_is_refused_for_a_method_without_clusters(weights,
     with pytest.raises(CacheError, match="mixup mixes SCUL's label weights"):
         fit_on_cache(hclm, lambda: backbone(weights), images, labels, recipe, lambda m, steps: compile_fine_tuning(m, recipe, 1, steps),
                      1, 16, 0, "squeezenet")  # fmt: skip
+    assert not (tmp_path / "c").exists()  # refused before the cache was built
     with pytest.raises(ValueError, match="mixup must be a finite number"):
         TrunkCache(mixup=-1)
 

@@ -373,17 +373,16 @@ def fit_on_cache(build: Callable[[keras.Model], keras.Model], make_backbone: Cal
         backbone = make_backbone()
         settings = recipe.trunk_cache
         split = split_backbone(backbone, settings.cut)
-        cache = build_cache(split, images, labels, settings.directory, backbone_name, settings.views, recipe.augment, seed)
-        cached = build(split.top)
+        cached = build(split.top)  # refused before the cache costs anything
         if len(cached.modalities) != 1 or cached.modality_backbone() is not split.top:
             raise CacheError(f"{type(cached).__name__} trains several backbones; the trunk cache serves models with one "
                              "image backbone (not cross-modal or Mean-Teacher models)")  # fmt: skip
-        steps = -(-len(labels) // int(batch_size))
-        compile_model(cached, steps)
-        callbacks = callbacks(split) if callable(callbacks) else list(callbacks)
         if settings.mixup and not hasattr(cached, "clusters"):
             raise CacheError(f"trunk_cache.mixup mixes SCUL's label weights; {type(cached).__name__} has no semantic "
                              "clusters (use it with SCDH, or set mixup to 0)")  # fmt: skip
+        cache = build_cache(split, images, labels, settings.directory, backbone_name, settings.views, recipe.augment, seed)
+        compile_model(cached, -(-len(labels) // int(batch_size)))
+        callbacks = callbacks(split) if callable(callbacks) else list(callbacks)
         history = cached.fit(cache.dataset(int(batch_size), seed, settings.mixup), epochs=int(epochs), callbacks=callbacks, verbose=verbose)
     finally:
         keras.mixed_precision.set_global_policy(previous)
