@@ -71,7 +71,7 @@ def build(method: str, bits: int, seed: int):
 
 def cached_recipe(args, cache_dir: str) -> FineTuning:
     """The benchmark's recipe: BASE with ``--recipe`` over it, trained on a trunk cache in ``cache_dir``."""
-    cache = {"cut": args.cut, "views": args.views, "directory": cache_dir, "mixup": args.mixup, "cutmix": args.cutmix}
+    cache = {"cut": args.cut, "views": args.views, "directory": cache_dir, "mixup": args.mixup}
     return FineTuning.for_backbone("squeezenet", **{**BASE, **args.recipe, "trunk_cache": cache})
 
 
@@ -122,7 +122,7 @@ def run(args, images, labels, split) -> dict:
     points = [{"epoch": args.eval_every * (i + 1), "mAP@all": value, "loss": history["loss"][args.eval_every * (i + 1) - 1]}
               for i, value in enumerate(history.get("curve_map", []))]  # fmt: skip
     row = {"label": args.label, "mode": "validation" if args.validation else "test", "method": args.method, "bits": args.bits, "size": args.size,
-           "cut": args.cut, "views": args.views, "mixup": args.mixup, "cutmix": args.cutmix, "precision": args.precision, "epochs": args.epochs, "seed": args.seed,
+           "cut": args.cut, "views": args.views, "mixup": args.mixup, "precision": args.precision, "epochs": args.epochs, "seed": args.seed,
            "train images": int(len(train)), "curve": points, "recipe": {**BASE, **args.recipe},
            "cache + train seconds": round(seconds, 1), "cache GB": round(cache.activations.nbytes / 1e9, 2),
            "curve mAP@all with flips": flipped.get("mAP@all")}  # fmt: skip
@@ -196,7 +196,6 @@ def main() -> None:
     parser.add_argument("--cut", default="pool5")
     parser.add_argument("--views", type=int, default=8)
     parser.add_argument("--mixup", type=float, default=0.0, help="trunk_cache.mixup: Beta(a, a) mixup of the cached rows (0: off)")
-    parser.add_argument("--cutmix", type=float, default=0.0, help="trunk_cache.cutmix: Beta(a, a) CutMix of the cached maps (0: off)")
     parser.add_argument("--precision", choices=("float32", "bfloat16"), default="bfloat16")
     parser.add_argument("--epochs", type=int, default=60)
     parser.add_argument("--eval-every", type=int, default=10)
@@ -224,13 +223,13 @@ def markdown(rows: list[dict]) -> str:
              "SCDH Table I, AlexNet fine-tuned, mAP@all: " + ", ".join(f"{b} bits {v}" for b, v in SCDH_TABLE_I_ALEXNET.items()),
              "", "## Test protocol (last epoch)", "",
              markdown_table([r for r in rows if r["mode"] == "test"],
-                            ["label", "method", "bits", "size", "cut", "views", "mixup", "cutmix", "precision", "epochs", "mAP@all", "P@H<=2",
+                            ["label", "method", "bits", "size", "cut", "views", "mixup", "precision", "epochs", "mAP@all", "P@H<=2",
                              "mAP@all mirrored", "P@H<=2 mirrored",
                              "cache + train seconds", "cache GB", "peak RSS GB", "seed", "note"]), "",
              "## Validation (500 held-out training images against the other 500; 4,000 train)", "",
              markdown_table([{**r, "last mAP@all": r["curve"][-1]["mAP@all"] if r["curve"] else None, "settings": json.dumps(r["recipe"])}
                              for r in rows if r["mode"] == "validation"],
-                            ["label", "method", "bits", "size", "cut", "views", "mixup", "cutmix", "precision", "epochs", "last mAP@all",
+                            ["label", "method", "bits", "size", "cut", "views", "mixup", "precision", "epochs", "last mAP@all",
                              "curve mAP@all with flips", "settings", "cache + train seconds", "seed", "note"]), "",
              "## Seconds per epoch: cache against full fine-tuning (5,000 images, batch 64)", "",
              markdown_table([r for r in rows if r["mode"] == "timing"],

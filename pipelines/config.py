@@ -103,9 +103,9 @@ class TrainingConfig:
             if self.backbone in ("small_cnn", "mlp") or method.cross_modal or method.semi_supervised:
                 raise ValueError(f"training.fine_tuning.trunk_cache serves one pretrained image network (an ImageNet "
                                  f"network or your encoder), not method {self.method!r} with backbone {self.backbone!r}")  # fmt: skip
-            if (cache.mixup or cache.cutmix) and not method.label_coefficients:
-                raise ValueError(f"training.fine_tuning.trunk_cache.mixup and cutmix mix SCUL's label weights: method "
-                                 f"{self.method!r} has none (use scdh, or set them to 0)")  # fmt: skip
+            if cache.mixup and not method.label_coefficients:
+                raise ValueError(f"training.fine_tuning.trunk_cache.mixup mixes SCUL's label weights: method {self.method!r} "
+                                 "has none (use scdh, or set mixup to 0)")  # fmt: skip
         if self.recipe is not None:
             recipe = pipeline_recipe(self.recipe)
             if (self.method, self.backbone) != (recipe.method, "mlp"):

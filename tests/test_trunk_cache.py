@@ -22,7 +22,6 @@ from tfhash.models import build_hclm, build_scdh, image_backbone
 from tfhash.trunk_cache import (
     CacheError,
     build_cache,
-    cutmix_batch,
     fit_on_cache,
     mixup_batch,
     open_cache,
@@ -89,10 +88,10 @@ def scdh(seed=0):
     return build
 
 
-def cached_fit(weights, tmp_path, epochs=1, views=2, policy="float32", mixup=0.0, cutmix=0.0):
+def cached_fit(weights, tmp_path, epochs=1, views=2, policy="float32", mixup=0.0):
     recipe = FineTuning.for_backbone("squeezenet", backbone_learning_rate=0.01, learning_rate=0.05, dropout=0.5,
                                      trunk_cache={"cut": "fire5_concat", "views": views, "directory": str(tmp_path / "cache"),
-                                                  "mixup": mixup, "cutmix": cutmix})  # fmt: skip
+                                                  "mixup": mixup})  # fmt: skip
     images, labels = images_and_labels()
     seen = {}
 
@@ -136,53 +135,21 @@ def test_mixup_mixes_rows_and_their_scul_weights_alike():
     np.testing.assert_allclose(targets["u"], [[0.25, 0.75, 0.75], [0, 1, 1], [1, 0, 0]])
 
 
-def test_cutmix_pastes_a_box_of_the_partner_and_weighs_the_targets_by_the_share_kept():
-    features = np.arange(2 * 4 * 4 * 1, dtype=np.float16).reshape(2, 4, 4, 1)
-    labels = np.array([[1, 0], [0, 1]], np.float32)
-    # row 0: a box of half the sides (a quarter of the map) at the centre; row 1: weight 1, no box
-    mixed, targets = cutmix_batch(features, labels, np.array([0.75, 1.0]), np.array([1, 0]), np.array([[0.5, 0.5], [0.5, 0.5]]))
-    expected = features[0].copy()
-    expected[1:3, 1:3] = features[1, 1:3, 1:3]
-    np.testing.assert_array_equal(mixed[0], expected)
-    np.testing.assert_array_equal(mixed[1], features[1])
-    np.testing.assert_allclose(targets["u"], [[0.75, 0.25], [0, 1]])
-    np.testing.assert_allclose(targets["q"], [[0.75, 0.25], [0, 1]])
-    # a box centred on a corner is clipped to one cell: the weight is the share of the map kept, 15/16
-    mixed, targets = cutmix_batch(features, labels, np.array([0.75, 1.0]), np.array([1, 0]), np.array([[0.0, 0.0], [0.5, 0.5]]))
-    np.testing.assert_array_equal(mixed[0, 0, 0], features[1, 0, 0])
-    assert (mixed[0] != features[0]).sum() == 1
-    np.testing.assert_allclose(targets["u"][0], [15 / 16, 1 / 16])
-    with pytest.raises(ValueError, match="activation maps"):
-        cutmix_batch(features.reshape(2, 16), labels, np.ones(2), np.arange(2), np.zeros((2, 2)))
-
-
-def test_mixup_and_cutmix_train_scdh_and_are_refused_for_a_method_without_clusters(weights, tmp_path):
+def test_mixup_trains_scdh_and_is_refused_for_a_method_without_clusters(weights, tmp_path):
     _, history, _, _, _ = cached_fit(weights, tmp_path, mixup=0.4)
     assert np.isfinite(history.history["loss"]).all()
-    _, history, _, _, _ = cached_fit(weights, tmp_path, epochs=2, mixup=0.4, cutmix=1.0)
-    assert np.isfinite(history.history["loss"]).all()
+    recipe = FineTuning.for_backbone("squeezenet", trunk_cache={"cut": "fire5_concat", "views": 1, "directory": str(tmp_path / "c"), "mixup": 0.4})
     images, labels = images_and_labels()
 
     def hclm(net):
         return build_hclm(net, 4, 16)
 
-    for mixing in ({"mixup": 0.4}, {"cutmix": 1.0}):
-        recipe = FineTuning.for_backbone("squeezenet", trunk_cache={"cut": "fire5_concat", "views": 1, "directory": str(tmp_path / "c"), **mixing})
-        with pytest.raises(CacheError, match="mixup and cutmix mix SCUL's label weights"):
-            fit_on_cache(hclm, lambda: backbone(weights), images, labels, recipe, lambda m, steps, r=recipe: compile_fine_tuning(m, r, 1, steps),
-                         1, 16, 0, "squeezenet")  # fmt: skip
-
-    def flat():  # a network whose cut outputs a vector, not a map
-        inputs = keras.Input(SHAPE)
-        return keras.Model(inputs, keras.layers.Dense(8, name="dense")(keras.layers.Flatten(name="flat")(inputs)))
-
-    recipe = FineTuning.for_backbone("squeezenet", trunk_cache={"cut": "flat", "views": 1, "directory": str(tmp_path / "c"), "cutmix": 1.0})
-    with pytest.raises(CacheError, match=r"cutmix pastes boxes of activation maps; the cut 'flat' outputs shape \(None, 3072\)"):
-        fit_on_cache(scdh(), flat, images, labels, recipe, lambda m, steps: compile_fine_tuning(m, recipe, 1, steps), 1, 16, 0, "flat")
+    with pytest.raises(CacheError, match="mixup mixes SCUL's label weights"):
+        fit_on_cache(hclm, lambda: backbone(weights), images, labels, recipe, lambda m, steps: compile_fine_tuning(m, recipe, 1, steps),
+                     1, 16, 0, "squeezenet")  # fmt: skip
     assert not (tmp_path / "c").exists()  # refused before the cache was built
-    for name in ("mixup", "cutmix"):
-        with pytest.raises(ValueError, match=f"{name} must be a finite number"):
-            TrunkCache(**{name: -1})
+    with pytest.raises(ValueError, match="mixup must be a finite number"):
+        TrunkCache(mixup=-1)
 
 
 def test_the_returned_model_encodes_raw_images_with_the_trained_weights(weights, tmp_path):
@@ -272,8 +239,7 @@ def test_the_pipeline_config_refuses_a_trunk_cache_it_cannot_serve():
                              ({"backbone": "squeezenet", "method": "mt_scdh", "fine_tuning": {"trunk_cache": True}}, "unknown method|serves one"),
                              ({"backbone": "resnet50", "backbone_weights": None, "fine_tuning": {"trunk_cache": True}}, "needs a cut"),
                              ({"backbone": "squeezenet", "fine_tuning": {"trunk_cache": {"views": 0}}}, "views must be an integer"),
-                             ({"backbone": "squeezenet", "method": "hclm", "fine_tuning": {"trunk_cache": {"mixup": 0.4}}}, "mixup and cutmix mix SCUL's"),
-                             ({"backbone": "squeezenet", "method": "hclm", "fine_tuning": {"trunk_cache": {"cutmix": 1}}}, "mixup and cutmix mix SCUL's"),
+                             ({"backbone": "squeezenet", "method": "hclm", "fine_tuning": {"trunk_cache": {"mixup": 0.4}}}, "mixup mixes SCUL's"),
                              ({"backbone": "squeezenet", "mixed_precision": "bf16"}, "mixed_precision must be one of")]:  # fmt: skip
         with pytest.raises(ValueError, match=message):
             TrainingConfig(**section)

@@ -91,28 +91,20 @@ class TrunkCache:
             weight per row, the partner a row of the same batch; 0 (default) is off. The mixed
             row's targets are the union of both label sets with the SCUL weights ``q`` / ``u``
             mixed by the same weight, so it needs a method taking label coefficients (SCDH).
-        cutmix: CutMix of the cached activation maps (Yun et al., 2019): a box of about
-            ``1 - w`` of a row's map, ``w ~ Beta(cutmix, cutmix)``, pasted from its partner, the
-            targets mixed as for mixup by the share of the map kept; 0 (default) is off. With
-            ``mixup`` too, each batch takes one of the two at random. Needs a cut whose output is
-            a map ``(H, W, C)``.
     """
 
     cut: str | None = None
     views: int = 8
     directory: str | None = None
     mixup: float = 0.0
-    cutmix: float = 0.0
 
     def __post_init__(self) -> None:
         if isinstance(self.views, bool) or not isinstance(self.views, int) or not 1 <= self.views <= 256:
             raise ValueError(f"trunk_cache.views must be an integer from 1 to 256, got {self.views!r}")
         if self.cut is not None and (not isinstance(self.cut, str) or not self.cut):
             raise ValueError(f"trunk_cache.cut must be a layer name, got {self.cut!r}")
-        for name in ("mixup", "cutmix"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
-                raise ValueError(f"trunk_cache.{name} must be a finite number >= 0 (0 is off), got {value!r}")
+        if isinstance(self.mixup, bool) or not isinstance(self.mixup, (int, float)) or not 0 <= self.mixup < math.inf:
+            raise ValueError(f"trunk_cache.mixup must be a finite number >= 0 (0 is off), got {self.mixup!r}")
 
     @classmethod
     def of(cls, value, backbone: str | None) -> TrunkCache | None:

@@ -204,13 +204,11 @@ class Cache:
     key: CacheKey
     path: str
 
-    def dataset(self, batch_size: int, seed: int, mixup: float = 0.0, cutmix: float = 0.0):
+    def dataset(self, batch_size: int, seed: int, mixup: float = 0.0):
         """A ``tf.data`` pass over the cache per epoch: the rows reshuffled and one view drawn per
         row each epoch (from ``seed`` and the epoch), in batches of ``(float16 activations,
         labels)``; the rows of a batch are read in file order (memory-map friendly). ``mixup`` > 0
-        mixes each row with a partner of its batch (:func:`mixup_batch`), ``cutmix`` > 0 pastes a
-        box of a partner's map into it (:func:`cutmix_batch`), each with a ``Beta(a, a)`` weight;
-        with both, each batch takes one of the two at random. The targets of mixed rows are
+        mixes each row with a partner of its batch (:func:`mixup_batch`); the targets are then
         ``{"labels", "q", "u"}``."""
         import tensorflow as tf
 
@@ -227,68 +225,33 @@ class Cache:
                 batch = np.empty((len(rows), *self.activations.shape[2:]), np.float16)
                 for view in np.unique(picked):
                     batch[picked == view] = self.activations[view, rows[picked == view]]
-                if not (mixup > 0 or cutmix > 0):
-                    yield batch, self.labels[rows]
-                    continue
-                boxes = cutmix > 0 and (mixup <= 0 or rng.random() < 0.5)
-                alpha = cutmix if boxes else mixup
-                weights, partners = rng.beta(alpha, alpha, len(rows)), rng.permutation(len(rows))
-                if boxes:
-                    yield cutmix_batch(batch, self.labels[rows], weights, partners, rng.random((len(rows), 2)))
+                if mixup > 0:
+                    yield mixup_batch(batch, self.labels[rows], rng.beta(mixup, mixup, len(rows)), rng.permutation(len(rows)))
                 else:
-                    yield mixup_batch(batch, self.labels[rows], weights, partners)
+                    yield batch, self.labels[rows]
 
         features = tf.TensorSpec((None, *self.activations.shape[2:]), tf.float16)
         labels = tf.TensorSpec((None, self.labels.shape[1]), tf.as_dtype(self.labels.dtype))
-        if mixup > 0 or cutmix > 0:
+        if mixup > 0:
             labels = {name: tf.TensorSpec((None, self.labels.shape[1]), tf.float32) for name in ("labels", "q", "u")}
         steps = -(-count // batch_size)
         data = tf.data.Dataset.from_generator(batches, output_signature=(features, labels))
         return data.apply(tf.data.experimental.assert_cardinality(steps)).prefetch(2)
 
 
-def mixed_targets(labels: np.ndarray, weights: np.ndarray, partners: np.ndarray) -> dict[str, np.ndarray]:
-    """SCUL targets of rows made of ``w_i`` of row i and ``1 - w_i`` of row ``p(i)``: labels the
-    union of both label sets (of weight > 0) and the SCUL weights of SCDH Eq. 16 mixed by the same
-    weight, ``q = w Y_i/|Y_i| + (1 - w) Y_p/|Y_p|`` and ``u = w Y_i + (1 - w) Y_p``, so the row's
-    SCUL is the weighted sum of the two rows' (the classifier term weighs the union's labels
-    equally)."""
-    own, other = labels.astype(np.float32), labels[partners].astype(np.float32)
-    w = np.asarray(weights, np.float32).reshape(-1, 1)
-    share = lambda y: y / np.maximum(y.sum(axis=1, keepdims=True), 1)  # noqa: E731
-    u = w * own + (1 - w) * other
-    return {"labels": (u > 0).astype(np.float32), "q": w * share(own) + (1 - w) * share(other), "u": u}
-
-
 def mixup_batch(features: np.ndarray, labels: np.ndarray, weights: np.ndarray, partners: np.ndarray):
     """Mixup of a batch (Zhang et al., 2018) as SCUL targets: row i becomes
-    ``w_i x_i + (1 - w_i) x_p(i)`` with the targets of :func:`mixed_targets`. Returns
-    ``(features, {"labels", "q", "u"})``."""
+    ``w_i x_i + (1 - w_i) x_p(i)`` with labels the union of both label sets (of weight > 0) and the SCUL weights of
+    SCDH Eq. 16 mixed by the same weight, ``q = w Y_i/|Y_i| + (1 - w) Y_p/|Y_p|`` and
+    ``u = w Y_i + (1 - w) Y_p``, so its SCUL is the weighted sum of the two rows' (the classifier
+    term weighs the union's labels equally). Returns ``(features, {"labels", "q", "u"})``."""
     w = np.asarray(weights, np.float32).reshape(-1, *[1] * (features.ndim - 1))
     mixed = (w * features.astype(np.float32) + (1 - w) * features[partners].astype(np.float32)).astype(features.dtype)
-    return mixed, mixed_targets(labels, weights, partners)
-
-
-def cutmix_batch(features: np.ndarray, labels: np.ndarray, weights: np.ndarray, partners: np.ndarray, centers: np.ndarray):
-    """CutMix of a batch of activation maps ``(n, H, W, C)`` (Yun et al., 2019) as SCUL targets: a
-    box of sides ``sqrt(1 - w_i)`` times the map's, centred at ``centers[i]`` (fractions of H and
-    W) and clipped to the map, is pasted from row ``p(i)`` into row i; the row's weight is then the
-    share of its own map left, and its targets those of :func:`mixed_targets`. Returns
-    ``(features, {"labels", "q", "u"})``."""
-    if features.ndim != 4:
-        raise ValueError(f"cutmix pastes boxes of activation maps (n, H, W, C); got shape {features.shape}")
-    height, width = features.shape[1:3]
-    side = np.sqrt(1 - np.clip(np.asarray(weights, np.float64), 0, 1))
-    centers = np.asarray(centers, np.float64)
-    top = np.clip(np.round((centers[:, 0] - side / 2) * height), 0, height).astype(int)
-    bottom = np.clip(np.round((centers[:, 0] + side / 2) * height), 0, height).astype(int)
-    left = np.clip(np.round((centers[:, 1] - side / 2) * width), 0, width).astype(int)
-    right = np.clip(np.round((centers[:, 1] + side / 2) * width), 0, width).astype(int)
-    mixed = features.copy()
-    for row, partner in enumerate(partners):
-        mixed[row, top[row]:bottom[row], left[row]:right[row]] = features[partner, top[row]:bottom[row], left[row]:right[row]]
-    kept = 1 - (bottom - top) * (right - left) / (height * width)
-    return mixed, mixed_targets(labels, kept, partners)
+    own, other = labels.astype(np.float32), labels[partners].astype(np.float32)
+    w = w.reshape(-1, 1)
+    share = lambda y: y / np.maximum(y.sum(axis=1, keepdims=True), 1)  # noqa: E731
+    u = w * own + (1 - w) * other
+    return mixed, {"labels": (u > 0).astype(np.float32), "q": w * share(own) + (1 - w) * share(other), "u": u}
 
 
 def open_cache(path: str, key: CacheKey) -> Cache:
@@ -414,16 +377,13 @@ def fit_on_cache(build: Callable[[keras.Model], keras.Model], make_backbone: Cal
         if len(cached.modalities) != 1 or cached.modality_backbone() is not split.top:
             raise CacheError(f"{type(cached).__name__} trains several backbones; the trunk cache serves models with one "
                              "image backbone (not cross-modal or Mean-Teacher models)")  # fmt: skip
-        if (settings.mixup or settings.cutmix) and not hasattr(cached, "clusters"):
-            raise CacheError(f"trunk_cache.mixup and cutmix mix SCUL's label weights; {type(cached).__name__} has no "
-                             "semantic clusters (use it with SCDH, or set them to 0)")  # fmt: skip
-        if settings.cutmix and len(split.top.inputs[0].shape) != 4:
-            raise CacheError(f"trunk_cache.cutmix pastes boxes of activation maps; the cut {settings.cut!r} outputs shape "
-                             f"{tuple(split.top.inputs[0].shape)} (cut at a layer whose output is a map, or use mixup)")  # fmt: skip
+        if settings.mixup and not hasattr(cached, "clusters"):
+            raise CacheError(f"trunk_cache.mixup mixes SCUL's label weights; {type(cached).__name__} has no semantic "
+                             "clusters (use it with SCDH, or set mixup to 0)")  # fmt: skip
         cache = build_cache(split, images, labels, settings.directory, backbone_name, settings.views, recipe.augment, seed)
         compile_model(cached, -(-len(labels) // int(batch_size)))
         callbacks = callbacks(split) if callable(callbacks) else list(callbacks)
-        history = cached.fit(cache.dataset(int(batch_size), seed, settings.mixup, settings.cutmix), epochs=int(epochs), callbacks=callbacks, verbose=verbose)
+        history = cached.fit(cache.dataset(int(batch_size), seed, settings.mixup), epochs=int(epochs), callbacks=callbacks, verbose=verbose)
     finally:
         keras.mixed_precision.set_global_policy(previous)
     keras.mixed_precision.set_global_policy("float32")
