@@ -24,6 +24,9 @@ CASES = {
     "a threshold above 1": ({"name": "x", "map_threshold": 5}, r"map_threshold must be a number from 0.0 to 1.0, got 5"),
     "bits that cannot be packed": ({"name": "x", "training": {"bits": 30}}, r"bits must be a positive multiple of 8"),
     "no name": ({"dataset": "mnist"}, r"missing setting 'name' \(the run's name"),
+    "a cut the network does not have": ({"name": "x", "dataset": "cifar10", "training": {
+        "backbone": "squeezenet", "fine_tuning": {"trunk_cache": {"cut": "pool_1"}}}},
+        r"backbone 'squeezenet' has no layer 'pool_1'; did you mean \['pool1'"),
 }  # fmt: skip
 
 

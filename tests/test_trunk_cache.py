@@ -19,10 +19,12 @@ from tfhash.fine_tuning import (
     precision_policy,
 )
 from tfhash.models import build_hclm, build_scdh, image_backbone
+from tfhash.networks import SQUEEZENET_LAYERS
 from tfhash.trunk_cache import (
     CacheError,
     build_cache,
     fit_on_cache,
+    layer_names,
     mixup_batch,
     open_cache,
     split_backbone,
@@ -186,6 +188,12 @@ def test_a_second_run_reuses_the_cache_and_a_bfloat16_run_trains(weights, tmp_pa
 def test_a_cut_the_backbone_does_not_have_is_refused(weights):
     with pytest.raises(CacheError, match=r"no layer 'pool_5'.*did you mean \['pool5'"):
         split_backbone(backbone(weights), "pool_5")
+    # the catalogue's names, which check a recipe's cut before anything is built, are the network's
+    assert tuple(layer_names(backbone(weights))) == SQUEEZENET_LAYERS
+    with pytest.raises(ValueError, match=r"has no layer 'pool_5'; did you mean \['pool5'"):
+        FineTuning.for_backbone("squeezenet", trunk_cache={"cut": "pool_5"})
+    with pytest.raises(ValueError, match="last layer: nothing would train above it"):
+        FineTuning.for_backbone("squeezenet", trunk_cache={"cut": "pool"})
     with pytest.raises(CacheError, match="nothing to train above the cut"):
         split_backbone(backbone(weights), "pool")
     with pytest.raises(ValueError, match="needs a cut for backbone 'resnet50'"):

@@ -112,7 +112,8 @@ class TrunkCache:
         fields; the cut defaults to ``backbone``'s :data:`DEFAULT_CUTS`.
 
         Raises:
-            ValueError: unknown fields, or no cut for a backbone without a default.
+            ValueError: unknown fields, no cut for a backbone without a default, or a cut that
+                ``backbone`` is known not to have (:func:`tfhash.networks.check_cut`).
         """
         if value is None or value is False:
             return None
@@ -131,6 +132,10 @@ class TrunkCache:
                 raise ValueError(f"trunk_cache needs a cut for backbone {backbone!r}: name the layer whose output is "
                                  "cached, e.g. {\"cut\": \"conv4_block6_out\"} for resnet50")
             settings = replace(settings, cut=DEFAULT_CUTS[backbone])
+        if backbone is not None:
+            from tfhash.networks import check_cut
+
+            check_cut(backbone, settings.cut)
         return settings
 
 

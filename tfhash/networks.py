@@ -43,6 +43,9 @@ class ImageNetwork:
         imagenet_file: the shared data file holding its ImageNet weights, or None when only
             ``keras.applications`` would have them (a download, which tfhash refuses).
         options: further keyword arguments of ``constructor``.
+        layers: the network's layer names in order (input excluded), when known without building
+            it: a trunk cache's cut is then checked with the config (empty: when the network is
+            built, by :func:`tfhash.trunk_cache.split_backbone`).
     """
 
     constructor: str | None
@@ -50,10 +53,20 @@ class ImageNetwork:
     preprocess: str
     imagenet_file: str | None = None
     options: dict = field(default_factory=dict)
+    layers: tuple[str, ...] = ()
+
+
+def _fire_layers(*indices: int) -> tuple[str, ...]:
+    """The layer names of SqueezeNet's fire modules ``indices``."""
+    return tuple(f"fire{i}_{part}" for i in indices for part in ("squeeze1x1", "expand1x1", "expand3x3", "concat"))
+
+
+#: SqueezeNet v1.1's layers as :func:`tfhash.models.backbones.squeezenet_network` names them.
+SQUEEZENET_LAYERS = ("conv1", "pool1", *_fire_layers(2, 3), "pool3", *_fire_layers(4, 5), "pool5", *_fire_layers(6, 7, 8, 9), "pool")
 
 
 IMAGE_NETWORKS: dict[str, ImageNetwork] = {
-    "squeezenet": ImageNetwork(None, 224, "caffe", SQUEEZENET_WEIGHTS),
+    "squeezenet": ImageNetwork(None, 224, "caffe", SQUEEZENET_WEIGHTS, layers=SQUEEZENET_LAYERS),
     "resnet50": ImageNetwork("ResNet50", 224, "caffe"),
     "mobilenetv3small": ImageNetwork("MobileNetV3Small", 224, "included", options={"include_preprocessing": True}),
     "mobilenetv3large": ImageNetwork("MobileNetV3Large", 224, "included", options={"include_preprocessing": True}),
@@ -80,6 +93,20 @@ def check_backbone_name(backbone: str) -> None:
         return
     raise BackboneError(f"unknown backbone {backbone!r}; choose one of {sorted([*IMAGE_NETWORKS, *OTHER_BACKBONES])} "
                         "or give the path of a .keras file or SavedModel directory that maps images to a feature vector")  # fmt: skip
+
+
+def check_cut(backbone: str, cut: str) -> None:
+    """Raise ValueError when ``backbone``'s layers are known (:attr:`ImageNetwork.layers`) and
+    ``cut`` is not one of them, or is the last (nothing would be left to train above it)."""
+    network = IMAGE_NETWORKS.get(backbone)
+    if network is None or not network.layers:
+        return
+    if cut not in network.layers:
+        near = difflib.get_close_matches(cut, network.layers, n=3, cutoff=0.5)
+        raise ValueError(f"trunk_cache.cut: backbone {backbone!r} has no layer {cut!r}{f'; did you mean {near}?' if near else ''} "
+                         f"(its layers: {', '.join(network.layers)})")  # fmt: skip
+    if cut == network.layers[-1]:
+        raise ValueError(f"trunk_cache.cut {cut!r} is {backbone!r}'s last layer: nothing would train above it; cut lower")
 
 
 def resolve_weights(backbone: str, weights: str | None, data_root=None) -> str | None:
