@@ -130,6 +130,8 @@ def test_mixup_mixes_rows_and_their_scul_weights_alike():
     labels = np.array([[1, 0, 0], [0, 1, 1], [1, 0, 0]], np.float32)
     weights, partners = np.array([0.25, 1.0, 0.5]), np.array([1, 0, 2])
     mixed, targets = mixup_batch(features, labels, weights, partners)
+    mixed, targets = np.asarray(mixed), {name: np.asarray(value) for name, value in targets.items()}
+    assert mixed.dtype == np.float16
     np.testing.assert_allclose(mixed[0], 0.25 * features[0] + 0.75 * features[1])
     np.testing.assert_array_equal(mixed[1:], features[1:])  # weight 1 and a row mixed with itself are unchanged
     np.testing.assert_array_equal(targets["labels"], [[1, 1, 1], [0, 1, 1], [1, 0, 0]])

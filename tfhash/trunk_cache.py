@@ -225,33 +225,41 @@ class Cache:
                 batch = np.empty((len(rows), *self.activations.shape[2:]), np.float16)
                 for view in np.unique(picked):
                     batch[picked == view] = self.activations[view, rows[picked == view]]
-                if mixup > 0:
-                    yield mixup_batch(batch, self.labels[rows], rng.beta(mixup, mixup, len(rows)), rng.permutation(len(rows)))
+                if mixup > 0:  # the draws here, the arithmetic in the graph (mixup_batch, below)
+                    yield batch, self.labels[rows], rng.beta(mixup, mixup, len(rows)).astype(np.float32), rng.permutation(len(rows))
                 else:
                     yield batch, self.labels[rows]
 
         features = tf.TensorSpec((None, *self.activations.shape[2:]), tf.float16)
         labels = tf.TensorSpec((None, self.labels.shape[1]), tf.as_dtype(self.labels.dtype))
-        if mixup > 0:
-            labels = {name: tf.TensorSpec((None, self.labels.shape[1]), tf.float32) for name in ("labels", "q", "u")}
+        draws = (tf.TensorSpec((None,), tf.float32), tf.TensorSpec((None,), tf.int64)) if mixup > 0 else ()
         steps = -(-count // batch_size)
-        data = tf.data.Dataset.from_generator(batches, output_signature=(features, labels))
+        data = tf.data.Dataset.from_generator(batches, output_signature=(features, labels, *draws))
+        if mixup > 0:
+            data = data.map(mixup_batch, num_parallel_calls=tf.data.AUTOTUNE)
         return data.apply(tf.data.experimental.assert_cardinality(steps)).prefetch(2)
 
 
-def mixup_batch(features: np.ndarray, labels: np.ndarray, weights: np.ndarray, partners: np.ndarray):
+def mixup_batch(features, labels, weights, partners):
     """Mixup of a batch (Zhang et al., 2018) as SCUL targets: row i becomes
-    ``w_i x_i + (1 - w_i) x_p(i)`` with labels the union of both label sets (of weight > 0) and the SCUL weights of
-    SCDH Eq. 16 mixed by the same weight, ``q = w Y_i/|Y_i| + (1 - w) Y_p/|Y_p|`` and
-    ``u = w Y_i + (1 - w) Y_p``, so its SCUL is the weighted sum of the two rows' (the classifier
-    term weighs the union's labels equally). Returns ``(features, {"labels", "q", "u"})``."""
-    w = np.asarray(weights, np.float32).reshape(-1, *[1] * (features.ndim - 1))
-    mixed = (w * features.astype(np.float32) + (1 - w) * features[partners].astype(np.float32)).astype(features.dtype)
-    own, other = labels.astype(np.float32), labels[partners].astype(np.float32)
-    w = w.reshape(-1, 1)
-    share = lambda y: y / np.maximum(y.sum(axis=1, keepdims=True), 1)  # noqa: E731
+    ``w_i x_i + (1 - w_i) x_p(i)`` (computed in float32, returned in ``features``' dtype) with
+    labels the union of both label sets (of weight > 0) and the SCUL weights of SCDH Eq. 16 mixed
+    by the same weight, ``q = w Y_i/|Y_i| + (1 - w) Y_p/|Y_p|`` and ``u = w Y_i + (1 - w) Y_p``,
+    so its SCUL is the weighted sum of the two rows' (the classifier term weighs the union's labels
+    equally). Tensors in (``weights`` ``(B,)``, ``partners`` ``(B,)`` row indices), tensors out:
+    ``(features, {"labels", "q", "u"})``."""
+    import tensorflow as tf
+
+    x = tf.convert_to_tensor(features)
+    w = tf.cast(weights, tf.float32)
+    rows = tf.reshape(w, tf.concat([tf.shape(w), tf.ones([tf.rank(x) - 1], tf.int32)], 0))
+    x32 = tf.cast(x, tf.float32)
+    mixed = tf.cast(rows * x32 + (1 - rows) * tf.gather(x32, partners), x.dtype)
+    own = tf.cast(labels, tf.float32)
+    other, w = tf.gather(own, partners), w[:, None]
+    share = lambda y: y / tf.maximum(tf.reduce_sum(y, axis=1, keepdims=True), 1.0)  # noqa: E731
     u = w * own + (1 - w) * other
-    return mixed, {"labels": (u > 0).astype(np.float32), "q": w * share(own) + (1 - w) * share(other), "u": u}
+    return mixed, {"labels": tf.cast(u > 0, tf.float32), "q": w * share(own) + (1 - w) * share(other), "u": u}
 
 
 def open_cache(path: str, key: CacheKey) -> Cache:
