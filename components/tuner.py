@@ -13,8 +13,6 @@ import tensorflow_transform as tft
 from tfhash.components.trainer import training_arrays
 from tfx import v1 as tfx
 
-from tfhash.recipes import PIPELINE_KINDS
-
 #: Rows per read of the transformed records.
 READ_BATCH = 1024
 
@@ -25,10 +23,10 @@ def tuner_fn(fn_args) -> tfx.components.TunerFnResult:
     ``num_classes``.
 
     Raises:
-        tfhash.tuning.TuningError: as :func:`tfhash.tuning.prepare` (too few labelled rows, ...).
+        tfhash.tuning.TuningError: as :func:`tfhash.tuning.prepare` (data of a kind the pipeline
+            does not tune, too few labelled rows, ...).
     """
-    from tfhash.labels import multi_hot
-    from tfhash.tuning import Budget, TuningError, data_kind, make_tuner, prepare
+    from tfhash.tuning import Budget, make_tuner, prepare
 
     config = fn_args.custom_config
     training, settings = config["training"], config["tuner"]
@@ -36,11 +34,7 @@ def tuner_fn(fn_args) -> tfx.components.TunerFnResult:
     schema = tft.TFTransformOutput(fn_args.transform_graph_path).transformed_metadata.schema
     arrays, labels = training_arrays(fn_args.data_accessor, fn_args.train_files, schema, names, READ_BATCH)
     x = arrays if len(names) == 2 else arrays[names[0]].reshape(len(labels), -1)
-    kind = settings["kind"] or data_kind(x, multi_hot(labels, int(config["num_classes"])))
-    if kind not in PIPELINE_KINDS:
-        raise TuningError(f"the pipeline's Tuner searches the recipes of {PIPELINE_KINDS} (as training.recipe takes them); "
-                          f"these are {kind} data: tune them with tfhash.tuning.tune or `tfhash tune`")  # fmt: skip
-    task, default = prepare(x, labels, int(training["bits"]), int(training["seed"]), Budget.of(settings), kind=kind,
+    task, default = prepare(x, labels, int(training["bits"]), int(training["seed"]), Budget.of(settings), kind=settings["kind"],
                             in_pipeline=True, num_classes=int(config["num_classes"]),
                             train_in_database=float(settings["train_in_database"]))  # fmt: skip
     return tfx.components.TunerFnResult(tuner=make_tuner(task, default, fn_args.working_dir), fit_kwargs={})

@@ -19,6 +19,7 @@ from tfhash.tuning import (
     TuningError,
     carve_validation,
     data_kind,
+    prepare,
     tune,
 )
 
@@ -65,6 +66,20 @@ def test_budget_states_its_cost_and_refuses_a_budget_without_a_trial():
     for bad in ({"trials": 0}, {"seconds": 0}, {"max_units": 2, "factor": 3}):
         with pytest.raises(TuningError, match="budget"):
             Budget(**bad)
+
+
+@pytest.mark.parametrize("factor", [2, 3, 4])
+def test_the_stated_schedule_is_the_one_keras_tuner_runs(factor):
+    # The one place that reads KerasTuner's (private) arithmetic: a KerasTuner that schedules
+    # differently fails here, not silently in the cost a budget states.
+    import keras_tuner
+
+    for max_units in range(factor, 40):
+        oracle = keras_tuner.oracles.HyperbandOracle(objective=keras_tuner.Objective("score", "max"), max_epochs=max_units, factor=factor)
+        expected = [(oracle._get_size(b, r), oracle._get_epochs(b, r)) for b in reversed(range(oracle._get_num_brackets()))
+                    for r in range(b + 1)]  # fmt: skip
+        assert Budget(max_units=max_units, factor=factor).schedule() == expected, max_units
+        assert Budget(max_units=max_units, factor=factor, iterations=2).schedule() == expected * 2
 
 
 def test_validation_split_is_carved_from_the_rows_and_refuses_too_few_labels():
@@ -194,6 +209,8 @@ def test_uneven_classes_are_held_out_at_random_and_a_wrong_kind_is_refused():
     assert len(split.query) == int(len(keep) * 0.2) // 2
     with pytest.raises(TuningError, match="kind 'multi-label' does not fit.*single-label"):
         tune(x, y, bits=16, kind="multi-label", budget=SMALL)
+    with pytest.raises(TuningError, match="the pipeline's Tuner searches the recipes of.*these are single-label data"):
+        prepare(x, y, bits=16, in_pipeline=True)  # as the Tuner component calls it
     with pytest.raises(ValueError, match="dict of 3 modalities"):
         tune({"a": x, "b": x, "c": x}, y, bits=16, budget=SMALL)
 

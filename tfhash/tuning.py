@@ -42,7 +42,7 @@ from dataclasses import dataclass, field, fields, replace
 import numpy as np
 
 from tfhash.labels import multi_hot
-from tfhash.recipes import MEAN_TEACHER, RECOMMENDED, SCHEDULES, Recipe
+from tfhash.recipes import MEAN_TEACHER, PIPELINE_KINDS, RECOMMENDED, SCHEDULES, Recipe
 
 #: Objective of the search: mAP@all on the validation split (maximised).
 OBJECTIVE = "val_map"
@@ -180,6 +180,24 @@ SEARCH_SPACES: dict[str, SearchSpace] = {
 }  # fmt: skip
 
 
+def hyperband_schedule(max_units: int, factor: int, iterations: int = 1) -> list[tuple[int, int]]:
+    """The rungs of Hyperband (Li et al., JMLR 2018, Algorithm 1) as ``(trials, units each)``, in
+    the order and with the rounding of KerasTuner's ``HyperbandOracle`` (1.4), which runs the
+    search: per iteration, brackets ``b = B-1 .. 0`` with ``B`` the number of divisions of
+    ``max_units`` by ``factor`` that stay >= 1; bracket ``b``'s round ``r`` runs
+    ``ceil(ceil(1 + log_factor(max_units)) / (b + 1) * factor^(b - r))`` trials of
+    ``ceil(max_units / factor^(b - r))`` units (each bracket costs about the same)."""
+    brackets, units = 0, float(max_units)
+    while units >= 1:
+        units, brackets = units / factor, brackets + 1
+    last_size = math.ceil(1 + math.log(max_units, factor))
+    rungs = []
+    for _ in range(iterations):
+        for b in reversed(range(brackets)):
+            rungs += [(math.ceil(last_size / (b + 1) * factor ** (b - r)), math.ceil(max_units / factor ** (b - r))) for r in range(b + 1)]
+    return rungs
+
+
 @dataclass(frozen=True)
 class Budget:
     """How much a search may spend.
@@ -217,15 +235,8 @@ class Budget:
         return cls(**{f.name: settings[f.name] for f in fields(cls) if f.name in settings})
 
     def schedule(self) -> list[tuple[int, int]]:
-        """Hyperband's full schedule as ``(trials, units each)`` per rung (KerasTuner's arithmetic)."""
-        import keras_tuner
-
-        oracle = keras_tuner.oracles.HyperbandOracle(objective=_objective(), max_epochs=self.max_units, factor=self.factor)
-        rungs = []
-        for _ in range(self.iterations):
-            for bracket in reversed(range(oracle._get_num_brackets())):
-                rungs += [(oracle._get_size(bracket, r), oracle._get_epochs(bracket, r)) for r in range(bracket + 1)]
-        return rungs
+        """Hyperband's full schedule as ``(trials, units each)`` per rung (:func:`hyperband_schedule`)."""
+        return hyperband_schedule(self.max_units, self.factor, self.iterations)
 
     def multiple(self) -> float:
         """The full schedule's training cost in trainings of one recipe (before ``trials`` and
@@ -521,7 +532,9 @@ def prepare(x, labels, bits: int, seed: int = 0, budget: Budget | None = None, *
             unlabelled=None, in_pipeline: bool = False, space: SearchSpace | None = None, num_classes: int | None = None,
             train_in_database: float = TRAIN_IN_DATABASE) -> tuple[_Task, Recipe | None]:  # fmt: skip
     """What a search runs on (:func:`tune`'s arguments, checked): ``(task, the space's default
-    recipe)``, for :func:`make_tuner`. The pipeline's Tuner component calls it too."""
+    recipe)``, for :func:`make_tuner`. The pipeline's Tuner component calls it too, with
+    ``in_pipeline=True``: the recipes the pipeline trains, of the kinds it tunes
+    (:data:`tfhash.recipes.PIPELINE_KINDS`)."""
     from tfhash.codes import check_bits
     from tfhash.models.inputs import checked_features
 
@@ -545,6 +558,9 @@ def prepare(x, labels, bits: int, seed: int = 0, budget: Budget | None = None, *
         raise TuningError(f"unknown kind of data {kind!r}; choose one of {sorted(SEARCH_SPACES)}")
     if kind.split()[0] != found:  # "single-label pixels" is single-label data
         raise TuningError(f"kind {kind!r} does not fit these inputs and labels, which are {found} data")
+    if in_pipeline and kind not in PIPELINE_KINDS:
+        raise TuningError(f"the pipeline's Tuner searches the recipes of {PIPELINE_KINDS} (as training.recipe takes them); "
+                          f"these are {kind} data: tune them with tfhash.tuning.tune or `tfhash tune`")  # fmt: skip
     space = (SEARCH_SPACES[kind] if space is None else space).restricted(in_pipeline, unlabelled is not None)
     recommended = RECOMMENDED.get(kind)
     default = recommended if recommended is not None and any(
