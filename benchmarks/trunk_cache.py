@@ -31,6 +31,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
 
 from benchmarks.common import RESULTS_DIR, markdown_table, write_results  # noqa: E402
 from benchmarks.fine_tuning import SCDH_TABLE_I_ALEXNET, TimedRetrievalEval  # noqa: E402
@@ -109,7 +110,60 @@ def run(args, images, labels, split) -> dict:
         activations = [(trunk(images[rows]), trunk(images[rows][:, :, ::-1])) for rows in (curve_q, curve_db)]
         curve.append(TimedRetrievalEval(activations[0][0], labels[curve_q], activations[1][0], labels[curve_db],
                                         frequency=args.eval_every, prefix="curve_"))  # fmt: skip
-        return [*curve, FlipEval(activations)]
+        flips = FlipEval(activations)
+        if args.ema:
+            curve.append(WeightAverages(args.ema, args.eval_every, flips))
+        return [*curve, flips]
+
+    class WeightAverages(keras.callbacks.Callback):
+        """Exponential moving averages of the trained weights at each of ``momenta``, updated after
+        every batch and scored on the curve (and with flips at the end) beside the raw weights of
+        the same run: training is untouched, so the comparison is paired."""
+
+        def __init__(self, momenta, frequency, flips):
+            super().__init__()
+            self.momenta, self.frequency, self.flips, self.seconds = momenta, frequency, flips, 0.0
+
+        def on_train_begin(self, logs=None):
+            self.variables = [v.value for v in self.model.trainable_variables]
+            self.shadows = {m: [tf.Variable(v.read_value(), trainable=False) for v in self.variables] for m in self.momenta}
+
+            @tf.function
+            def update():
+                for m, shadows in self.shadows.items():
+                    for shadow, v in zip(shadows, self.variables, strict=True):
+                        shadow.assign(m * shadow + (1.0 - m) * v)
+
+            self.update = update
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.update()
+
+        def swapped(self, momentum, score):
+            raw = [v.numpy() for v in self.variables]
+            for shadow, v in zip(self.shadows[momentum], self.variables, strict=True):
+                v.assign(shadow)
+            try:
+                return score()
+            finally:
+                for value, v in zip(raw, self.variables, strict=True):
+                    v.assign(value)
+
+        def on_epoch_end(self, epoch, logs=None):
+            if logs is None or (epoch + 1) % self.frequency:
+                return
+            start = time.perf_counter()
+            for m in self.momenta:
+                logs[f"curve_map_ema{m}"] = self.swapped(m, lambda: evaluate_retrieval(
+                    self.model.encode(curve[0].query_x), self.model.encode(curve[0].db_x), labels[curve_q],
+                    labels[curve_db]).mean_average_precision())  # fmt: skip
+                print(f"  epoch {epoch + 1}: curve mAP@all, weights averaged at {m}: {logs[f'curve_map_ema{m}']:.4f}", flush=True)
+            self.seconds += time.perf_counter() - start
+
+        def on_train_end(self, logs=None):
+            for m in self.momenta:
+                self.swapped(m, lambda: self.flips.on_train_end())
+                flipped[f"ema{m}"] = flipped["mAP@all"]
 
     policy = {"float32": "float32", "bfloat16": "mixed_bfloat16"}[args.precision]
     compile_model = lambda model, steps: compile_fine_tuning(model, recipe, args.epochs, steps)  # noqa: E731
@@ -117,15 +171,17 @@ def run(args, images, labels, split) -> dict:
     model, history, cache = fit_on_cache(build(args.method, args.bits, args.seed), make_backbone(args.size, recipe), x_train, y_train,
                                          recipe, compile_model, args.epochs, BATCH, args.seed,
                                          "squeezenet", policy, callbacks)  # fmt: skip
-    seconds = time.perf_counter() - start - curve[0].seconds
+    seconds = time.perf_counter() - start - sum(c.seconds for c in curve)
     history = history.history
-    points = [{"epoch": args.eval_every * (i + 1), "mAP@all": value, "loss": history["loss"][args.eval_every * (i + 1) - 1]}
+    points = [{"epoch": args.eval_every * (i + 1), "mAP@all": value, "loss": history["loss"][args.eval_every * (i + 1) - 1],
+               **{f"mAP@all ema {m}": history[f"curve_map_ema{m}"][i] for m in args.ema}}
               for i, value in enumerate(history.get("curve_map", []))]  # fmt: skip
     row = {"label": args.label, "mode": "validation" if args.validation else "test", "method": args.method, "bits": args.bits, "size": args.size,
            "cut": args.cut, "views": args.views, "mixup": args.mixup, "precision": args.precision, "epochs": args.epochs, "seed": args.seed,
            "train images": int(len(train)), "curve": points, "recipe": {**BASE, **args.recipe},
            "cache + train seconds": round(seconds, 1), "cache GB": round(cache.activations.nbytes / 1e9, 2),
-           "curve mAP@all with flips": flipped.get("mAP@all")}  # fmt: skip
+           "curve mAP@all with flips": flipped.get("mAP@all"),
+           **{f"curve mAP@all with flips, ema {m}": flipped[f"ema{m}"] for m in args.ema}}  # fmt: skip
     if not args.validation:
         start = time.perf_counter()
         report = evaluate_retrieval(model.encode(images[split.query]), model.encode(images[split.database]),
@@ -196,6 +252,8 @@ def main() -> None:
     parser.add_argument("--cut", default="pool5")
     parser.add_argument("--views", type=int, default=8)
     parser.add_argument("--mixup", type=float, default=0.0, help="trunk_cache.mixup: Beta(a, a) mixup of the cached rows (0: off)")
+    parser.add_argument("--ema", type=float, nargs="*", default=[],
+                        help="also score exponential moving averages of the weights at these momenta (paired with the raw weights)")
     parser.add_argument("--precision", choices=("float32", "bfloat16"), default="bfloat16")
     parser.add_argument("--epochs", type=int, default=60)
     parser.add_argument("--eval-every", type=int, default=10)
@@ -239,6 +297,8 @@ def markdown(rows: list[dict]) -> str:
     for r in rows:
         if r["curve"]:
             points = ", ".join(f"{p['epoch']}: {p['mAP@all']:.3f}" for p in r["curve"])
+            averages = [key for key in r["curve"][0] if key.startswith("mAP@all ema")]
+            points += "".join(f"; weights averaged at {key.split()[-1]}: " + ", ".join(f"{p[key]:.3f}" for p in r["curve"]) for key in averages)
             lines.append(f"- {r['mode']} {r['label']} {r.get('method', 'SCDH')} {r['bits']} bits {r['size']}px {r['precision']}, seed {r['seed']}: {points}")
     return "\n".join(lines) + "\n"
 
