@@ -417,9 +417,13 @@ def rest_cases(rng: random.Random, t: Target) -> dict:
         "k out of range": lambda: (_json_request(k_bad()), HTTP_BAD),
         "too many queries": lambda: (_json_request({"features": rows(rng, t, limits.max_batch + 1).tolist(), "k": 3}), HTTP_BAD),
         "model version unknown": lambda: (_json_request({**query(), "model_version": rng.choice([str(t.version + 1), "x" * 500, 0])}), frozenset({"http-404"})),
-        "content type": lambda: (_json_request(query(), rng.choice(["", "text/plain", "application/x-www-form-urlencoded", "multipart/form-data", "application/jsonx"])), frozenset({"http-415"})),
+        "content type": lambda: (_json_request(query(), rng.choice(["", "text/plain", "application/x-www-form-urlencoded", "multipart/form-data", "application/jsonx",
+                                                                    "application/json; charset=utf-16", 'application/json; charset="latin-1"'])), frozenset({"http-415"})),
         "method": lambda: (_json_request(query(), method=rng.choice(["GET", "PUT", "DELETE", "PATCH"])), frozenset({"http-405"})),
-        "path": lambda: (_json_request(query(), path=rng.choice(["/", "/v2/search", "/v1/search/", "/v1/status?x=" + "a" * 100])), frozenset({"http-404", "http-405"})),
+        "path": lambda: (_json_request(query(), path=rng.choice(["/", "/v2/search", "/v1/search/"])), frozenset({"http-404", "http-405"})),
+        "query parameter": lambda: (_json_request(query(), path=rng.choice([f"/v1/search?model_version={t.version}", "/v1/search?k=3", "/v1/status?x=" + "a" * 100,
+                                                                            "/healthz?verbose"]), method="GET" if rng.random() < 0.3 else "POST"), HTTP_BAD),
+        "target over the limit": lambda: (_json_request(query(), path="/v1/search?" + "a" * rng.choice([9 << 10, 40 << 10])), frozenset({"http-414"})),
     }  # fmt: skip
 
 
@@ -436,7 +440,8 @@ def raw_http_cases(rng: random.Random, t: Target) -> dict:
         "malformed Content-Length": lambda: (head + rng.choice([b"Content-Length: -5", b"Content-Length: abc", b"Content-Length: 5, 6", b"Content-Length: 99999999999999999999999",
                                                                  b"Content-Length: \xb2", b"Content-Length: 1\xb2", b"Content-Length: " + b"9" * 5000]) + b"\r\n\r\n" + body, HTTP_REFUSED),
         "body over the limit": lambda: (head + b"Content-Length: %d\r\n\r\n" % (t.search_max_bytes + rng.randint(1, 10**9)), HTTP_REFUSED),
-        "headers over the limit": lambda: (head + b"X-Pad: " + b"a" * (70 << 10) + b"\r\n\r\n", HTTP_REFUSED),
+        "headers over the limit": lambda: (head + b"Content-Length: 2\r\nX-Pad: " + b"a" * (70 << 10) + b"\r\n\r\n{}", frozenset({"http-431"})),
+        "headers over four times the limit": lambda: (head + b"X-Pad: " + b"a" * (300 << 10) + b"\r\n\r\n", HTTP_REFUSED),
         "malformed chunked body": lambda: (head + b"Transfer-Encoding: chunked\r\n\r\n" + rng.choice([b"zz\r\n", b"5\r\nabc\r\n0\r\n\r\n", b"fffffffff\r\n"]), HTTP_REFUSED),
     }  # fmt: skip
 

@@ -10,7 +10,11 @@
 * ``GET /v1/status``; ``GET /healthz`` (alive); ``GET /readyz`` (200 once a pair can answer, else 503).
 
 Errors answer ``{"error": {"code": "INVALID_ARGUMENT", "message": ...}}`` with the HTTP status of
-:data:`tfhash.serving.errors.HTTP_STATUS`, and: 415 for a POST that is not ``application/json``,
+:data:`tfhash.serving.errors.HTTP_STATUS`, and: 414 for a target over ``max_uri_bytes``, 431 for
+headers over ``max_header_bytes`` (beyond four times that, Tornado's parser closes the connection
+without a status), 400 for any query parameter (no route takes one: ``model_version`` belongs in
+the body, and a parameter silently ignored would let a client believe it pinned a version), 415 for
+a POST that is not ``application/json`` or declares a charset other than UTF-8 (JSON's, RFC 8259),
 413 for a declared body over ``max_body_bytes`` (answered from the
 headers, before any body byte is read), 429 when the bodies of the requests accepted and not yet
 answered would exceed ``max_concurrent * max_body_bytes`` bytes (each reserves its declared
@@ -19,8 +23,8 @@ length, a chunked one the limit), 503 while shutting down.
 Slow or broken clients: one event-loop thread reads and writes every connection (an open socket
 holds no thread), the request line and headers must arrive within ``header_timeout`` seconds (also
 the keep-alive idle limit) and the body within ``body_timeout`` seconds, else the connection is
-closed; headers over ``max_header_bytes`` and malformed HTTP (a TLS handshake, garbage) get 400 and
-a closed connection from Tornado's parser. Searches run on a pool of ``workers`` threads, each
+closed; malformed HTTP (a TLS handshake, garbage) gets 400 and a closed connection from Tornado's
+parser. Searches run on a pool of ``workers`` threads, each
 bounded by ``search_timeout`` seconds of encoding.
 """
 
@@ -59,11 +63,29 @@ def _error(code: str, message: str) -> dict:
     return {"error": {"code": code, "message": message}}
 
 
+#: ``charset`` parameter of a JSON Content-Type, for the charsets other than UTF-8 that are refused.
+_CHARSET = re.compile(r""";\s*charset\s*=\s*"?([^";\s]*)"?""", re.IGNORECASE)
+
+
 class _Handler(tornado.web.RequestHandler):
     front: RestFront
 
     def initialize(self, front: RestFront) -> None:
         self.front = front
+
+    def prepare(self) -> None:
+        """What every route refuses: a long target (414), large headers (431), query parameters (400)."""
+        request, front = self.request, self.front
+        header_bytes = len(request.method) + len(request.uri) + len(request.version) + sum(
+            len(name) + len(value) + 4 for name, value in request.headers.get_all())  # fmt: skip
+        if len(request.uri) > front.max_uri_bytes:
+            self.answer(414, _error("INVALID_ARGUMENT", f"the request target is {len(request.uri)} bytes, over the limit of {front.max_uri_bytes}"))
+        elif header_bytes > front.max_header_bytes:
+            self.answer(431, _error("INVALID_ARGUMENT", f"the request line and headers are {header_bytes} bytes, over the limit of {front.max_header_bytes}"))
+        elif request.query_arguments:
+            names = sorted(request.query_arguments)
+            self.answer(400, _error("INVALID_ARGUMENT", f"unknown query parameter {names[0][:60]!r}: {request.path} takes none "
+                                                        "(model_version, k and radius go in the JSON body of POST /v1/search)"))  # fmt: skip
 
     def set_default_headers(self) -> None:
         self.set_header("Content-Type", "application/json")
@@ -82,7 +104,9 @@ class _Handler(tornado.web.RequestHandler):
 
 class _NotFound(_Handler):
     def prepare(self) -> None:
-        raise tornado.web.HTTPError(404, reason="no such resource")
+        super().prepare()
+        if not self._finished:
+            raise tornado.web.HTTPError(404, reason="no such resource")
 
 
 class _Get(_Handler):
@@ -102,19 +126,27 @@ class _Search(_Handler):
     def prepare(self) -> None:
         self._chunks: list[bytes] = []
         self._reserved = 0  # bytes reserved for this request's body
-        if self.request.method != "POST":
+        super().prepare()
+        if self.request.method != "POST" and not self._finished:
             return  # Tornado answers 405
         front, headers = self.front, self.request.headers
-        media = headers.get("Content-Type", "").split(";")[0].strip().lower()
+        content_type = headers.get("Content-Type", "")
+        media = content_type.split(";")[0].strip().lower()
+        charset = _CHARSET.search(content_type)
+        charset = charset.group(1).lower() if charset else "utf-8"
         declared = headers.get("Content-Length", "")
         # ASCII digits only ("²".isdigit() is true); Tornado refuses malformed framing itself (400)
         declared = int(declared) if re.fullmatch(r"[0-9]{1,19}", declared) else None
-        if front.stopping:
+        if self._finished:
+            pass  # refused by _Handler.prepare
+        elif front.stopping:
             self.answer(503, _error("UNAVAILABLE", "the service is shutting down"))
         elif declared is not None and declared > front.max_body_bytes:
             self.answer(413, _error("RESOURCE_EXHAUSTED", f"the body must be at most {front.max_body_bytes} bytes, the request declares {declared}"))
         elif media != "application/json":
             self.answer(415, _error("INVALID_ARGUMENT", f"POST /v1/search takes Content-Type application/json, got {media[:60] or 'none'!r}"))
+        elif charset not in ("utf-8", "utf8"):
+            self.answer(415, _error("INVALID_ARGUMENT", f"POST /v1/search takes JSON in UTF-8 (RFC 8259), the request declares charset {charset[:40]!r}"))
         else:  # reserve the body's bytes (a chunked body: the limit) before any is read
             reserve = declared if declared is not None else front.max_body_bytes
             if front.reserved + reserve > front.body_budget:
@@ -157,8 +189,9 @@ class RestFront:
 
     def __init__(self, searcher: VersionedSearcher, host: str, port: int, max_body_bytes: int = 8 << 20,
                  workers: int = 8, max_concurrent: int = 64, header_timeout: float = 10.0, body_timeout: float = 10.0,
-                 max_header_bytes: int = 64 << 10, search_timeout: float = 30.0):  # fmt: skip
+                 max_header_bytes: int = 64 << 10, search_timeout: float = 30.0, max_uri_bytes: int = 8 << 10):  # fmt: skip
         self.searcher, self.max_body_bytes, self.max_concurrent = searcher, int(max_body_bytes), int(max_concurrent)
+        self.max_header_bytes, self.max_uri_bytes = int(max_header_bytes), int(max_uri_bytes)
         self.search_timeout = float(search_timeout)
         # read and written on the event loop's thread: body bytes reserved by the POSTs accepted and
         # not finished, searches running, shutting down
@@ -167,7 +200,8 @@ class RestFront:
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tfhash-rest")
         self._sockets = tornado.netutil.bind_sockets(port, address=host)
         self.host, self.port = host, self._sockets[0].getsockname()[1]
-        self._server_options = dict(max_header_size=int(max_header_bytes), idle_connection_timeout=float(header_timeout),
+        # Tornado reads headers up to 4x the limit, so that the handler can answer 431 (and 414)
+        self._server_options = dict(max_header_size=4 * self.max_header_bytes, idle_connection_timeout=float(header_timeout),
                                     body_timeout=float(body_timeout), max_body_size=self.max_body_bytes)  # fmt: skip
         self._started = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="tfhash-rest", daemon=True)

@@ -401,6 +401,24 @@ def test_rest_front(artifacts, search_server):
     assert rest_call(port, "GET", "/nothing")[0] == 404 and rest_call(port, "GET", "/v1/search")[0] == 405
 
 
+def test_rest_front_refuses_what_it_would_misread(artifacts, search_server):
+    """A charset other than UTF-8 (415), a long target (414), large headers (431) and a query
+    parameter, which no route reads (400): each answered with a status, never ignored or dropped."""
+    port, body = search_server.rest.port, json.dumps({"features": artifacts["vectors"][:1].tolist(), "k": 2}).encode()
+    for content_type in ("application/json; charset=utf-16", 'application/json; Charset="latin-1"'):
+        status, answer = rest_call(port, "POST", "/v1/search", body, {"Content-Type": content_type})
+        assert status == 415 and "UTF-8" in answer["error"]["message"]
+    for content_type in ("application/json; charset=UTF-8", 'application/json;charset="utf-8"'):
+        assert rest_call(port, "POST", "/v1/search", body, {"Content-Type": content_type})[0] == 200
+    status, answer = rest_call(port, "POST", "/v1/search?model_version=1", body, {"Content-Type": "application/json"})
+    assert status == 400 and "unknown query parameter 'model_version'" in answer["error"]["message"]
+    assert rest_call(port, "GET", "/v1/status?verbose")[0] == 400
+    assert rest_call(port, "GET", "/healthz?" + "a" * 20_000)[0] == 414
+    status, answer = rest_call(port, "GET", "/v1/status", headers={"X-Padding": "p" * 70_000})
+    assert status == 431 and "over the limit of 65536" in answer["error"]["message"]
+    assert rest_call(port, "GET", "/readyz") == (200, {"ready": True})  # and the front still serves
+
+
 def test_shutdown_drains_in_flight_requests(artifacts):
     searcher = in_process_searcher(artifacts["models"], artifacts["indexes"])
     started, release = threading.Semaphore(0), threading.Event()
