@@ -1,10 +1,48 @@
-"""Session fixtures shared by several test modules."""
+"""Session fixtures shared by several test modules, and one scratch folder for the session.
+
+Beam's stager, TFX's module packaging and Milvus Lite's logs write into the temporary folder and
+leave their files there; the session points ``TMPDIR`` (inherited by every subprocess and Beam
+worker) at a folder of its own and removes it when every test passed (a failed run keeps it and
+says where)."""
 
 from __future__ import annotations
+
+import os
+import shutil
+import tempfile
 
 import pytest
 
 from tests.pipeline_fixtures import small_config
+
+_SCRATCH = {}
+
+
+def pytest_configure(config):
+    _SCRATCH["path"] = tempfile.mkdtemp(prefix="tfhash-tests-")
+    _SCRATCH["previous"] = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = _SCRATCH["path"]
+    tempfile.tempdir = None  # read TMPDIR again
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _SCRATCH["passed"] = exitstatus == 0
+
+
+def pytest_unconfigure(config):
+    path = _SCRATCH.pop("path", None)
+    if path is None:
+        return
+    previous = _SCRATCH.pop("previous")
+    if previous is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = previous
+    tempfile.tempdir = None
+    if _SCRATCH.pop("passed", False):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        print(f"\ntest scratch kept at {path}")
 
 
 @pytest.fixture(scope="session")
