@@ -99,6 +99,47 @@ def test_map_matches_brute_force(multi_label, top_r):
     assert metrics.mean_average_precision(q, db, ql, dl, top_r=top_r) == pytest.approx(np.mean(expected))
 
 
+@pytest.mark.parametrize("multi_label", [False, True])
+@pytest.mark.parametrize("top_r", [None, 7, 150])
+def test_sharded_evaluation_equals_the_whole_database(multi_label, top_r):
+    """Shards in the database's order (uneven, some empty, packed or +-1 codes) give the in-memory
+    numbers exactly: AP in the stable tie order (8 bits over 300 items: ties everywhere, and
+    the shard boundaries cut through them), P@N, the radius curves and the tie-aware AP."""
+    rng = np.random.default_rng(7)
+    q, db, ql, dl = _random_problem(rng, 30, 300, 8, 5, multi_label, empty_rows=multi_label)
+    whole = metrics.evaluate_retrieval(q, db, ql, dl, top_r=top_r, precision_at=[1, 10, 299], tie_aware=top_r is None)
+    for cuts in ([0, 300], [0, 1, 2, 150, 150, 299, 300], [0, 37, 101, 102, 230, 300]):
+        parts = [(tc.pack_codes(db[a:b]) if i % 2 else db[a:b], dl[a:b]) for i, (a, b) in enumerate(itertools.pairwise(cuts))]
+        sharded = metrics.evaluate_retrieval_sharded(q, ql, lambda parts=parts: iter(parts), top_r=top_r, precision_at=[1, 10, 299],
+                                                     tie_aware=top_r is None)  # fmt: skip
+        assert sharded.num_database == 300
+        np.testing.assert_array_equal(sharded.average_precision, whole.average_precision)
+        for name in ("precision_by_radius", "recall_by_radius", "ball_size_by_radius", "tie_aware_average_precision"):
+            np.testing.assert_array_equal(getattr(sharded, name), getattr(whole, name))
+        for n in (1, 10, 299):
+            np.testing.assert_array_equal(sharded.precision_at[n], whole.precision_at[n])
+    assert not np.array_equal(  # the order matters: reversed shards tie-break otherwise
+        metrics.evaluate_retrieval_sharded(q, ql, lambda: iter([(db[150:], dl[150:]), (db[:150], dl[:150])])).average_precision,
+        metrics.evaluate_retrieval(q, db, ql, dl).average_precision)  # fmt: skip
+
+
+def test_sharded_evaluation_refuses_what_it_cannot_merge():
+    rng = np.random.default_rng(0)
+    q, db, ql, dl = _random_problem(rng, 4, 40, 16, 3)
+    with pytest.raises(ValueError, match="every shard is empty"):
+        metrics.evaluate_retrieval_sharded(q, ql, lambda: iter([(db[:0], dl[:0])]))
+    with pytest.raises(ValueError, match="top_r = 41 must lie in 1..40"):
+        metrics.evaluate_retrieval_sharded(q, ql, lambda: iter([(db[:20], dl[:20]), (db[20:], dl[20:])]), top_r=41)
+    with pytest.raises(ValueError, match="query codes have 16 bits, database codes 8"):
+        metrics.evaluate_retrieval_sharded(q, ql, lambda: iter([(db[:20], dl[:20]), (db[20:, :8], dl[20:])]))
+    passes = iter([[(db[:20], dl[:20]), (db[20:], dl[20:])], [(db[:25], dl[:25]), (db[25:], dl[25:])]])
+    with pytest.raises(ValueError, match="shard 0 differs between the two passes"):
+        metrics.evaluate_retrieval_sharded(q, ql, lambda: iter(next(passes)))
+    passes = iter([[(db[:20], dl[:20]), (db[20:], dl[20:])], [(db[:20], dl[:20])]])
+    with pytest.raises(ValueError, match="the second pass over the shards yielded 1 shards, the first 2"):
+        metrics.evaluate_retrieval_sharded(q, ql, lambda: iter(next(passes)))
+
+
 def test_top_r_below_and_above_number_of_relevant():
     # One query, relevant items at known ranks.
     q = np.ones((1, 8), dtype=np.int8)

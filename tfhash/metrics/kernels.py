@@ -11,6 +11,11 @@ each relevant item, its bucket and both within-bucket counts (the histogram valu
 moment); a pass over the relevant items alone then turns those into ranks. O(n + K) per query.
 Queries are split over the available threads; each thread owns scratch arrays of n entries.
 Compiled with numba (cached on disk after the first call).
+
+A database in shards (in its global order) gives the same ranks when each shard's visit starts
+its buckets at ``base[h]`` = (items at distance < h in the whole database) + (items at distance
+h in the shards before it), and likewise for the relevant items: AP's sums and hit counts then add
+up over shards (:func:`tfhash.metrics.retrieval.evaluate_retrieval`).
 """
 
 from __future__ import annotations
@@ -22,16 +27,22 @@ from tfhash.hamming import popcount
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
-def ranking_statistics(query_words, db_words, query_labels, db_labels, bits, depth, ns, threads,
-                       average_precision, hits_at, counts_out, relevant_counts_out):  # pragma: no cover - compiled  # fmt: skip
-    """Fill, for every query i: ``average_precision[i]`` (AP over the top ``depth``), ``hits_at[i, t]``
-    (relevant items in the top ``ns[t]``), and ``counts_out[i, h]`` / ``relevant_counts_out[i, h]``
-    (database items / relevant items at distance h).
+def ranking_statistics(query_words, db_words, query_labels, db_labels, bits, depth, ns, threads, base, relevant_base,
+                       precision_sums, depth_hits, hits_at, counts_out, relevant_counts_out):  # pragma: no cover - compiled  # fmt: skip
+    """Add, for every query i, to ``precision_sums[i]`` and ``depth_hits[i]`` (the sum of P(rank)
+    over the relevant items in the top ``depth``, in database order, and their number: AP@depth is
+    their ratio) and to ``hits_at[i, t]`` (relevant items in the top ``ns[t]``); fill
+    ``counts_out[i, h]`` / ``relevant_counts_out[i, h]`` (database items / relevant items at
+    distance h). Adding shard after shard to the same sums keeps the whole database's order of
+    additions, so the sums are bit-identical to one visit of the whole.
 
     Args:
         query_words, db_words: packed codes as words (:func:`tfhash.hamming.code_words`).
         query_labels, db_labels: ``uint64`` label bitmasks, one or more words per row.
         bits: K.  depth: R of AP@R.  ns: ``int64`` N of P@N.  threads: number of row blocks.
+        base, relevant_base: ``int64 (m, K + 1)``: the items (relevant items) ranked before this
+            database's first item at each distance, for a shard of a larger database (module
+            docstring); ``(0, K + 1)`` for a whole database.
     """
     m = query_words.shape[0]
     n = db_words.shape[0]
@@ -66,15 +77,18 @@ def ranking_statistics(query_words, db_words, query_labels, db_labels, bits, dep
                     position[found] = counts[h]
                     relevant_position[found] = relevant_counts[h]
                     found += 1
-            starts[0] = 0
-            relevant_starts[0] = 0
-            for h in range(1, width):
-                starts[h] = starts[h - 1] + counts[h - 1]
-                relevant_starts[h] = relevant_starts[h - 1] + relevant_counts[h - 1]
-            for t in range(ns.size):
-                hits_at[i, t] = 0
-            total = 0.0
-            hits = 0
+            if base.shape[0] > 0:
+                for h in range(width):
+                    starts[h] = base[i, h]
+                    relevant_starts[h] = relevant_base[i, h]
+            else:
+                starts[0] = 0
+                relevant_starts[0] = 0
+                for h in range(1, width):
+                    starts[h] = starts[h - 1] + counts[h - 1]
+                    relevant_starts[h] = relevant_starts[h - 1] + relevant_counts[h - 1]
+            total = precision_sums[i]
+            hits = depth_hits[i]
             for r in range(found):
                 h = bucket[r]
                 rank = starts[h] + position[r]
@@ -84,4 +98,5 @@ def ranking_statistics(query_words, db_words, query_labels, db_labels, bits, dep
                 for t in range(ns.size):
                     if rank <= ns[t]:
                         hits_at[i, t] += 1
-            average_precision[i] = total / hits if hits > 0 else 0.0
+            precision_sums[i] = total
+            depth_hits[i] = hits

@@ -17,7 +17,7 @@ Conventions (see docs/metrics.md for how they compare with other hashing code ba
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numba
@@ -136,35 +136,127 @@ def evaluate_retrieval(
             N outside ``1..database size``, or ``tie_aware`` with a ``top_r``.
     """
     problem = prepare(query_codes, db_codes, query_labels, db_labels)
-    n_db, m, bits = problem.num_database, problem.num_queries, problem.bits
+    ns = _check_depths(problem.num_database, top_r, tie_aware, precision_at)
+    statistics = _Statistics.zeros(problem.num_queries, problem.bits, ns)
+    statistics.visit(problem, problem.num_database if top_r is None else int(top_r), ns)
+    return statistics.report(problem.num_database, top_r, tie_aware, ns)
+
+
+def evaluate_retrieval_sharded(
+    query_codes,
+    query_labels,
+    shards: Callable[[], Iterable[tuple]],
+    *,
+    top_r: int | None = None,
+    tie_aware: bool = False,
+    precision_at: Sequence[int] = (),
+) -> RetrievalReport:
+    """:func:`evaluate_retrieval` over a database read in shards, with exactly its numbers (ties
+    broken by the database's global order: the order of the shards, then of the rows in each).
+    Memory is O(queries x K) plus one shard.
+
+    Two passes (:mod:`tfhash.metrics.kernels`): the first counts, per query, the items and the
+    relevant items at each Hamming distance over the whole database; the second visits each shard
+    with its buckets starting where the items before it end, so every item gets its global rank,
+    and adds up AP's sums, the hits at each N and the histograms.
+
+    Args:
+        query_codes, query_labels: as :func:`evaluate_retrieval`.
+        shards: called once per pass, returns the shards in the database's order, each
+            ``(db_codes, db_labels)`` as :func:`evaluate_retrieval` takes them; empty shards are
+            skipped. Both passes must yield the same shards.
+        top_r, tie_aware, precision_at: as :func:`evaluate_retrieval`.
+
+    Raises:
+        ValueError: as :func:`evaluate_retrieval` for each shard (codes as wide as the queries',
+            ...) and for the whole (the database size is the shards' total; no rows at all is an
+            empty database); shards that differ between the two passes.
+    """
+    totals, sizes = None, []
+    for problem in _shard_problems(query_codes, query_labels, shards):
+        bits = problem.bits
+        totals = _Statistics.zeros(problem.num_queries, bits, np.zeros(0, np.int64)) if totals is None else totals
+        totals.visit(problem, problem.num_database, totals.ns)
+        sizes.append(problem.num_database)
+    if totals is None:
+        raise ValueError("the database has no rows: every shard is empty")
+    n_db = int(sum(sizes))
+    ns = _check_depths(n_db, top_r, tie_aware, precision_at)
+    statistics = _Statistics.zeros(totals.counts.shape[0], bits, ns)
+    before = np.cumsum(totals.counts, axis=1) - totals.counts  # items at smaller distances, whole database
+    relevant_before = np.cumsum(totals.relevant_counts, axis=1) - totals.relevant_counts
+    index = -1
+    for index, problem in enumerate(_shard_problems(query_codes, query_labels, shards)):
+        if index >= len(sizes) or problem.num_database != sizes[index]:
+            raise ValueError(f"shard {index} differs between the two passes over the shards; give the same shards each time")
+        statistics.visit(problem, n_db if top_r is None else int(top_r), ns,
+                         before + statistics.counts, relevant_before + statistics.relevant_counts)  # fmt: skip
+    if index + 1 != len(sizes):
+        raise ValueError(f"the second pass over the shards yielded {index + 1} shards, the first {len(sizes)}")
+    return statistics.report(n_db, top_r, tie_aware, ns)
+
+
+def _shard_problems(query_codes, query_labels, shards):
+    for db_codes, db_labels in shards():
+        if len(db_codes) or len(db_labels):
+            yield prepare(query_codes, db_codes, query_labels, db_labels)
+
+
+def _check_depths(n_db: int, top_r: int | None, tie_aware: bool, precision_at: Sequence[int]) -> np.ndarray:
+    """The sorted N of P@N, once ``top_r`` and every N lie in 1..``n_db``."""
     for name, value in [("top_r", top_r)] + [("precision_at N", n) for n in precision_at]:
         if value is not None and not (1 <= int(value) <= n_db):
             raise ValueError(f"{name} = {value} must lie in 1..{n_db} (the database size)")
     if tie_aware and top_r is not None:
         raise ValueError("the tie-aware AP is defined here for the whole ranking only (top_r=None)")
-    ns = np.array(sorted({int(n) for n in precision_at}), dtype=np.int64)
-    ap = np.zeros(m)
-    hits_at = np.zeros((m, ns.size), dtype=np.int64)
-    counts = np.zeros((m, bits + 1), dtype=np.int64)
-    relevant_counts = np.zeros((m, bits + 1), dtype=np.int64)
-    if m:
-        ranking_statistics(problem.query_words, problem.db_words, problem.query_labels, problem.db_labels, bits,
-                           n_db if top_r is None else int(top_r), ns, min(numba.get_num_threads(), m),
-                           ap, hits_at, counts, relevant_counts)  # fmt: skip
-    ball = np.cumsum(counts, axis=1)
-    hits = np.cumsum(relevant_counts, axis=1)
-    total = hits[:, -1:]
-    report = RetrievalReport(bits, m, n_db, top_r)
-    report.average_precision = ap
-    report.precision_by_radius = np.where(ball > 0, hits / np.maximum(ball, 1), 0.0)
-    report.recall_by_radius = np.where(total > 0, hits / np.maximum(total, 1), 0.0)
-    report.ball_size_by_radius = ball
-    report.precision_at = {int(n): hits_at[:, t] / n for t, n in enumerate(ns)}
-    if tie_aware:
-        report.tie_aware_average_precision = tie_aware_average_precision(
-            counts, relevant_counts, _harmonic_numbers(n_db)
-        )
-    return report
+    return np.array(sorted({int(n) for n in precision_at}), dtype=np.int64)
+
+
+@dataclass
+class _Statistics:
+    """The kernel's per-query outputs, summed over the shards visited (in order)."""
+
+    precision_sums: np.ndarray
+    depth_hits: np.ndarray
+    hits_at: np.ndarray
+    counts: np.ndarray
+    relevant_counts: np.ndarray
+    ns: np.ndarray
+
+    @classmethod
+    def zeros(cls, m: int, bits: int, ns: np.ndarray) -> _Statistics:
+        return cls(np.zeros(m), np.zeros(m, np.int64), np.zeros((m, ns.size), np.int64), np.zeros((m, bits + 1), np.int64),
+                   np.zeros((m, bits + 1), np.int64), ns)  # fmt: skip
+
+    def visit(self, problem, depth: int, ns: np.ndarray, base=None, relevant_base=None) -> None:
+        """Add one database's (or shard's, ranked from ``base``) statistics."""
+        m, width = problem.num_queries, problem.bits + 1
+        if not m:
+            return
+        counts, relevant_counts = np.zeros((m, width), np.int64), np.zeros((m, width), np.int64)
+        empty = np.zeros((0, width), np.int64)
+        ranking_statistics(problem.query_words, problem.db_words, problem.query_labels, problem.db_labels, problem.bits,
+                           depth, ns, min(numba.get_num_threads(), m),
+                           empty if base is None else np.ascontiguousarray(base, np.int64),
+                           empty if relevant_base is None else np.ascontiguousarray(relevant_base, np.int64),
+                           self.precision_sums, self.depth_hits, self.hits_at, counts, relevant_counts)  # fmt: skip
+        self.counts += counts
+        self.relevant_counts += relevant_counts
+
+    def report(self, n_db: int, top_r: int | None, tie_aware: bool, ns: np.ndarray) -> RetrievalReport:
+        m, bits = self.counts.shape[0], self.counts.shape[1] - 1
+        ball = np.cumsum(self.counts, axis=1)
+        hits = np.cumsum(self.relevant_counts, axis=1)
+        total = hits[:, -1:]
+        report = RetrievalReport(bits, m, n_db, top_r)
+        report.average_precision = np.where(self.depth_hits > 0, self.precision_sums / np.maximum(self.depth_hits, 1), 0.0)
+        report.precision_by_radius = np.where(ball > 0, hits / np.maximum(ball, 1), 0.0)
+        report.recall_by_radius = np.where(total > 0, hits / np.maximum(total, 1), 0.0)
+        report.ball_size_by_radius = ball
+        report.precision_at = {int(n): self.hits_at[:, t] / n for t, n in enumerate(ns)}
+        if tie_aware:
+            report.tie_aware_average_precision = tie_aware_average_precision(self.counts, self.relevant_counts, _harmonic_numbers(n_db))
+        return report
 
 
 def average_precision(query_codes, db_codes, query_labels, db_labels, top_r: int | None = None, **kwargs) -> np.ndarray:
