@@ -190,6 +190,9 @@ def test_unlabelled_rows_bring_mt_scdh_and_cross_modal_data_scores_both_directio
     cross = replace(SEARCH_SPACES["cross-modal"], epochs=(6,), input_dropout=(0.2,))
     result = tune(paired, y, bits=16, budget=Budget(max_units=3, trials=1), space=cross)
     assert result.kind == "cross-modal" and 0 < result.score <= 1
+    trial = result.trials[0]  # both directions recorded, the score their mean
+    assert trial["score"] == pytest.approx((trial["image->text"] + trial["text->image"]) / 2)
+    assert "| image->text | text->image |" in result.table()
     assert result.recipe.method == "jcch" and result.recipe.input_dropout == {"image": 0.2}
 
 

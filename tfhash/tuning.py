@@ -253,7 +253,8 @@ class TuneResult:
         recipe: the chosen :class:`tfhash.recipes.Recipe` (``chosen`` says how); train it on all
             training rows with :meth:`fit` (``recipe.fit`` at the same bits and seed).
         trials: one row per trial: ``trial``, the settings, ``units``, ``epochs`` trained,
-            ``score`` (validation mAP@all), ``mAP@1000`` (multi-label), ``seconds``, ``status``
+            ``score`` (validation mAP@all), ``mAP@1000`` (multi-label), each direction's mAP@all
+            (cross-modal, e.g. ``image->text``), ``seconds``, ``status``
             (``ok`` / ``failed``), ``error``.
         score: the chosen trial's validation mAP@all.
         kind: the kind of data searched (a key of :data:`SEARCH_SPACES`).
@@ -286,12 +287,13 @@ class TuneResult:
 
     def table(self) -> str:
         """The trials as a markdown table."""
+        scores = ["score", *sorted({name for row in self.trials for name in row if name == "mAP@1000" or "->" in name})]
         columns = ["trial", "variant", "hidden", "dropout", "input_dropout", "learning_rate", "weight_decay", "schedule", "epochs", "units",
-                   "score", "mAP@1000", "seconds", "status", "error"]  # fmt: skip
+                   *scores, "seconds", "status", "error"]  # fmt: skip
         lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
         for row in self.trials:
             cells = [row.get(c, "") for c in columns]
-            lines.append("| " + " | ".join(f"{v:.4f}" if isinstance(v, float) and c in ("score", "mAP@1000") else str(v)
+            lines.append("| " + " | ".join(f"{v:.4f}" if isinstance(v, float) and c in scores else str(v)
                                            for c, v in zip(columns, cells, strict=True)) + " |")  # fmt: skip
         return "\n".join(lines)
 
@@ -386,8 +388,9 @@ class _Task:
         return with_unlabelled(x, y, self.unlabelled) if get_method(method).semi_supervised else (x, y)
 
     def score(self, model) -> dict:
-        """Validation mAP@all (mean of both directions, cross-modal); for multi-label data also
-        ``mAP@1000``, the mAP of the top ``min(1000, validation database)`` items."""
+        """Validation mAP@all (cross-modal: the mean of both directions, each also recorded as
+        ``"a->b"``); for multi-label data also ``mAP@1000``, the mAP of the top
+        ``min(1000, validation database)`` items."""
         from tfhash.metrics import evaluate_retrieval
 
         q, db = self.split.query, self.split.database
@@ -396,7 +399,8 @@ class _Task:
             a, b = self.modalities
             first = evaluate_retrieval(model.encode(self.x[a][q], a), model.encode(self.x[b][db], b), yq, ydb)
             second = evaluate_retrieval(model.encode(self.x[b][q], b), model.encode(self.x[a][db], a), yq, ydb)
-            return {OBJECTIVE: (first.mean_average_precision() + second.mean_average_precision()) / 2}
+            directions = {f"{a}->{b}": first.mean_average_precision(), f"{b}->{a}": second.mean_average_precision()}
+            return {OBJECTIVE: sum(directions.values()) / 2, **directions}
         codes_q, codes_db = model.encode(self.rows(q)), model.encode(self.rows(db))
         result = {OBJECTIVE: evaluate_retrieval(codes_q, codes_db, yq, ydb).mean_average_precision()}
         if (self.labels.sum(axis=1) > 1).any():
@@ -434,8 +438,7 @@ class _Task:
         finally:
             keras.backend.clear_session()
         row.update(score=float(scores[OBJECTIVE]), seconds=round(time.perf_counter() - start, 1), status="ok", error="")
-        if "mAP@1000" in scores:
-            row["mAP@1000"] = float(scores["mAP@1000"])
+        row.update({name: float(value) for name, value in scores.items() if name != OBJECTIVE})
         self.trials.append(row)
         return {k: float(v) for k, v in scores.items()}
 
