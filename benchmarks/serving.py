@@ -24,6 +24,7 @@ import threading
 import time
 
 import numpy as np
+import psutil
 
 from benchmarks.common import markdown_table, write_results
 from benchmarks.index import clustered_packed
@@ -51,8 +52,10 @@ def start_service(model_base: str, index_base: str, kind: str, threads: int, sea
                       "--port", "0", "--threads", str(threads), "--search-threads", str(search_threads)], "search service on ")  # fmt: skip
 
 
-def run_level(address: str, clients: int, seconds: float, make_request) -> dict:
-    """``clients`` threads sending requests back to back for ``seconds``; latencies in ms."""
+def run_level(address: str, clients: int, seconds: float, make_request, server=None) -> dict:
+    """``clients`` threads sending requests back to back for ``seconds``; latencies in ms. With
+    ``server`` (a ``psutil.Process``), also the CPU seconds per request, from the OS, of the server
+    (its process and children) and of this process (the load generator), over the measured span."""
     import grpc
     from tfhash.serving import search_pb2_grpc
 
@@ -82,15 +85,30 @@ def run_level(address: str, clients: int, seconds: float, make_request) -> dict:
         thread.start()
     stop_at[0] = time.perf_counter() + 3600
     start_barrier.wait()
-    begin = time.perf_counter()
+    begin, cpu = time.perf_counter(), cpu_seconds(server)
     stop_at[0] = begin + seconds
     for thread in threads:
         thread.join()
     elapsed = time.perf_counter() - begin
+    server_cpu, client_cpu = (after - before for after, before in zip(cpu_seconds(server), cpu, strict=True))
     flat = np.concatenate([np.asarray(x) for x in latencies])
-    return {"clients": clients, "requests": int(flat.size), "errors": int(sum(errors)), "seconds": round(elapsed, 2),
-            "qps": round(flat.size / elapsed, 1), "p50_ms": round(float(np.percentile(flat, 50)), 2),
-            "p99_ms": round(float(np.percentile(flat, 99)), 2)}  # fmt: skip
+    row = {"clients": clients, "requests": int(flat.size), "errors": int(sum(errors)), "seconds": round(elapsed, 2),
+           "qps": round(flat.size / elapsed, 1), "p50_ms": round(float(np.percentile(flat, 50)), 2),
+           "p99_ms": round(float(np.percentile(flat, 99)), 2)}  # fmt: skip
+    if server is not None:
+        row.update({"server_cpu_ms_per_request": round(server_cpu * 1000 / max(flat.size, 1), 3),
+                    "client_cpu_ms_per_request": round(client_cpu * 1000 / max(flat.size, 1), 3)})  # fmt: skip
+    return row
+
+
+def cpu_seconds(server) -> tuple[float, float]:
+    """(user + system CPU seconds of ``server`` and its children, of this process) from the OS;
+    (0, 0) without a server."""
+    if server is None:
+        return 0.0, 0.0
+    processes = [server, *server.children(recursive=True)]
+    used = sum(sum(p.cpu_times()[:2]) for p in processes)
+    return used, sum(os.times()[:2])
 
 
 def summarise_runs(runs: list[dict]) -> dict:
@@ -98,10 +116,14 @@ def summarise_runs(runs: list[dict]) -> dict:
     def median(key):
         return round(float(np.median([r[key] for r in runs])), 2)
 
-    return {"clients": runs[0]["clients"], "repeats": len(runs), "requests": sum(r["requests"] for r in runs),
-            "errors": sum(r["errors"] for r in runs), "qps": median("qps"), "qps_min": min(r["qps"] for r in runs),
-            "qps_max": max(r["qps"] for r in runs), "p50_ms": median("p50_ms"), "p99_ms": median("p99_ms"),
-            "p99_ms_max": max(r["p99_ms"] for r in runs)}  # fmt: skip
+    summary = {"clients": runs[0]["clients"], "repeats": len(runs), "requests": sum(r["requests"] for r in runs),
+               "errors": sum(r["errors"] for r in runs), "qps": median("qps"), "qps_min": min(r["qps"] for r in runs),
+               "qps_max": max(r["qps"] for r in runs), "p50_ms": median("p50_ms"), "p99_ms": median("p99_ms"),
+               "p99_ms_max": max(r["p99_ms"] for r in runs)}  # fmt: skip
+    for key in ("server_cpu_ms_per_request", "client_cpu_ms_per_request"):
+        if key in runs[0]:
+            summary[key] = round(float(np.median([r[key] for r in runs])), 3)
+    return summary
 
 
 def main() -> None:
@@ -146,10 +168,11 @@ def main() -> None:
             build_s = time.perf_counter() - build_start
             del index
             process, address = start_service(model_base, index_base, kind, args.threads, args.search_threads)
+            server = psutil.Process(process.pid)
             try:
                 for mode in args.modes:
                     for clients in args.clients:
-                        runs = [run_level(address, clients, args.seconds, requests[mode]) for _ in range(args.repeats)]
+                        runs = [run_level(address, clients, args.seconds, requests[mode], server) for _ in range(args.repeats)]
                         row = {"index": kind, "n": args.size, "bits": args.bits, "mode": mode, "k": K,
                                **summarise_runs(runs), "index_build_s": round(build_s, 1), "seed": args.seed}  # fmt: skip
                         print(row, flush=True)
@@ -158,7 +181,7 @@ def main() -> None:
                 process.terminate()
                 process.wait(60)
     columns = ["index", "n", "bits", "mode", "clients", "repeats", "requests", "errors", "qps", "qps_min", "qps_max",
-               "p50_ms", "p99_ms", "p99_ms_max", "seed"]  # fmt: skip
+               "p50_ms", "p99_ms", "p99_ms_max", "server_cpu_ms_per_request", "client_cpu_ms_per_request", "seed"]  # fmt: skip
     command = "python -m benchmarks.serving " + " ".join(sys.argv[1:])
     markdown = (
         "# Search service load benchmark\n\n"
@@ -170,7 +193,9 @@ def main() -> None:
         "this shared virtual machine). "
         "`codes`: the request carries a packed code (search only); `features`: a 32-d vector that the "
         "service encodes with the model (an MLP) before it searches. Database: random-but-clustered codes "
-        "as in the index benchmark.\n\n" + markdown_table(rows, columns) + "\n"
+        "as in the index benchmark. CPU per request is from the OS (user + system seconds over the measured "
+        "span divided by the requests answered): the server's process and children, and the benchmark process "
+        "that runs the clients.\n\n" + markdown_table(rows, columns) + "\n"
     )
     write_results(args.name, {"command": command, "rows": rows, "seed": args.seed}, markdown)
 
