@@ -15,7 +15,7 @@ Compiled with numba (cached on disk after the first call).
 A database in shards (in its global order) gives the same ranks when each shard's visit starts
 its buckets at ``base[h]`` = (items at distance < h in the whole database) + (items at distance
 h in the shards before it), and likewise for the relevant items: AP's sums and hit counts then add
-up over shards (:func:`tfhash.metrics.retrieval.evaluate_retrieval`).
+up over shards (:func:`tfhash.metrics.retrieval.evaluate_retrieval_sharded`).
 """
 
 from __future__ import annotations
