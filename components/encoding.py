@@ -1,12 +1,27 @@
-"""Encode a split of raw tf.Examples with an exported tfhash SavedModel."""
+"""Encode a split of raw tf.Examples with an exported tfhash SavedModel: in one process
+(:func:`encode_split`), or as a Beam job writing code shards (:class:`EncodeToShards`, on the
+pipeline's Beam runner, so the database side scales out with it).
+
+Both encoders run the model on the same batches (each record file from its start, ``batch_size``
+records at a time), so their codes are bit-identical."""
 
 from __future__ import annotations
 
 import glob
 import os
+from dataclasses import dataclass
 
+import apache_beam as beam
 import numpy as np
 import tensorflow as tf
+from apache_beam.ml.inference.base import ModelHandler, RunInference
+from tfhash.components.code_shards import (
+    PART_RECORDS,
+    CodeShards,
+    CodeShardsError,
+    write_manifest,
+    write_shard,
+)
 
 from tfhash.artifacts import (
     EXAMPLES_INPUT,
@@ -18,6 +33,9 @@ from tfhash.artifacts import (
     signature_fingerprint,
 )
 
+#: Records per model call.
+BATCH_SIZE = 1024
+
 
 def split_files(examples_uri: str, split: str) -> list[str]:
     """The record files of one split of an Examples artifact (``Split-<name>/``)."""
@@ -27,45 +45,190 @@ def split_files(examples_uri: str, split: str) -> list[str]:
     return files
 
 
-def encode_split(saved_model_dir: str, files: list[str], num_classes: int, batch_size: int = 1024,
+def encode_batch(serve, records, num_classes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Packed codes uint8 ``(n, K/8)``, multi-hot labels uint8 ``(n, C)`` and ids int64 ``(n,)`` of
+    a batch of serialized records, encoded by the signature function ``serve``."""
+    codes = serve(**{EXAMPLES_INPUT: records})[PACKED_CODES].numpy()
+    parsed = tf.io.parse_example(records, label_spec())
+    dense = tf.sparse.to_dense(parsed[LABELS], default_value=-1).numpy()
+    multi_hot = np.zeros((dense.shape[0], num_classes), dtype=np.uint8)
+    rows, cols = np.nonzero(dense >= 0)
+    multi_hot[rows, dense[rows, cols]] = 1
+    return codes, multi_hot, parsed[ID].numpy()[:, 0]
+
+
+def file_batches(path: str, batch_size: int):
+    """The serialized records of one record file, ``batch_size`` at a time, in file order. Both
+    encoders batch each file from its start, so they run the model on the same batches."""
+    return tf.data.TFRecordDataset(path, compression_type="GZIP").batch(batch_size)
+
+
+def encode_split(saved_model_dir: str, files: list[str], num_classes: int, batch_size: int = BATCH_SIZE,
                  signature: str = EXAMPLES_SIGNATURE):  # fmt: skip
     """Packed codes, multi-hot labels and ids of every example in ``files``, encoded by
-    ``signature`` (``serving_<modality>`` picks one tower of a cross-modal model).
+    ``signature`` (``serving_<modality>`` picks one tower of a cross-modal model) in one process.
 
     Returns:
         ``(packed uint8 (n, K/8), labels uint8 (n, C), ids int64 (n,))``.
     """
     serve = tf.saved_model.load(saved_model_dir).signatures[signature]
-    codes, labels, ids = [], [], []
-    for batch in tf.data.TFRecordDataset(files, compression_type="GZIP").batch(batch_size):
-        codes.append(serve(**{EXAMPLES_INPUT: batch})[PACKED_CODES].numpy())
-        parsed = tf.io.parse_example(batch, label_spec())
-        dense = tf.sparse.to_dense(parsed[LABELS], default_value=-1).numpy()
-        multi_hot = np.zeros((dense.shape[0], num_classes), dtype=np.uint8)
-        rows, cols = np.nonzero(dense >= 0)
-        multi_hot[rows, dense[rows, cols]] = 1
-        labels.append(multi_hot)
-        ids.append(parsed[ID].numpy()[:, 0])
-    return np.concatenate(codes), np.concatenate(labels), np.concatenate(ids)
+    parts = [encode_batch(serve, batch, num_classes) for path in files for batch in file_batches(path, batch_size)]
+    if not parts:
+        raise ValueError(f"the record files {files} hold no records to encode")
+    return tuple(np.concatenate([part[i] for part in parts]) for i in range(3))
 
 
-def encode_split_cached(saved_model_dir: str, files: list[str], num_classes: int, cache_dir: str | None,
-                        signature: str = EXAMPLES_SIGNATURE):  # fmt: skip
-    """:func:`encode_split`, kept in ``cache_dir`` under a key of the signature, the record files
-    and the SavedModel's fingerprint (graph checksum + variables hash): a model with the same
-    fingerprint (e.g. the Pusher's copy of the evaluated model) reads the codes back instead of
-    encoding the split again; any other model misses. ``cache_dir=None`` encodes."""
+def shards_dir(cache_dir: str, saved_model_dir: str, files: list[str], num_classes: int, signature: str = EXAMPLES_SIGNATURE) -> str:
+    """Where :class:`EncodeToShards` keeps a split's codes under ``cache_dir``: a key of the
+    signature, the record files, the SavedModel's fingerprint and the classes, so a model of the
+    same fingerprint (the Pusher's copy of the evaluated model) finds them and any other misses."""
     import hashlib
     import json
 
-    if cache_dir is None:
-        return encode_split(saved_model_dir, files, num_classes, signature=signature)
     key = json.dumps([signature, sorted(files), signature_fingerprint(saved_model_dir), num_classes])
-    path = os.path.join(cache_dir, f"codes-{hashlib.sha256(key.encode()).hexdigest()[:32]}.npz")
-    if os.path.isfile(path):
-        with np.load(path, allow_pickle=False) as cached:
-            return cached["codes"], cached["labels"], cached["ids"]
-    codes, labels, ids = encode_split(saved_model_dir, files, num_classes, signature=signature)
-    os.makedirs(cache_dir, exist_ok=True)
-    np.savez(path, codes=codes, labels=labels, ids=ids)
-    return codes, labels, ids
+    return os.path.join(cache_dir, f"shards-{hashlib.sha256(key.encode()).hexdigest()[:32]}")
+
+
+class _ReadParts(beam.DoFn):
+    """``(file number, path)`` -> ``((file number, part), path, first record, serialized records)``
+    per ``part_records`` records of the file, in order. Sets TF's threads per worker process first
+    (``tf_threads``; a process whose TF already runs keeps its own)."""
+
+    def __init__(self, part_records: int, tf_threads: int | None):
+        self.part_records, self.tf_threads = part_records, tf_threads
+
+    def setup(self):
+        if self.tf_threads:
+            try:
+                tf.config.threading.set_intra_op_parallelism_threads(self.tf_threads)
+                tf.config.threading.set_inter_op_parallelism_threads(self.tf_threads)
+            except RuntimeError:  # TF already initialised in this process (the in-memory runner)
+                pass
+
+    def process(self, element):
+        source, path = element
+        for part, records in enumerate(file_batches(path, self.part_records)):
+            yield (source, part), path, part * self.part_records, records.numpy()
+
+
+class ShardEncoder(ModelHandler):
+    """Beam ``RunInference``'s model handler for :class:`EncodeToShards`: loads the SavedModel once
+    per worker (after checking its fingerprint) and encodes one part of a record file per call,
+    ``batch_size`` records at a time, into ``(codes, labels, ids)``."""
+
+    def __init__(self, saved_model_dir: str, signature: str, num_classes: int, batch_size: int, fingerprint: str,
+                 tf_threads: int | None = None):  # fmt: skip
+        super().__init__()
+        self.saved_model_dir, self.signature, self.num_classes = saved_model_dir, signature, num_classes
+        self.batch_size, self.fingerprint, self.tf_threads = batch_size, fingerprint, tf_threads
+
+    def load_model(self):
+        found = signature_fingerprint(self.saved_model_dir)
+        if found != self.fingerprint:
+            raise ValueError(f"{self.saved_model_dir}: the SavedModel changed while the job ran (fingerprint {found!r}, the job "
+                             f"was built for {self.fingerprint!r}); run the job again")  # fmt: skip
+        model = tf.saved_model.load(self.saved_model_dir)
+        if self.signature not in model.signatures:
+            raise ValueError(f"{self.saved_model_dir} has no signature {self.signature!r}; it has {sorted(model.signatures)}")
+        return model
+
+    def batch_elements_kwargs(self):
+        return {"max_batch_size": 1}  # an element is already a part of many records
+
+    def run_inference(self, batch, model, inference_args=None):
+        serve, results = model.signatures[self.signature], []
+        for key, path, first, records in batch:
+            try:
+                arrays = [encode_batch(serve, records[start:start + self.batch_size], self.num_classes)
+                          for start in range(0, len(records), self.batch_size)]  # fmt: skip
+            except (tf.errors.OpError, ValueError) as err:
+                raise ValueError(f"record file {path}, records {first}-{first + len(records) - 1}: a record failed to encode: "
+                                 f"{str(err).splitlines()[0]}") from err  # fmt: skip
+            results.append((key, tuple(np.concatenate([a[i] for a in arrays]) for i in range(3))))
+        return results
+
+
+class EncodeToShards(beam.PTransform):
+    """Beam job: the records of ``files`` encoded by ``signature`` of the SavedModel into code
+    shards in ``directory`` (:mod:`tfhash.components.code_shards`), one shard per ``part_records``
+    records of each file. Apply it to a pipeline (``pipeline | EncodeToShards(...)``); the
+    manifest is written when every shard is in.
+
+    The files are spread over the workers; each reads its file's parts in order and hands them to
+    Beam's ``RunInference`` (:class:`ShardEncoder`: the model loaded once per worker, checked
+    against the fingerprint taken when the job was built), which encodes ``batch_size`` records
+    per call; a retried part rewrites its own shard, never a second copy.
+
+    Raises (when the pipeline runs):
+        ValueError: a record that fails to encode (the message names its file and part), a model
+            whose fingerprint changed since the job was built.
+    """
+
+    def __init__(self, saved_model_dir: str, files: list[str], num_classes: int, directory: str,
+                 signature: str = EXAMPLES_SIGNATURE, batch_size: int = BATCH_SIZE, part_records: int = PART_RECORDS,
+                 tf_threads: int | None = None):  # fmt: skip
+        super().__init__()
+        if not (batch_size >= 1 and part_records >= batch_size and part_records % batch_size == 0):
+            raise ValueError(f"part_records ({part_records}) must be a positive multiple of batch_size ({batch_size}), so that "
+                             "both encoders run the model on the same batches")  # fmt: skip
+        self.files, self.directory, self.part_records = sorted(files), directory, part_records
+        self.handler = ShardEncoder(saved_model_dir, signature, num_classes, batch_size, signature_fingerprint(saved_model_dir),
+                                    tf_threads)  # fmt: skip
+
+    def expand(self, pipeline):
+        handler, directory, files = self.handler, self.directory, self.files
+        tf.io.gfile.makedirs(directory)
+        spec = {"sources": files, "signature": handler.signature, "fingerprint": handler.fingerprint,
+                "num_classes": handler.num_classes, "part_records": self.part_records}  # fmt: skip
+        return (pipeline
+                | "Files" >> beam.Create(list(enumerate(files)))
+                | "Spread" >> beam.Reshuffle()
+                | "Read" >> beam.ParDo(_ReadParts(self.part_records, handler.tf_threads))
+                | "Encode" >> RunInference(handler)
+                | "Write" >> beam.MapTuple(lambda key, arrays: write_shard(directory, *key, *arrays))
+                | "All" >> beam.combiners.ToList()
+                | "Manifest" >> beam.Map(lambda entries: write_manifest(directory, entries, **spec)))  # fmt: skip
+
+
+
+
+@dataclass(frozen=True)
+class ShardJob:
+    """One split to encode into code shards: the records ``files``, the model and its
+    ``signature``, and the ``directory`` the shards go to (:func:`shards_dir` for a cache)."""
+
+    saved_model_dir: str
+    files: tuple[str, ...]
+    num_classes: int
+    directory: str
+    signature: str = EXAMPLES_SIGNATURE
+
+    def done(self) -> CodeShards | None:
+        """The shards when a finished job of this model is already in :attr:`directory`."""
+        try:
+            return CodeShards.open(self.directory, signature_fingerprint(self.saved_model_dir), self.num_classes)
+        except CodeShardsError:
+            return None
+
+
+def run_shard_jobs(pipeline: beam.Pipeline, jobs: list[ShardJob], **options) -> list[CodeShards]:
+    """Encode every job not already done in ``pipeline`` (one Beam run for all; ``options`` as
+    :class:`EncodeToShards` takes them) and return each job's checked shards, in order. A job whose
+    directory holds a finished job of the same model is read back, not encoded again."""
+    pending = [(number, job) for number, job in enumerate(jobs) if job.done() is None]
+    if pending:
+        with pipeline as running:
+            for number, job in pending:
+                _ = running | f"Encode{number}" >> EncodeToShards(job.saved_model_dir, list(job.files), job.num_classes,
+                                                                  job.directory, job.signature, **options)  # fmt: skip
+    return [CodeShards.open(job.directory, signature_fingerprint(job.saved_model_dir), job.num_classes) for job in jobs]
+
+
+def encode_to_shards(saved_model_dir: str, files: list[str], num_classes: int, directory: str, beam_pipeline_args=(),
+                     signature: str = EXAMPLES_SIGNATURE, **options) -> CodeShards:  # fmt: skip
+    """:func:`run_shard_jobs` of one job on a Beam pipeline of its own, built from
+    ``beam_pipeline_args`` (default: the direct runner in memory)."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    job = ShardJob(saved_model_dir, tuple(files), num_classes, directory, signature)
+    return run_shard_jobs(beam.Pipeline(options=PipelineOptions(list(beam_pipeline_args))), [job], **options)[0]

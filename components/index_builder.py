@@ -1,9 +1,11 @@
 """IndexBuilder: encodes the database split with exactly the pushed SavedModel version and writes
 tfhash indexes (manifest naming that version and the signature fingerprint) next to it:
 ``<index_base_dir>/<version>/<kind>/``, or for a cross-modal model one per database modality,
-``<index_base_dir>/<version>/<kind>-<modality>/`` (encoded with ``serving_<modality>``). Codes
-the RetrievalEvaluator computed with a model of the same SavedModel fingerprint are read from its
-artifact instead of being encoded again (:func:`tfhash.components.encoding.encode_split_cached`).
+``<index_base_dir>/<version>/<kind>-<modality>/`` (encoded with ``serving_<modality>``). The
+database is encoded as a Beam job of code shards on the pipeline's runner; the shards the
+RetrievalEvaluator wrote with a model of the same SavedModel fingerprint are read from its
+artifact instead (:func:`tfhash.components.encoding.run_shard_jobs`). Indexes are filled from the
+shards (:func:`fill_index`) and saved, with their version lock, once every shard is in.
 
 A ``Milvus`` index goes to the Milvus at ``milvus_uri``, into the collection
 ``<collection_prefix>_v<version>[_<modality>]`` (one per model version, so the version being served
@@ -15,8 +17,14 @@ import json
 import logging
 import os
 
-from tfhash.components.encoding import encode_split_cached, split_files
-from tfx.dsl.component.experimental.annotations import InputArtifact, OutputArtifact, Parameter
+import apache_beam as beam
+from tfhash.components.encoding import ShardJob, run_shard_jobs, shards_dir, split_files
+from tfx.dsl.component.experimental.annotations import (
+    BeamComponentParameter,
+    InputArtifact,
+    OutputArtifact,
+    Parameter,
+)
 from tfx.dsl.component.experimental.decorators import component
 from tfx.types import artifact, standard_artifacts
 
@@ -31,13 +39,29 @@ from tfhash.artifacts import (
 logger = logging.getLogger(__name__)
 
 
+def fill_index(index, shards) -> None:
+    """Fill ``index`` with the codes and ids of ``shards`` (a
+    :class:`tfhash.components.code_shards.CodeShards`), in record order. An index held in this
+    process (BFlat, the FAISS binary types, ScaNN) takes every code in one ``add``, gathered shard by
+    shard into one array (so an IVF quantizer trains on all codes, as it would from arrays; ScaNN
+    then builds its float rows from them: the exception to memory of packed codes only); an index
+    held elsewhere (Milvus) takes one shard at a time."""
+    from tfhash.index.base import InProcessIndex
+
+    if isinstance(index, InProcessIndex):
+        index.add(*shards.codes_and_ids())
+        return
+    for codes, _, ids in shards:
+        index.add(codes, ids)
+
+
 class HashIndex(artifact.Artifact):
     """The tfhash indexes built for one pushed model version."""
 
     TYPE_NAME = "tfhash.HashIndex"
 
 
-@component
+@component(use_beam=True)
 def IndexBuilder(
     examples: InputArtifact[standard_artifacts.Examples],
     pushed_model: InputArtifact[standard_artifacts.PushedModel],
@@ -50,6 +74,7 @@ def IndexBuilder(
     milvus_uri: Parameter[str] = "",
     collection_prefix: Parameter[str] = "tfhash",
     evaluation: InputArtifact[standard_artifacts.ModelEvaluation] = None,  # optional: its cached database codes
+    beam_pipeline: BeamComponentParameter[beam.Pipeline] = None,
 ) -> None:
     from tfhash.index import MilvusIndex, index_factory
     from tfhash.index.factory import parse_index_type
@@ -66,18 +91,20 @@ def IndexBuilder(
     files = split_files(examples.uri, database_split)
     # one database per modality of a cross-modal model ("<type>-<modality>"), else one ("<type>")
     written = {}
-    for modality in [m for m in modalities.split(",") if m] or [None]:
-        codes, _, ids = encode_split_cached(model_dir, files, num_classes, evaluation.uri if evaluation else None,
-                                            examples_signature(modality))  # fmt: skip
+    database_modalities = [m for m in modalities.split(",") if m] or [None]
+    cache = evaluation.uri if evaluation else index.uri
+    jobs = [ShardJob(model_dir, tuple(files), num_classes, shards_dir(cache, model_dir, files, num_classes, examples_signature(modality)),
+                     examples_signature(modality)) for modality in database_modalities]  # fmt: skip
+    for modality, shards in zip(database_modalities, run_shard_jobs(beam_pipeline, jobs), strict=True):
         for kind in [k.strip() for k in kinds.split(",") if k.strip()]:
             placement = {}
             if parse_index_type(kind)[0].cls is MilvusIndex:
                 if not milvus_uri:
                     raise ValueError(f"IndexBuilder: index kind {kind} needs milvus_uri (a Milvus server URI or a Milvus Lite file)")
                 placement = {"uri": milvus_uri, "collection": collection_name(collection_prefix, version, modality), "replace": True}
-            built = index_factory(codes.shape[1] * 8, kind, **placement)
+            built = index_factory(shards.manifest["code_bytes"] * 8, kind, **placement)
             try:
-                built.add(codes, ids)
+                fill_index(built, shards)
                 path = index_dir(index_base_dir, version, kind, modality)
                 built.save(path, model_version=version, signature_fingerprint=fingerprint)
             finally:

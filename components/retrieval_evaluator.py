@@ -1,15 +1,30 @@
-"""RetrievalEvaluator: encodes the query and database splits with the candidate model, computes
-the metrics module's mAP@R, P@H<=2 and P@N, writes them (JSON + plots) as a ModelEvaluation, and
-blesses the model only when mAP (cross-modal models: the mean of both directions) reaches ``map_threshold`` and is not below the last blessed
-model's mAP (computed on the same data) by more than ``max_regression``. The stock Pusher consumes
-the blessing."""
+"""RetrievalEvaluator: encodes the query split in process and the database split as a Beam job of
+code shards on the pipeline's runner (:mod:`tfhash.components.encoding`), computes the metrics
+module's mAP@R, P@H<=2 and P@N over the shards one at a time (the numbers of the in-memory
+evaluation), writes them (JSON + plots) as a ModelEvaluation, and blesses the model only when mAP
+(cross-modal models: the mean of both directions) reaches ``map_threshold`` and is not below the
+last blessed model's mAP (computed on the same data) by more than ``max_regression``. The stock
+Pusher consumes the blessing."""
 
 
 import json
 import os
+import shutil
 
-from tfhash.components.encoding import encode_split, encode_split_cached, split_files
-from tfx.dsl.component.experimental.annotations import InputArtifact, OutputArtifact, Parameter
+import apache_beam as beam
+from tfhash.components.encoding import (
+    ShardJob,
+    encode_split,
+    run_shard_jobs,
+    shards_dir,
+    split_files,
+)
+from tfx.dsl.component.experimental.annotations import (
+    BeamComponentParameter,
+    InputArtifact,
+    OutputArtifact,
+    Parameter,
+)
 from tfx.dsl.component.experimental.decorators import component
 from tfx.types import standard_artifacts
 from tfx.utils import path_utils
@@ -17,31 +32,40 @@ from tfx.utils import path_utils
 from tfhash.artifacts import EVALUATION_FILE, examples_signature
 
 
-def retrieval_metrics(saved_model_dir: str, examples_uri: str, num_classes: int, query_split: str,
-                      database_split: str, top_r: int | None, modalities: list[str] | None = None,
-                      cache_dir: str | None = None) -> tuple[dict, object]:  # fmt: skip
-    """Metrics summary of one model on one Examples artifact, and the full report.
+def directions(modalities: list[str] | None) -> list[tuple[str, str]]:
+    """The (query signature, database signature) pairs evaluated: one, or both ways for the two
+    ``modalities`` of a cross-modal model."""
+    if not modalities:
+        return [(examples_signature(), examples_signature())]
+    first, second = modalities
+    return [(examples_signature(first), examples_signature(second)), (examples_signature(second), examples_signature(first))]
+
+
+def retrieval_metrics(saved_model_dir: str, examples_uri: str, num_classes: int, query_split: str, database: dict,
+                      top_r: int | None, modalities: list[str] | None = None) -> tuple[dict, object]:  # fmt: skip
+    """Metrics summary of one model on one Examples artifact, and the full report. The queries are
+    encoded here; the database is read from its code shards (``database``: database signature ->
+    :class:`tfhash.components.code_shards.CodeShards`) one shard at a time.
 
     With two ``modalities`` (a cross-modal model) the queries of one modality search the database
     of the other, both ways: the summary holds each direction (``"image->text"``, ...) and their
     mean mAP under the usual keys, which the blessing uses; the report is the first direction's.
     """
-    from tfhash.metrics import evaluate_retrieval
+    from tfhash.metrics import evaluate_retrieval_sharded
 
     def direction(query_signature: str, database_signature: str):
         q_codes, q_labels, _ = encode_split(saved_model_dir, split_files(examples_uri, query_split), num_classes,
                                             signature=query_signature)  # fmt: skip
-        db_codes, db_labels, _ = encode_split_cached(saved_model_dir, split_files(examples_uri, database_split),
-                                                     num_classes, cache_dir, database_signature)  # fmt: skip
-        report = evaluate_retrieval(q_codes, db_codes, q_labels, db_labels, top_r=top_r, tie_aware=top_r is None,
-                                    precision_at=[min(1000, len(db_codes))])  # fmt: skip
+        shards = database[database_signature]
+        report = evaluate_retrieval_sharded(q_codes, q_labels, shards.codes_and_labels, top_r=top_r, tie_aware=top_r is None,
+                                            precision_at=[min(1000, len(shards))])  # fmt: skip
         return report.summary(radius=2), report
 
-    if not modalities:
-        return direction(examples_signature(), examples_signature())
+    (forward, report), *rest = [direction(*pair) for pair in directions(modalities)]
+    if not rest:
+        return forward, report
+    backward, _ = rest[0]
     first, second = modalities
-    forward, report = direction(examples_signature(first), examples_signature(second))
-    backward, _ = direction(examples_signature(second), examples_signature(first))
     summary = {key: (value + backward[key]) / 2 if key.startswith("mAP") or key.startswith("P@") else value
                for key, value in forward.items()}  # fmt: skip
     summary.update({f"{first}->{second}": forward, f"{second}->{first}": backward})
@@ -57,7 +81,7 @@ def blessing_decision(candidate_map: float, baseline_map: float | None, threshol
     return True, "blessed"
 
 
-@component
+@component(use_beam=True)
 def RetrievalEvaluator(
     examples: InputArtifact[standard_artifacts.Examples],
     model: InputArtifact[standard_artifacts.Model],
@@ -71,19 +95,33 @@ def RetrievalEvaluator(
     query_split: Parameter[str] = "query",
     database_split: Parameter[str] = "database",
     modalities: Parameter[str] = "",
+    beam_pipeline: BeamComponentParameter[beam.Pipeline] = None,
 ) -> None:
     from tfhash.metrics.plots import plot_pr_curve
 
     depth = top_r or None
     cross_modal = [m for m in modalities.split(",") if m] or None
-    # the candidate's database codes stay in the evaluation artifact for the IndexBuilder
-    summary, report = retrieval_metrics(path_utils.serving_model_path(model.uri), examples.uri, num_classes,
-                                        query_split, database_split, depth, cross_modal, evaluation.uri)  # fmt: skip
-    label = "mAP@all" if depth is None else f"mAP@{depth}"
-    baseline = None
+    models = {"candidate": path_utils.serving_model_path(model.uri)}
     if baseline_model is not None:
-        baseline, _ = retrieval_metrics(path_utils.serving_model_path(baseline_model.uri), examples.uri, num_classes,
-                                        query_split, database_split, depth, cross_modal)  # fmt: skip
+        models["baseline"] = path_utils.serving_model_path(baseline_model.uri)
+    files = split_files(examples.uri, database_split)
+    # the database side as one Beam job on the pipeline's runner; the candidate's codes stay in the
+    # evaluation artifact for the IndexBuilder, the baseline's only while they are needed
+    scratch = os.path.join(evaluation.uri, "baseline-shards")
+    jobs = {(name, signature): ShardJob(path, tuple(files), num_classes,
+                                        shards_dir(evaluation.uri if name == "candidate" else scratch, path, files, num_classes, signature),
+                                        signature)
+            for name, path in models.items() for _, signature in directions(cross_modal)}  # fmt: skip
+    shards = dict(zip(jobs, run_shard_jobs(beam_pipeline, list(jobs.values())), strict=True))
+
+    def metrics(name: str):
+        return retrieval_metrics(models[name], examples.uri, num_classes, query_split,
+                                 {signature: found for (owner, signature), found in shards.items() if owner == name}, depth, cross_modal)  # fmt: skip
+
+    summary, report = metrics("candidate")
+    label = "mAP@all" if depth is None else f"mAP@{depth}"
+    baseline = metrics("baseline")[0] if baseline_model is not None else None
+    shutil.rmtree(scratch, ignore_errors=True)
     blessed, reason = blessing_decision(summary[label], baseline[label] if baseline else None, map_threshold, max_regression)
     os.makedirs(evaluation.uri, exist_ok=True)
     result = {"metrics": summary, "baseline": baseline, "blessed": blessed, "reason": reason, "model_uri": model.uri}

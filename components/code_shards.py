@@ -1,0 +1,209 @@
+"""Code shards: a split's packed codes, labels and ids as files, in record order, with a manifest.
+
+The Beam encoding job (:func:`tfhash.components.encoding.encode_split_beam`) writes them; the
+RetrievalEvaluator streams them into :func:`tfhash.metrics.evaluate_retrieval_sharded` and the
+IndexBuilder fills indexes from them, so no stage holds more of the database than one shard
+(besides the packed codes an in-memory index keeps by design).
+
+A directory of code shards::
+
+    manifest.json                 written last: its presence means every shard is in
+    shard-<file>-<part>.npz       codes uint8 (n, K/8), labels uint8 (n, C), ids int64 (n,)
+
+Shard ``shard-00003-00001.npz`` holds part 1 (records ``part_records`` .. ``2 * part_records -
+1``) of the fourth record file of the split, files in sorted order: the shards in manifest order
+are the records in the order the in-process encoder reads them, the order mAP@all breaks ties by.
+
+Manifest (format version 1)::
+
+    {"format_version": 1, "kind": "tfhash-code-shards", "signature": "serving_default",
+     "signature_fingerprint": "...", "num_classes": 10, "code_bytes": 8, "count": 69000,
+     "sources": ["<record file>", ...], "part_records": 16384,
+     "shards": [{"name": "shard-00000-00000.npz", "source": 0, "part": 0, "count": 16384,
+                 "sha256": "..."}, ...],
+     "tfhash_version": "0.1.0", "created": "..."}
+
+Every file is written under a temporary name and renamed into place, so a worker that dies
+mid-shard leaves no shard behind, and a retried shard replaces its first attempt instead of adding
+to it. Reading checks the format, the model's fingerprint when one is expected, each shard's
+checksum, shape and count. Paths may be local or any filesystem ``tf.io.gfile`` reaches (``gs://``).
+No pickle: arrays are read with ``allow_pickle=False``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from tfhash._version import __version__
+
+FORMAT_VERSION = 1
+KIND = "tfhash-code-shards"
+MANIFEST = "manifest.json"
+#: Records per shard: one shard is the most a worker holds (records in, codes and labels out).
+PART_RECORDS = 16384
+_ARRAYS = ("codes", "labels", "ids")
+
+
+class CodeShardsError(ValueError):
+    """A code-shards directory that is incomplete, corrupt, of another format or of another model."""
+
+
+def shard_name(source: int, part: int) -> str:
+    """The file name of part ``part`` of record file number ``source``."""
+    return f"shard-{source:05d}-{part:05d}.npz"
+
+
+def _gfile():
+    import tensorflow as tf
+
+    return tf.io.gfile
+
+
+def write_atomically(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` under a unique temporary name, then rename it into place."""
+    gfile = _gfile()
+    staging = f"{path}.tmp-{uuid.uuid4().hex}"
+    with gfile.GFile(staging, "wb") as handle:
+        handle.write(data)
+    gfile.rename(staging, path, overwrite=True)
+
+
+def write_shard(directory: str, source: int, part: int, codes: np.ndarray, labels: np.ndarray, ids: np.ndarray) -> dict:
+    """Write one shard into ``directory``; return its manifest entry.
+
+    Raises:
+        CodeShardsError: arrays whose rows disagree.
+    """
+    if not len(codes) == len(labels) == len(ids):
+        raise CodeShardsError(f"shard {shard_name(source, part)}: {len(codes)} codes, {len(labels)} labels, {len(ids)} ids")
+    buffer = io.BytesIO()
+    np.savez(buffer, codes=np.ascontiguousarray(codes, np.uint8), labels=np.ascontiguousarray(labels, np.uint8),
+             ids=np.ascontiguousarray(ids, np.int64))  # fmt: skip
+    data = buffer.getvalue()
+    name = shard_name(source, part)
+    write_atomically(os.path.join(directory, name), data)
+    return {"name": name, "source": int(source), "part": int(part), "count": int(len(ids)), "code_bytes": int(codes.shape[1]),
+            "sha256": hashlib.sha256(data).hexdigest()}  # fmt: skip
+
+
+def write_manifest(directory: str, entries: list[dict], *, sources: list[str], signature: str, fingerprint: str,
+                   num_classes: int, part_records: int) -> dict:  # fmt: skip
+    """Write the manifest of the shards ``entries`` (any order; kept in record order) last, and
+    remove what failed attempts left (temporary files, shards no entry names).
+
+    Raises:
+        CodeShardsError: a record file's parts that are not 0..n-1 exactly once, or shards of
+            different code lengths.
+    """
+    entries = sorted(entries, key=lambda e: (e["source"], e["part"]))
+    widths = sorted({e["code_bytes"] for e in entries})
+    if len(widths) > 1:
+        raise CodeShardsError(f"{directory}: shards of {widths} bytes per code; one model writes one code length")
+    code_bytes = widths[0] if widths else 0
+    for source in sorted({e["source"] for e in entries}):
+        parts = [e["part"] for e in entries if e["source"] == source]
+        if parts != list(range(len(parts))):
+            raise CodeShardsError(f"record file {sources[source]}: parts {parts} were written; expected each of 0..{len(parts) - 1} once")
+    manifest = {"format_version": FORMAT_VERSION, "kind": KIND, "signature": signature, "signature_fingerprint": fingerprint,
+                "num_classes": int(num_classes), "code_bytes": int(code_bytes), "count": int(sum(e["count"] for e in entries)),
+                "sources": list(sources), "part_records": int(part_records), "shards": entries, "tfhash_version": __version__,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}  # fmt: skip
+    gfile, named = _gfile(), {e["name"] for e in entries} | {MANIFEST}
+    for leftover in gfile.listdir(directory):
+        if leftover not in named and (leftover.startswith("shard-") or f"{MANIFEST}.tmp-" in leftover):
+            gfile.remove(os.path.join(directory, leftover))
+    write_atomically(os.path.join(directory, MANIFEST), json.dumps(manifest, indent=1).encode())
+    return manifest
+
+
+@dataclass(frozen=True)
+class CodeShards:
+    """A checked code-shards directory (:meth:`open`): iterate it for ``(codes, labels, ids)`` per
+    shard in record order, each verified as it is read."""
+
+    directory: str
+    manifest: dict
+
+    @classmethod
+    def open(cls, directory: str, expected_fingerprint: str | None = None, num_classes: int | None = None) -> CodeShards:
+        """Read and check ``directory``'s manifest.
+
+        Raises:
+            CodeShardsError: no manifest (an incomplete job), another format, a shard written for
+                another model (``expected_fingerprint``) or number of classes.
+        """
+        gfile = _gfile()
+        path = os.path.join(directory, MANIFEST)
+        if not gfile.exists(path):
+            raise CodeShardsError(f"{directory}: no {MANIFEST}; the encoding job did not finish there (run it again)")
+        try:
+            manifest = json.loads(gfile.GFile(path, "rb").read())
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise CodeShardsError(f"{path}: not valid JSON ({err})") from err
+        if manifest.get("kind") != KIND or manifest.get("format_version") != FORMAT_VERSION:
+            raise CodeShardsError(f"{directory}: format {manifest.get('kind')!r} version {manifest.get('format_version')!r} is not "
+                                  f"{KIND!r} version {FORMAT_VERSION}")  # fmt: skip
+        recorded = manifest["signature_fingerprint"]
+        if expected_fingerprint is not None and recorded != expected_fingerprint:
+            raise CodeShardsError(f"{directory}: the codes were encoded by the SavedModel with fingerprint {recorded!r}, not "
+                                  f"{expected_fingerprint!r}; encode the split again with this model")  # fmt: skip
+        if num_classes is not None and manifest["num_classes"] != num_classes:
+            raise CodeShardsError(f"{directory}: the shards hold {manifest['num_classes']} classes, not {num_classes}")
+        return cls(directory, manifest)
+
+    @property
+    def count(self) -> int:
+        return int(self.manifest["count"])
+
+    def __len__(self) -> int:
+        return self.count
+
+    def read(self, entry: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One shard's ``(codes, labels, ids)``, checked against its manifest entry.
+
+        Raises:
+            CodeShardsError: a missing or corrupt shard, or one whose arrays disagree with the manifest.
+        """
+        path = os.path.join(self.directory, entry["name"])
+        try:
+            data = _gfile().GFile(path, "rb").read()
+        except Exception as err:  # NotFoundError and the filesystem's own errors
+            raise CodeShardsError(f"{path}: shard named by the manifest cannot be read ({err})") from err
+        if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+            raise CodeShardsError(f"{path}: checksum mismatch: the shard is corrupt or was replaced; encode the split again")
+        with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
+            codes, labels, ids = (arrays[name] for name in _ARRAYS)
+        shapes = {"codes": (entry["count"], self.manifest["code_bytes"]), "labels": (entry["count"], self.manifest["num_classes"]),
+                  "ids": (entry["count"],)}  # fmt: skip
+        for name, array in zip(_ARRAYS, (codes, labels, ids), strict=True):
+            if array.shape != shapes[name]:
+                raise CodeShardsError(f"{path}: {name} of shape {array.shape}, the manifest says {shapes[name]}")
+        return codes, labels, ids
+
+    def __iter__(self) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        for entry in self.manifest["shards"]:
+            yield self.read(entry)
+
+    def codes_and_labels(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """``(codes, labels)`` per shard in record order, as
+        :func:`tfhash.metrics.evaluate_retrieval_sharded` reads a database (one call per pass)."""
+        return ((codes, labels) for codes, labels, _ in self)
+
+    def codes_and_ids(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every packed code and id, in record order (what an in-memory index keeps)."""
+        codes = np.empty((self.count, self.manifest["code_bytes"]), np.uint8)
+        ids = np.empty(self.count, np.int64)
+        start = 0
+        for shard_codes, _, shard_ids in self:
+            codes[start:start + len(shard_ids)], ids[start:start + len(shard_ids)] = shard_codes, shard_ids
+            start += len(shard_ids)
+        return codes, ids
