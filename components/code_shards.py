@@ -1,6 +1,6 @@
 """Code shards: a split's packed codes, labels and ids as files, in record order, with a manifest.
 
-The Beam encoding job (:func:`tfhash.components.encoding.encode_split_beam`) writes them; the
+The Beam encoding job (:class:`tfhash.components.encoding.EncodeToShards`) writes them; the
 RetrievalEvaluator streams them into :func:`tfhash.metrics.evaluate_retrieval_sharded` and the
 IndexBuilder fills indexes from them, so no stage holds more of the database than one shard
 (besides the packed codes an in-memory index keeps by design).
@@ -20,12 +20,13 @@ Manifest (format version 1)::
      "signature_fingerprint": "...", "num_classes": 10, "code_bytes": 8, "count": 69000,
      "sources": ["<record file>", ...], "part_records": 16384,
      "shards": [{"name": "shard-00000-00000.npz", "source": 0, "part": 0, "count": 16384,
-                 "sha256": "..."}, ...],
+                 "code_bytes": 8, "sha256": "..."}, ...],
      "tfhash_version": "0.1.0", "created": "..."}
 
 Every file is written under a temporary name and renamed into place, so a worker that dies
 mid-shard leaves no shard behind, and a retried shard replaces its first attempt instead of adding
-to it. Reading checks the format, the model's fingerprint when one is expected, each shard's
+to it; a shard's bytes are a function of its arrays (no time stamps), so an attempt that finishes
+late writes the same bytes the manifest records. Reading checks the format, the model's fingerprint when one is expected, each shard's
 checksum, shape and count. Paths may be local or any filesystem ``tf.io.gfile`` reaches (``gs://``).
 No pickle: arrays are read with ``allow_pickle=False``.
 """
@@ -38,6 +39,7 @@ import json
 import os
 import time
 import uuid
+import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -51,6 +53,9 @@ MANIFEST = "manifest.json"
 #: Records per shard: one shard is the most a worker holds (records in, codes and labels out).
 PART_RECORDS = 16384
 _ARRAYS = ("codes", "labels", "ids")
+_EPOCH = (1980, 1, 1, 0, 0, 0)  # the zip members' date: a shard's bytes depend on its arrays only
+#: Manifest fields a reader needs.
+REQUIRED_FIELDS = ("signature", "signature_fingerprint", "num_classes", "code_bytes", "count", "sources", "shards")
 
 
 class CodeShardsError(ValueError):
@@ -86,8 +91,12 @@ def write_shard(directory: str, source: int, part: int, codes: np.ndarray, label
     if not len(codes) == len(labels) == len(ids):
         raise CodeShardsError(f"shard {shard_name(source, part)}: {len(codes)} codes, {len(labels)} labels, {len(ids)} ids")
     buffer = io.BytesIO()
-    np.savez(buffer, codes=np.ascontiguousarray(codes, np.uint8), labels=np.ascontiguousarray(labels, np.uint8),
-             ids=np.ascontiguousarray(ids, np.int64))  # fmt: skip
+    arrays = {"codes": np.ascontiguousarray(codes, np.uint8), "labels": np.ascontiguousarray(labels, np.uint8),
+              "ids": np.ascontiguousarray(ids, np.int64)}  # fmt: skip
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:  # np.savez's layout, with a fixed date
+        for key, array in arrays.items():
+            with archive.open(zipfile.ZipInfo(f"{key}.npy", date_time=_EPOCH), "w") as handle:
+                np.lib.format.write_array(handle, array, allow_pickle=False)
     data = buffer.getvalue()
     name = shard_name(source, part)
     write_atomically(os.path.join(directory, name), data)
@@ -101,14 +110,16 @@ def write_manifest(directory: str, entries: list[dict], *, sources: list[str], s
     remove what failed attempts left (temporary files, shards no entry names).
 
     Raises:
-        CodeShardsError: a record file's parts that are not 0..n-1 exactly once, or shards of
-            different code lengths.
+        CodeShardsError: no shard at all (a split without records), a record file's parts that
+            are not 0..n-1 exactly once, or shards of different code lengths.
     """
+    if not entries:
+        raise CodeShardsError(f"the record files {sources} hold no records to encode")
     entries = sorted(entries, key=lambda e: (e["source"], e["part"]))
     widths = sorted({e["code_bytes"] for e in entries})
     if len(widths) > 1:
         raise CodeShardsError(f"{directory}: shards of {widths} bytes per code; one model writes one code length")
-    code_bytes = widths[0] if widths else 0
+    code_bytes = widths[0]
     for source in sorted({e["source"] for e in entries}):
         parts = [e["part"] for e in entries if e["source"] == source]
         if parts != list(range(len(parts))):
@@ -146,12 +157,16 @@ class CodeShards:
         if not gfile.exists(path):
             raise CodeShardsError(f"{directory}: no {MANIFEST}; the encoding job did not finish there (run it again)")
         try:
-            manifest = json.loads(gfile.GFile(path, "rb").read())
+            with gfile.GFile(path, "rb") as handle:
+                manifest = json.loads(handle.read())
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             raise CodeShardsError(f"{path}: not valid JSON ({err})") from err
-        if manifest.get("kind") != KIND or manifest.get("format_version") != FORMAT_VERSION:
-            raise CodeShardsError(f"{directory}: format {manifest.get('kind')!r} version {manifest.get('format_version')!r} is not "
-                                  f"{KIND!r} version {FORMAT_VERSION}")  # fmt: skip
+        if not isinstance(manifest, dict) or manifest.get("kind") != KIND or manifest.get("format_version") != FORMAT_VERSION:
+            found = (manifest.get("kind"), manifest.get("format_version")) if isinstance(manifest, dict) else (type(manifest).__name__, None)
+            raise CodeShardsError(f"{directory}: format {found[0]!r} version {found[1]!r} is not {KIND!r} version {FORMAT_VERSION}")
+        missing = [name for name in REQUIRED_FIELDS if name not in manifest]
+        if missing:
+            raise CodeShardsError(f"{path}: missing fields {missing}; encode the split again")
         recorded = manifest["signature_fingerprint"]
         if expected_fingerprint is not None and recorded != expected_fingerprint:
             raise CodeShardsError(f"{directory}: the codes were encoded by the SavedModel with fingerprint {recorded!r}, not "
@@ -175,7 +190,8 @@ class CodeShards:
         """
         path = os.path.join(self.directory, entry["name"])
         try:
-            data = _gfile().GFile(path, "rb").read()
+            with _gfile().GFile(path, "rb") as handle:
+                data = handle.read()
         except Exception as err:  # NotFoundError and the filesystem's own errors
             raise CodeShardsError(f"{path}: shard named by the manifest cannot be read ({err})") from err
         if hashlib.sha256(data).hexdigest() != entry["sha256"]:
@@ -188,6 +204,15 @@ class CodeShards:
             if array.shape != shapes[name]:
                 raise CodeShardsError(f"{path}: {name} of shape {array.shape}, the manifest says {shapes[name]}")
         return codes, labels, ids
+
+    def verify(self) -> None:
+        """Read every shard and check it (:meth:`read`) without keeping it.
+
+        Raises:
+            CodeShardsError: as :meth:`read`.
+        """
+        for entry in self.manifest["shards"]:
+            self.read(entry)
 
     def __iter__(self) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         for entry in self.manifest["shards"]:

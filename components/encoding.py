@@ -7,7 +7,6 @@ records at a time), so their codes are bit-identical."""
 
 from __future__ import annotations
 
-import glob
 import os
 from dataclasses import dataclass
 
@@ -16,6 +15,7 @@ import numpy as np
 import tensorflow as tf
 from apache_beam.ml.inference.base import ModelHandler, RunInference
 from tfhash.components.code_shards import (
+    MANIFEST,
     PART_RECORDS,
     CodeShards,
     CodeShardsError,
@@ -39,7 +39,7 @@ BATCH_SIZE = 1024
 
 def split_files(examples_uri: str, split: str) -> list[str]:
     """The record files of one split of an Examples artifact (``Split-<name>/``)."""
-    files = sorted(glob.glob(os.path.join(examples_uri, f"Split-{split}", "*")))
+    files = sorted(tf.io.gfile.glob(os.path.join(examples_uri, f"Split-{split}", "*")))  # local or gs://
     if not files:
         raise FileNotFoundError(f"no records for split {split!r} under {examples_uri}")
     return files
@@ -91,19 +91,10 @@ def shards_dir(cache_dir: str, saved_model_dir: str, files: list[str], num_class
 
 class _ReadParts(beam.DoFn):
     """``(file number, path)`` -> ``((file number, part), path, first record, serialized records)``
-    per ``part_records`` records of the file, in order. Sets TF's threads per worker process first
-    (``tf_threads``; a process whose TF already runs keeps its own)."""
+    per ``part_records`` records of the file, in order."""
 
-    def __init__(self, part_records: int, tf_threads: int | None):
-        self.part_records, self.tf_threads = part_records, tf_threads
-
-    def setup(self):
-        if self.tf_threads:
-            try:
-                tf.config.threading.set_intra_op_parallelism_threads(self.tf_threads)
-                tf.config.threading.set_inter_op_parallelism_threads(self.tf_threads)
-            except RuntimeError:  # TF already initialised in this process (the in-memory runner)
-                pass
+    def __init__(self, part_records: int):
+        self.part_records = part_records
 
     def process(self, element):
         source, path = element
@@ -113,8 +104,10 @@ class _ReadParts(beam.DoFn):
 
 class ShardEncoder(ModelHandler):
     """Beam ``RunInference``'s model handler for :class:`EncodeToShards`: loads the SavedModel once
-    per worker (after checking its fingerprint) and encodes one part of a record file per call,
-    ``batch_size`` records at a time, into ``(codes, labels, ids)``."""
+    per worker process (after checking its fingerprint; with ``tf_threads``, TF's thread pools of
+    that size first, unless TF already runs in the process, as with the in-memory runner) and
+    encodes one part of a record file per call, ``batch_size`` records at a time, into
+    ``(codes, labels, ids)``."""
 
     def __init__(self, saved_model_dir: str, signature: str, num_classes: int, batch_size: int, fingerprint: str,
                  tf_threads: int | None = None):  # fmt: skip
@@ -123,6 +116,12 @@ class ShardEncoder(ModelHandler):
         self.batch_size, self.fingerprint, self.tf_threads = batch_size, fingerprint, tf_threads
 
     def load_model(self):
+        if self.tf_threads:  # Beam sets this DoFn up before the reading one: TF's first use in a worker
+            try:
+                tf.config.threading.set_intra_op_parallelism_threads(self.tf_threads)
+                tf.config.threading.set_inter_op_parallelism_threads(self.tf_threads)
+            except RuntimeError:  # TF already initialised in this process (the in-memory runner)
+                pass
         found = signature_fingerprint(self.saved_model_dir)
         if found != self.fingerprint:
             raise ValueError(f"{self.saved_model_dir}: the SavedModel changed while the job ran (fingerprint {found!r}, the job "
@@ -135,15 +134,20 @@ class ShardEncoder(ModelHandler):
     def batch_elements_kwargs(self):
         return {"max_batch_size": 1}  # an element is already a part of many records
 
+    def get_num_bytes(self, batch) -> int:
+        """The records' bytes (Beam's default pickles the whole batch to measure it)."""
+        return sum(len(record) for _, _, _, records in batch for record in records)
+
     def run_inference(self, batch, model, inference_args=None):
         serve, results = model.signatures[self.signature], []
         for key, path, first, records in batch:
             try:
                 arrays = [encode_batch(serve, records[start:start + self.batch_size], self.num_classes)
                           for start in range(0, len(records), self.batch_size)]  # fmt: skip
-            except (tf.errors.OpError, ValueError) as err:
+            except (tf.errors.OpError, ValueError, IndexError) as err:  # IndexError: a label >= num_classes
+                reason = (str(err).splitlines() or [type(err).__name__])[0]
                 raise ValueError(f"record file {path}, records {first}-{first + len(records) - 1}: a record failed to encode: "
-                                 f"{str(err).splitlines()[0]}") from err  # fmt: skip
+                                 f"{reason}") from err  # fmt: skip
             results.append((key, tuple(np.concatenate([a[i] for a in arrays]) for i in range(3))))
         return results
 
@@ -154,14 +158,17 @@ class EncodeToShards(beam.PTransform):
     records of each file. Apply it to a pipeline (``pipeline | EncodeToShards(...)``); the
     manifest is written when every shard is in.
 
-    The files are spread over the workers; each reads its file's parts in order and hands them to
-    Beam's ``RunInference`` (:class:`ShardEncoder`: the model loaded once per worker, checked
-    against the fingerprint taken when the job was built), which encodes ``batch_size`` records
-    per call; a retried part rewrites its own shard, never a second copy.
+    The files are spread over the workers (so a split's record files bound the parallelism:
+    ExampleGen on a distributed runner writes several); each worker reads its file's parts in
+    order and hands them to Beam's ``RunInference`` (:class:`ShardEncoder`: the model loaded once
+    per worker process, checked against the fingerprint taken when the job was built), which
+    encodes ``batch_size`` records per call; a retried part rewrites its own shard, never a second
+    copy.
 
     Raises (when the pipeline runs):
-        ValueError: a record that fails to encode (the message names its file and part), a model
-            whose fingerprint changed since the job was built.
+        ValueError: a record that fails to encode (the message names its file and records), a
+            model whose fingerprint changed since the job was built.
+        CodeShardsError: a split without records.
     """
 
     def __init__(self, saved_model_dir: str, files: list[str], num_classes: int, directory: str,
@@ -183,13 +190,11 @@ class EncodeToShards(beam.PTransform):
         return (pipeline
                 | "Files" >> beam.Create(list(enumerate(files)))
                 | "Spread" >> beam.Reshuffle()
-                | "Read" >> beam.ParDo(_ReadParts(self.part_records, handler.tf_threads))
+                | "Read" >> beam.ParDo(_ReadParts(self.part_records))
                 | "Encode" >> RunInference(handler)
                 | "Write" >> beam.MapTuple(lambda key, arrays: write_shard(directory, *key, *arrays))
                 | "All" >> beam.combiners.ToList()
                 | "Manifest" >> beam.Map(lambda entries: write_manifest(directory, entries, **spec)))  # fmt: skip
-
-
 
 
 @dataclass(frozen=True)
@@ -204,19 +209,30 @@ class ShardJob:
     signature: str = EXAMPLES_SIGNATURE
 
     def done(self) -> CodeShards | None:
-        """The shards when a finished job of this model is already in :attr:`directory`."""
+        """The shards when a finished job of this very job (model fingerprint, signature, record
+        files, classes) is in :attr:`directory`, every shard intact; else ``None``."""
         try:
-            return CodeShards.open(self.directory, signature_fingerprint(self.saved_model_dir), self.num_classes)
+            shards = CodeShards.open(self.directory, signature_fingerprint(self.saved_model_dir), self.num_classes)
+            if (shards.manifest["signature"], shards.manifest["sources"]) != (self.signature, sorted(self.files)):
+                return None
+            shards.verify()
         except CodeShardsError:
             return None
+        return shards
 
 
 def run_shard_jobs(pipeline: beam.Pipeline, jobs: list[ShardJob], **options) -> list[CodeShards]:
     """Encode every job not already done in ``pipeline`` (one Beam run for all; ``options`` as
     :class:`EncodeToShards` takes them) and return each job's checked shards, in order. A job whose
-    directory holds a finished job of the same model is read back, not encoded again."""
-    pending = [(number, job) for number, job in enumerate(jobs) if job.done() is None]
+    directory holds the same finished job (:meth:`ShardJob.done`) is read back, not encoded again;
+    any other manifest there is removed first, so that only the new run can finish the directory."""
+    found = [job.done() for job in jobs]
+    pending = [(number, job) for number, job in enumerate(jobs) if found[number] is None]
     if pending:
+        for _, job in pending:
+            manifest = os.path.join(job.directory, MANIFEST)
+            if tf.io.gfile.exists(manifest):
+                tf.io.gfile.remove(manifest)
         with pipeline as running:
             for number, job in pending:
                 _ = running | f"Encode{number}" >> EncodeToShards(job.saved_model_dir, list(job.files), job.num_classes,

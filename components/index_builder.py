@@ -92,9 +92,16 @@ def IndexBuilder(
     # one database per modality of a cross-modal model ("<type>-<modality>"), else one ("<type>")
     written = {}
     database_modalities = [m for m in modalities.split(",") if m] or [None]
-    cache = evaluation.uri if evaluation else index.uri
-    jobs = [ShardJob(model_dir, tuple(files), num_classes, shards_dir(cache, model_dir, files, num_classes, examples_signature(modality)),
-                     examples_signature(modality)) for modality in database_modalities]  # fmt: skip
+
+    def job(modality: str | None) -> ShardJob:  # the evaluator's shards of this model when there, else its own
+        signature = examples_signature(modality)
+        for root in [evaluation.uri] if evaluation else []:
+            cached = ShardJob(model_dir, tuple(files), num_classes, shards_dir(root, model_dir, files, num_classes, signature), signature)
+            if cached.done() is not None:
+                return cached
+        return ShardJob(model_dir, tuple(files), num_classes, shards_dir(index.uri, model_dir, files, num_classes, signature), signature)
+
+    jobs = [job(modality) for modality in database_modalities]
     for modality, shards in zip(database_modalities, run_shard_jobs(beam_pipeline, jobs), strict=True):
         for kind in [k.strip() for k in kinds.split(",") if k.strip()]:
             placement = {}

@@ -9,9 +9,9 @@ Pusher consumes the blessing."""
 
 import json
 import os
-import shutil
 
 import apache_beam as beam
+import tensorflow as tf
 from tfhash.components.encoding import (
     ShardJob,
     encode_split,
@@ -112,16 +112,19 @@ def RetrievalEvaluator(
                                         shards_dir(evaluation.uri if name == "candidate" else scratch, path, files, num_classes, signature),
                                         signature)
             for name, path in models.items() for _, signature in directions(cross_modal)}  # fmt: skip
-    shards = dict(zip(jobs, run_shard_jobs(beam_pipeline, list(jobs.values())), strict=True))
 
     def metrics(name: str):
         return retrieval_metrics(models[name], examples.uri, num_classes, query_split,
                                  {signature: found for (owner, signature), found in shards.items() if owner == name}, depth, cross_modal)  # fmt: skip
 
-    summary, report = metrics("candidate")
+    try:
+        shards = dict(zip(jobs, run_shard_jobs(beam_pipeline, list(jobs.values())), strict=True))
+        summary, report = metrics("candidate")
+        baseline = metrics("baseline")[0] if baseline_model is not None else None
+    finally:
+        if tf.io.gfile.exists(scratch):
+            tf.io.gfile.rmtree(scratch)
     label = "mAP@all" if depth is None else f"mAP@{depth}"
-    baseline = metrics("baseline")[0] if baseline_model is not None else None
-    shutil.rmtree(scratch, ignore_errors=True)
     blessed, reason = blessing_decision(summary[label], baseline[label] if baseline else None, map_threshold, max_regression)
     os.makedirs(evaluation.uri, exist_ok=True)
     result = {"metrics": summary, "baseline": baseline, "blessed": blessed, "reason": reason, "model_uri": model.uri}

@@ -76,6 +76,10 @@ def test_a_corrupt_or_foreign_or_unfinished_shard_directory_is_refused(split, tm
     open(first, "wb").write(bytes(data))
     with pytest.raises(CodeShardsError, match="checksum mismatch"):
         list(CodeShards.open(directory))
+    job = encoding.ShardJob(model, tuple(files), 3, directory)
+    assert job.done() is None  # a damaged job is not reused: it is encoded again
+    healed = encoding.run_shard_jobs(beam.Pipeline(options=PipelineOptions(IN_MEMORY)), [job], **SMALL)[0]
+    assert healed.manifest["shards"] == shards.manifest["shards"]  # the same bytes again: shards carry no time stamp
     os.remove(first)
     with pytest.raises(CodeShardsError, match="cannot be read"):
         list(CodeShards.open(directory))
@@ -100,6 +104,21 @@ def test_a_bad_record_fails_the_job_by_name_and_a_rerun_writes_every_id_once(spl
     _, all_ids = shards.codes_and_ids()
     assert sorted(all_ids.tolist()) == sorted([*ids.tolist(), *database(n=470)[1][300:].tolist()])  # every id exactly once
     assert sorted(os.listdir(directory)) == sorted([*(e["name"] for e in shards.manifest["shards"]), MANIFEST])
+
+
+def test_a_split_without_records_and_a_stale_manifest_end_nothing_silently(split, tmp_path):
+    files, model, other = split
+    with pytest.raises(Exception, match=r"hold no records to encode"):
+        encoding.encode_to_shards(model, [files[1]], 3, str(tmp_path / "empty"), IN_MEMORY, **SMALL)
+    assert not os.path.exists(tmp_path / "empty" / MANIFEST)
+    directory = str(tmp_path / "shards")
+    encoding.encode_to_shards(model, files, 3, directory, IN_MEMORY, **SMALL)
+    assert encoding.ShardJob(model, tuple(files), 3, directory, "serving_text").done() is None  # another signature's job
+    vectors, ids = database(n=300)
+    broken = write_records(str(tmp_path / "b.gz"), vectors, ids, bad_at=5)
+    with pytest.raises(Exception, match="a record failed to encode"):  # another job into the same folder fails...
+        encoding.encode_to_shards(other, [broken], 3, directory, IN_MEMORY, **SMALL)
+    assert not os.path.exists(os.path.join(directory, MANIFEST))  # ...and leaves no manifest of the earlier job behind
 
 
 def test_parts_must_be_whole_batches(split, tmp_path):
