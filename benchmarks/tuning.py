@@ -14,7 +14,9 @@ recommended rows and the published SDMCH values::
 
     python -m benchmarks.tuning --datasets mnist cifar10 mirflickr wiki --tune-bits 32 --bits 16 32 64 --seeds 0 1 2
 
-Rows accumulate in ``benchmarks/results/tuning.{json,md}`` (a rerun replaces its rows).
+``--tune-each`` searches at each of ``--bits`` instead and tests each code length with the choice
+made at it (the searches cost a few minutes on MNIST and MIRFlickr, about 15 on CIFAR-10). Rows
+accumulate in ``benchmarks/results/tuning.{json,md}`` (a rerun replaces its dataset's rows).
 """
 
 from __future__ import annotations
@@ -93,6 +95,26 @@ def cells(tests: list[dict]) -> list[dict]:
     return out
 
 
+#: The settings whose values the "what each part of the space gave" table compares.
+SETTINGS = ("variant", "dropout", "input_dropout", "learning_rate", "weight_decay", "schedule", "epochs")
+
+
+def parts(trials: list[dict]) -> list[dict]:
+    """What each part of the search space gave: per setting and value, the completed trials that
+    had it and the best validation mAP@all among them at the top fidelity the search reached (a
+    shorter trial's score is not comparable), and at any fidelity."""
+    done = [t for t in trials if t["status"] == "ok"]
+    top = max((t["units"] for t in done), default=0)
+    out = []
+    for name in SETTINGS:
+        for value in sorted({t[name] for t in done if name in t}, key=str):
+            having = [t for t in done if t.get(name) == value]
+            full = [t["score"] for t in having if t["units"] == top]
+            out.append({"setting": name, "value": value, "trials": len(having), f"best at {top} units": max(full) if full else "",
+                        "best at any units": max(t["score"] for t in having)})  # fmt: skip
+    return out
+
+
 def markdown(payload: dict) -> str:
     lines = ["# tfhash.tuning on the peer protocol and Wiki (python -m benchmarks.tuning)", "",
              "The search sees the training rows only (its own validation split: 20% held out, half of them queries, "
@@ -114,6 +136,10 @@ def markdown(payload: dict) -> str:
                                                             "test", "recommended test", "what it showed"]), ""]  # fmt: skip
     for search in payload["searches"]:
         lines += [f"### {search['dataset']}, {search['bits']} bits: every trial", "", search["table"], ""]
+        if search.get("trial rows"):
+            by_part = parts(search["trial rows"])
+            lines += [f"What each part of the space gave ({search['dataset']}, validation mAP@all):", "",
+                      markdown_table(by_part, list(by_part[0])), ""]  # fmt: skip
     return "\n".join(lines)
 
 
@@ -121,6 +147,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--datasets", nargs="+", choices=(*DATASETS, WIKI), default=[*DATASETS, WIKI])
     parser.add_argument("--tune-bits", type=int, default=32, help="the code length each dataset is tuned at")
+    parser.add_argument("--tune-each", action="store_true",
+                        help="tune at each of --bits instead, and test each code length with the choice made at it")  # fmt: skip
     parser.add_argument("--bits", nargs="+", type=int, default=[16, 32, 64])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--seed", type=int, default=0, help="the search's seed (validation split, Hyperband, trials)")
@@ -150,26 +178,33 @@ def main() -> None:
             def test(recipe, bits, seed, data=data):
                 return test_row(data, recipe, bits, seed)
 
-        result = tune(x, labels, args.tune_bits, seed=args.seed, budget=Budget(max_units=args.max_units), kind=kind, space=space,
-                      train_in_database=share)  # fmt: skip
-        recipe = result.recipe
-        one = test(recipe, args.tune_bits, args.seed)["train_s"]  # one training of the chosen recipe, for the multiple
-        failed = sum(t["status"] != "ok" for t in result.trials)
-        search = {"dataset": dataset, "bits": args.tune_bits, "seed": args.seed, "train in database": round(share, 3), "chosen": f"{recipe.method} {json.dumps(recipe.options)} "
-                  f"lr {recipe.learning_rate} wd {recipe.weight_decay} dropout {recipe.dropout} {recipe.schedule} {recipe.epochs} epochs",
-                  "recipe": asdict(recipe), "validation mAP@all": result.score, "trials": len(result.trials), "failed": failed,
-                  "budget multiple": round(result.budget.multiple(), 2), "seconds": result.seconds, "one training seconds": one,
-                  "cost multiple": round(result.seconds / one, 1), "table": result.table(), "trial rows": result.trials}  # fmt: skip
-        print(json.dumps({k: v for k, v in search.items() if k not in ("table", "trial rows")}), flush=True)
-        payload["searches"] = [s for s in payload["searches"] if s["dataset"] != dataset] + [search]
+        payload["searches"] = [s for s in payload["searches"] if s["dataset"] != dataset]
         payload["tests"] = [r for r in payload["tests"] if r["dataset"] != dataset]
-        for bits in args.bits:
-            for seed in args.seeds:
-                row = {"dataset": dataset, "bits": bits, "seed": seed, "method": recipe.method, "tuned at bits": args.tune_bits,
-                       **test(recipe, bits, seed)}  # fmt: skip
-                print(json.dumps(row), flush=True)
-                payload["tests"].append(row)
-                write_results("tuning", payload, markdown(payload))
+        for tune_bits in args.bits if args.tune_each else [args.tune_bits]:
+            result = tune(x, labels, tune_bits, seed=args.seed, budget=Budget(max_units=args.max_units), kind=kind, space=space,
+                          train_in_database=share)  # fmt: skip
+            recipe = result.recipe
+            tests = []
+            for bits in [tune_bits] if args.tune_each else args.bits:
+                for seed in args.seeds:
+                    row = {"dataset": dataset, "bits": bits, "seed": seed, "method": recipe.method, "tuned at bits": tune_bits,
+                           **test(recipe, bits, seed)}  # fmt: skip
+                    print(json.dumps(row), flush=True)
+                    tests.append(row)
+            # one training of the chosen recipe at the searched bits and seed, for the cost multiple
+            same = [r["train_s"] for r in tests if (r["bits"], r["seed"]) == (tune_bits, args.seed)]
+            one = same[0] if same else test(recipe, tune_bits, args.seed)["train_s"]
+            failed = sum(t["status"] != "ok" for t in result.trials)
+            search = {"dataset": dataset, "bits": tune_bits, "seed": args.seed, "train in database": round(share, 3),
+                      "chosen": f"{recipe.method} {json.dumps(recipe.options)} lr {recipe.learning_rate} wd {recipe.weight_decay} "
+                      f"dropout {recipe.dropout} {recipe.schedule} {recipe.epochs} epochs", "recipe": asdict(recipe),
+                      "validation mAP@all": result.score, "trials": len(result.trials), "failed": failed,
+                      "budget multiple": round(result.budget.multiple(), 2), "seconds": result.seconds, "one training seconds": one,
+                      "cost multiple": round(result.seconds / one, 1), "table": result.table(), "trial rows": result.trials}  # fmt: skip
+            print(json.dumps({k: v for k, v in search.items() if k not in ("table", "trial rows")}), flush=True)
+            payload["searches"].append(search)
+            payload["tests"] += tests
+            write_results("tuning", payload, markdown(payload))
 
 
 if __name__ == "__main__":

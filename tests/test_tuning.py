@@ -13,10 +13,12 @@ from tfhash.recipes import RECOMMENDED, Recipe
 from tfhash.registry import Method, register_method, unregister_method
 from tfhash.tuning import (
     KEEP_RECOMMENDED_WITHIN,
+    OBJECTIVE,
     SEARCH_SPACES,
     Budget,
     SearchSpace,
     TuningError,
+    beats,
     carve_validation,
     data_kind,
     prepare,
@@ -102,17 +104,47 @@ def test_validation_split_is_carved_from_the_rows_and_refuses_too_few_labels():
         carve_validation(multi, seed=0)
 
 
+def scores(row: dict) -> dict:
+    """A trial row's validation scores as the search compares them."""
+    return {OBJECTIVE: row["score"], **{k: v for k, v in row.items() if k == "mAP@1000" or "->" in k}}
+
+
+def chosen_row(trials: list[dict], margin: float) -> dict:
+    """The trial the search should choose: the recommended recipe (the first trial) unless a trial
+    of its fidelity beats it (the best such)."""
+    first, rivals = trials[0], [t for t in trials[1:] if t["status"] == "ok" and t["units"] == trials[0]["units"]]
+    return max([t for t in rivals if beats(scores(t), scores(first), margin)], key=lambda t: t["score"], default=first)
+
+
+def test_a_trial_replaces_the_recommended_recipe_only_by_a_gain_that_loses_no_score():
+    incumbent = {OBJECTIVE: 0.50, "image->text": 0.30, "text->image": 0.70}
+    assert beats({OBJECTIVE: 0.51, "image->text": 0.30, "text->image": 0.72}, incumbent, 0.005)
+    assert beats({OBJECTIVE: 0.51, "image->text": 0.296, "text->image": 0.724}, incumbent, 0.005)  # a loss within the margin
+    assert not beats({OBJECTIVE: 0.504, "image->text": 0.30, "text->image": 0.708}, incumbent, 0.005)  # a gain within noise
+    assert not beats({OBJECTIVE: 0.51, "image->text": 0.28, "text->image": 0.74}, incumbent, 0.005)  # one direction traded
+    assert not beats({OBJECTIVE: 0.74, "mAP@1000": 0.80}, {OBJECTIVE: 0.73, "mAP@1000": 0.82}, 0.005)  # mAP@1000 lost
+    assert beats({OBJECTIVE: 0.50}, {OBJECTIVE: 0.50}, 0.0)  # margin 0: any gain that loses nothing
+    x, y = clusters()
+    paired = {"image": x, "text": x[:, :8] + np.random.default_rng(2).normal(size=(len(x), 8)).astype("float32")}
+    cross = replace(SEARCH_SPACES["cross-modal"], epochs=(6,))
+    for margin in (0.0, KEEP_RECOMMENDED_WITHIN):  # the search applies the same rule to its trials
+        # Hyperband at 3 units: the recommended recipe, 3 trials of 1 unit, 1 promoted and 2 new ones of 3 units
+        result = tune(paired, y, bits=16, budget=Budget(max_units=3), space=cross, margin=margin)
+        assert sum(t["units"] == 3 for t in result.trials) == 4
+        assert result.score == pytest.approx(chosen_row(result.trials, margin)["score"])
+    with pytest.raises(TuningError, match="margin must be >= 0.*got -1"):
+        tune(x, y, bits=16, budget=SMALL, margin=-1.0)
+
+
 def test_tune_starts_from_the_recommended_recipe_and_returns_a_trainable_recipe():
     x, y = clusters()
     result = tune(x, y, bits=16, seed=0, budget=SMALL)
     first = result.trials[0]
     assert first["variant"].startswith("recommended") and first["units"] == 3 and first["status"] == "ok"  # full fidelity
     assert len(result.trials) == 3 and all(t["status"] == "ok" and 0 <= t["score"] <= 1 for t in result.trials)
-    top = [t for t in result.trials if t["units"] == 3]
-    best = max(top, key=lambda t: t["score"])
-    expected = first if best["score"] - first["score"] < KEEP_RECOMMENDED_WITHIN else best  # the recommended recipe kept
-    assert result.score == pytest.approx(expected["score"])
-    strict = tune(x, y, bits=16, seed=0, budget=SMALL, margin=-1.0)  # any trial of the top fidelity may win
+    best = max((t for t in result.trials if t["units"] == 3), key=lambda t: t["score"])
+    assert result.score == pytest.approx(chosen_row(result.trials, KEEP_RECOMMENDED_WITHIN)["score"])
+    strict = tune(x, y, bits=16, seed=0, budget=SMALL, margin=0.0)  # any gain of the top fidelity wins
     assert strict.score == pytest.approx(max(t["score"] for t in strict.trials if t["units"] == 3))
     assert isinstance(result.recipe, Recipe) and result.recipe.method == SEARCH_SPACES["single-label"].methods[best["variant"]][0]
     assert "validation mAP@all" in result.recipe.chosen and result.kind == "single-label"
