@@ -13,8 +13,10 @@ import tensorflow as tf
 from apache_beam.options.pipeline_options import PipelineOptions
 from tfhash.components import encoding
 from tfhash.components.code_shards import MANIFEST, CodeShards, CodeShardsError, shard_name
+from tfhash.components.index_builder import fill_index
 
 from tests.serving_fixtures import database, export_version, vector_example
+from tfhash.index import index_factory
 from tfhash.metrics import evaluate_retrieval, evaluate_retrieval_sharded
 
 IN_MEMORY = ["--runner=DirectRunner", "--direct_running_mode=in_memory", "--direct_num_workers=1"]
@@ -101,8 +103,9 @@ def test_a_bad_record_fails_the_job_by_name_and_a_rerun_writes_every_id_once(spl
     open(os.path.join(directory, shard_name(7, 0)), "wb").write(b"stale")
     write_records(broken, vectors, ids)  # the record repaired; the job runs again into the same folder
     shards = encoding.encode_to_shards(model, [files[2], broken], 3, directory, TWO_PROCESSES, **SMALL)
-    _, all_ids = shards.codes_and_ids()
-    assert sorted(all_ids.tolist()) == sorted([*ids.tolist(), *database(n=470)[1][300:].tolist()])  # every id exactly once
+    index = index_factory(shards.manifest["code_bytes"] * 8, "BFlat")
+    fill_index(index, shards)
+    assert sorted(index.ids().tolist()) == sorted([*ids.tolist(), *database(n=470)[1][300:].tolist()])  # every id exactly once
     assert sorted(os.listdir(directory)) == sorted([*(e["name"] for e in shards.manifest["shards"]), MANIFEST])
 
 
