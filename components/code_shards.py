@@ -26,8 +26,9 @@ Manifest (format version 1)::
 Every file is written under a temporary name and renamed into place, so a worker that dies
 mid-shard leaves no shard behind, and a retried shard replaces its first attempt instead of adding
 to it; a shard's bytes are a function of its arrays (no time stamps), so an attempt that finishes
-late writes the same bytes the manifest records. Reading checks the format, the model's fingerprint when one is expected, each shard's
-checksum, shape and count. Paths may be local or any filesystem ``tf.io.gfile`` reaches (``gs://``).
+late writes the same bytes the manifest records. Reading checks the format, the model's
+fingerprint when one is expected, each shard's checksum, shape and count. Paths may be local or
+any filesystem ``tf.io.gfile`` reaches (``gs://``).
 No pickle: arrays are read with ``allow_pickle=False``.
 """
 

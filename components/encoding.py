@@ -237,7 +237,8 @@ def run_shard_jobs(pipeline: beam.Pipeline, jobs: list[ShardJob], **options) -> 
             for number, job in pending:
                 _ = running | f"Encode{number}" >> EncodeToShards(job.saved_model_dir, list(job.files), job.num_classes,
                                                                   job.directory, job.signature, **options)  # fmt: skip
-    return [CodeShards.open(job.directory, signature_fingerprint(job.saved_model_dir), job.num_classes) for job in jobs]
+    return [shards if shards is not None else CodeShards.open(job.directory, signature_fingerprint(job.saved_model_dir), job.num_classes)
+            for job, shards in zip(jobs, found, strict=True)]  # fmt: skip
 
 
 def encode_to_shards(saved_model_dir: str, files: list[str], num_classes: int, directory: str, beam_pipeline_args=(),
