@@ -19,9 +19,9 @@ run first (``bash scripts/run_main.sh``)::
 
     python -m benchmarks.database_scale --sizes 1000000 5000000 --seed 0
 
-Cost: the main job's model encodes its PNG records at about 1,700 items a second in process on
-these 2 cores (20,000 records, measured with other work beside it), so 5,000,000 records take
-the better part of an hour per path.
+Cost on these 2 cores (quiet): about 5,200 records a second on every path, so each path takes
+about 16 minutes at 5,000,000 records; generating the records (untimed) takes as long again as one
+path, and the whole run at 1M and 5M about 85 minutes.
 
 Writes ``benchmarks/results/database_scale.{json,md}``.
 """
