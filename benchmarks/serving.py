@@ -7,11 +7,12 @@ clients over a 1M-code index, bounded in time, over gRPC on loopback.
 Set-up: a seeded, untrained SCDH model over 32-d feature vectors is exported as version 1 (the
 pipeline's export code); ``size`` random-but-clustered codes (as in ``benchmarks.index``) form the
 database of each index kind, saved as that version's index. The search service runs as its own
-process (``tfhash serve search``, in-process encoder); the clients are threads of this process,
-each with its own channel, sending one query per request (k = 10) back to back for ``seconds``
-after a warm-up. ``codes`` requests carry packed codes (search only); ``features`` requests carry
+process (``tfhash serve search``, in-process encoder); the clients are asyncio gRPC clients spread
+over ``--load-processes`` processes, each client with its own channel, sending one query per
+request (k = 10, serialized in advance) back to back for ``seconds`` after a warm-up. ``codes`` requests carry packed codes (search only); ``features`` requests carry
 a feature vector that the service encodes with the model first. Client and server share the
-machine's cores, so the numbers include the clients' own CPU use.
+machine's cores; the CPU seconds per request of the server and of the load generator are measured
+apart, from the OS.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import argparse
 import os
 import sys
 import tempfile
-import threading
 import time
 
 import numpy as np
@@ -44,56 +44,135 @@ def export_model(path: str, bits: int, seed: int) -> None:
     export_feature_model(model, path, "features", [DIM], bits)
 
 
-def start_service(model_base: str, index_base: str, kind: str, threads: int, search_threads: int):
+def start_service(model_base: str, index_base: str, kind: str, threads: int, search_threads: int, search_batch_size: int):
     """``tfhash serve search`` as its own process (in-process encoder); returns (process, address)."""
     from tests.serving_fixtures import start_cli
 
     return start_cli(["serve", "search", "--model-base-dir", model_base, "--index-base-dir", index_base, "--kind", kind,
-                      "--port", "0", "--threads", str(threads), "--search-threads", str(search_threads)], "search service on ")  # fmt: skip
+                      "--port", "0", "--threads", str(threads), "--search-threads", str(search_threads),
+                      "--search-batch-size", str(search_batch_size)], "search service on ")  # fmt: skip
 
 
-def run_level(address: str, clients: int, seconds: float, make_request, server=None) -> dict:
-    """``clients`` threads sending requests back to back for ``seconds``; latencies in ms. With
-    ``server`` (a ``psutil.Process``), also the CPU seconds per request, from the OS, of the server
-    (its process and children) and of this process (the load generator), over the measured span."""
+SEARCH_METHOD = "/tfhash.serving.HashSearch/Search"
+
+
+def load_process(address: str, clients: int, first_slot: int, requests: list[bytes], k: int, conn) -> None:
+    """One load-generator process: ``clients`` asyncio clients (numbered from ``first_slot``), each
+    with its own gRPC channel, sending pre-serialized requests back to back. Answers are parsed and
+    checked once per client after its warm-up and otherwise left as bytes, so the generator spends
+    little CPU. Sends "ready" after the warm-up, receives the ``(start, stop)`` wall-clock times of
+    the measured span, and sends back the latency in ms of each request answered within the span,
+    the errors, and this process's CPU seconds over the span; or, if anything fails, the error's
+    text."""
+    import asyncio
+
     import grpc
-    from tfhash.serving import search_pb2_grpc
+    from tfhash.serving import search_pb2
 
-    latencies: list[list[float]] = [[] for _ in range(clients)]
-    errors = [0] * clients
-    start_barrier = threading.Barrier(clients + 1)
-    stop_at = [0.0]
+    async def main() -> None:
+        warm, go, window, latencies = asyncio.Event(), asyncio.Event(), [], []
+        warmed = [0]
 
-    def client(slot: int) -> None:
-        rng = np.random.default_rng(slot)
-        with grpc.insecure_channel(address) as channel:
-            stub = search_pb2_grpc.HashSearchStub(channel)
-            for _ in range(5):  # warm-up: connection, first calls
-                stub.Search(make_request(rng), timeout=30)
-            start_barrier.wait()
-            while time.perf_counter() < stop_at[0]:
-                request = make_request(rng)
-                begin = time.perf_counter()
-                try:
-                    stub.Search(request, timeout=30)
-                    latencies[slot].append((time.perf_counter() - begin) * 1000.0)
-                except grpc.RpcError:
-                    errors[slot] += 1
+        async def client(slot: int) -> int:
+            errors = 0
+            async with grpc.aio.insecure_channel(address) as channel:
+                call = channel.unary_unary(SEARCH_METHOD)  # bytes in and out
+                for i in range(5):  # warm-up: connection, first calls
+                    answer = await call(requests[(slot + i) % len(requests)], timeout=30)
+                found = search_pb2.SearchResponse.FromString(answer)
+                if len(found.results) != 1 or len(found.results[0].ids) != k:
+                    raise RuntimeError(f"unexpected answer from {address}: {found}")
+                warmed[0] += 1
+                if warmed[0] == clients:
+                    warm.set()
+                await go.wait()
+                start, stop = window
+                await asyncio.sleep(max(start - time.time(), 0.0))
+                i = slot * 7919
+                while time.time() < stop:
+                    request, i = requests[i % len(requests)], i + 1
+                    begin = time.perf_counter()
+                    try:
+                        await call(request, timeout=30)
+                    except grpc.aio.AioRpcError:
+                        errors += 1
+                        continue
+                    if time.time() <= stop:
+                        latencies.append((time.perf_counter() - begin) * 1000.0)
+            return errors
 
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
-    for thread in threads:
-        thread.start()
-    stop_at[0] = time.perf_counter() + 3600
-    start_barrier.wait()
-    begin, cpu = time.perf_counter(), cpu_seconds(server)
-    stop_at[0] = begin + seconds
-    for thread in threads:
-        thread.join()
-    elapsed = time.perf_counter() - begin
-    server_cpu, client_cpu = (after - before for after, before in zip(cpu_seconds(server), cpu, strict=True))
-    flat = np.concatenate([np.asarray(x) for x in latencies])
-    row = {"clients": clients, "requests": int(flat.size), "errors": int(sum(errors)), "seconds": round(elapsed, 2),
-           "qps": round(flat.size / elapsed, 1), "p50_ms": round(float(np.percentile(flat, 50)), 2),
+        async def cpu_over_span() -> float:
+            await go.wait()
+            start, stop = window
+            await asyncio.sleep(max(start - time.time(), 0.0))
+            before = sum(os.times()[:2])
+            await asyncio.sleep(max(stop - time.time(), 0.0))
+            return sum(os.times()[:2]) - before
+
+        tasks = [asyncio.create_task(client(slot)) for slot in range(first_slot, first_slot + clients)]
+        cpu = asyncio.create_task(cpu_over_span())
+        warming = asyncio.gather(*tasks)
+        await asyncio.wait([warming, asyncio.create_task(warm.wait())], return_when=asyncio.FIRST_COMPLETED)
+        if warming.done():  # a client failed during its warm-up
+            warming.result()
+        conn.send("ready")
+        window.extend(await asyncio.get_running_loop().run_in_executor(None, conn.recv))
+        go.set()
+        errors = sum(await warming)
+        conn.send((np.asarray(latencies), errors, await cpu))
+
+    try:
+        asyncio.run(main())
+    except BaseException as err:  # noqa: BLE001 - reported to the benchmark, which stops with it
+        conn.send(f"load process failed: {type(err).__name__}: {err}")
+
+
+def run_level(address: str, clients: int, seconds: float, requests: list[bytes], server=None, processes: int = 2) -> dict:
+    """``clients`` asyncio clients spread over ``processes`` load-generator processes
+    (:func:`load_process`), sending requests back to back for ``seconds``; latencies in ms. With
+    ``server`` (a ``psutil.Process``), also the CPU seconds per request, from the OS, of the
+    server (its process and children) and of the load generator's processes, over the span."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    shares = [clients // processes + (i < clients % processes) for i in range(min(processes, clients))]
+    pipes, workers = [], []
+
+    def receive(pipe, worker, timeout: float):
+        if not pipe.poll(timeout):
+            raise RuntimeError(f"a load-generator process did not answer within {timeout:g} s (exit code {worker.exitcode})")
+        message = pipe.recv()
+        if isinstance(message, str) and message != "ready":
+            raise RuntimeError(message)
+        return message
+
+    try:
+        for number, share in enumerate(shares):
+            ours, theirs = context.Pipe()
+            worker = context.Process(target=load_process, args=(address, share, sum(shares[:number]), requests, K, theirs), daemon=True)
+            worker.start()
+            theirs.close()  # the child's end: a child that dies then reads as end of file here
+            pipes.append(ours)
+            workers.append(worker)
+        for pipe, worker in zip(pipes, workers, strict=True):
+            receive(pipe, worker, 120)
+        start = time.time() + 0.5
+        for pipe in pipes:
+            pipe.send((start, start + seconds))
+        time.sleep(max(start - time.time(), 0.0))
+        before = server_cpu_seconds(server)
+        time.sleep(max(start + seconds - time.time(), 0.0))
+        server_cpu = server_cpu_seconds(server) - before
+        reports = [receive(pipe, worker, 90) for pipe, worker in zip(pipes, workers, strict=True)]
+    finally:
+        for worker in workers:
+            worker.join(30)
+            if worker.is_alive():
+                worker.kill()
+    flat = np.concatenate([latencies for latencies, _, _ in reports])
+    client_cpu = sum(cpu for _, _, cpu in reports)
+    row = {"clients": clients, "load_processes": len(shares), "requests": int(flat.size), "errors": int(sum(e for _, e, _ in reports)),
+           "seconds": round(seconds, 2), "qps": round(flat.size / seconds, 1), "p50_ms": round(float(np.percentile(flat, 50)), 2),
            "p99_ms": round(float(np.percentile(flat, 99)), 2)}  # fmt: skip
     if server is not None:
         row.update({"server_cpu_ms_per_request": round(server_cpu * 1000 / max(flat.size, 1), 3),
@@ -101,14 +180,11 @@ def run_level(address: str, clients: int, seconds: float, make_request, server=N
     return row
 
 
-def cpu_seconds(server) -> tuple[float, float]:
-    """(user + system CPU seconds of ``server`` and its children, of this process) from the OS;
-    (0, 0) without a server."""
+def server_cpu_seconds(server) -> float:
+    """User + system CPU seconds of ``server`` and its children, from the OS (0 without a server)."""
     if server is None:
-        return 0.0, 0.0
-    processes = [server, *server.children(recursive=True)]
-    used = sum(sum(p.cpu_times()[:2]) for p in processes)
-    return used, sum(os.times()[:2])
+        return 0.0
+    return sum(sum(p.cpu_times()[:2]) for p in [server, *server.children(recursive=True)])
 
 
 def summarise_runs(runs: list[dict]) -> dict:
@@ -116,7 +192,7 @@ def summarise_runs(runs: list[dict]) -> dict:
     def median(key):
         return round(float(np.median([r[key] for r in runs])), 2)
 
-    summary = {"clients": runs[0]["clients"], "repeats": len(runs), "requests": sum(r["requests"] for r in runs),
+    summary = {"clients": runs[0]["clients"], "load_processes": runs[0]["load_processes"], "repeats": len(runs), "requests": sum(r["requests"] for r in runs),
                "errors": sum(r["errors"] for r in runs), "qps": median("qps"), "qps_min": min(r["qps"] for r in runs),
                "qps_max": max(r["qps"] for r in runs), "p50_ms": median("p50_ms"), "p99_ms": median("p99_ms"),
                "p99_ms_max": max(r["p99_ms"] for r in runs)}  # fmt: skip
@@ -138,6 +214,8 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=["codes", "features"], choices=["codes", "features"])
     parser.add_argument("--threads", type=int, default=8, help="server worker threads")
     parser.add_argument("--search-threads", type=int, default=1, help="threads per index search in the server")
+    parser.add_argument("--search-batch-size", type=int, default=1, help="the server's coalescing of concurrent searches (1: off)")
+    parser.add_argument("--load-processes", type=int, default=2, help="load-generator processes the clients are spread over")
     parser.add_argument("--name", default="serving")
     args = parser.parse_args()
 
@@ -151,9 +229,9 @@ def main() -> None:
     database = clustered_packed(args.size, centres, rng)
     query_pool = clustered_packed(10_000, centres, rng)
     feature_pool = rng.normal(size=(10_000, DIM)).astype(np.float32)
-    requests = {
-        "codes": lambda r: search_request(codes=query_pool[r.integers(len(query_pool))][None], k=K),
-        "features": lambda r: search_request(features=feature_pool[r.integers(len(feature_pool))][None], k=K),
+    requests = {  # serialized once: the load generator sends bytes
+        "codes": [search_request(codes=code[None], k=K).SerializeToString() for code in query_pool[:2000]],
+        "features": [search_request(features=vector[None], k=K).SerializeToString() for vector in feature_pool[:2000]],
     }
     rows = []
     with tempfile.TemporaryDirectory() as work:
@@ -167,12 +245,12 @@ def main() -> None:
             index.save(os.path.join(index_base, "1", kind), model_version="1", signature_fingerprint=fingerprint)
             build_s = time.perf_counter() - build_start
             del index
-            process, address = start_service(model_base, index_base, kind, args.threads, args.search_threads)
+            process, address = start_service(model_base, index_base, kind, args.threads, args.search_threads, args.search_batch_size)
             server = psutil.Process(process.pid)
             try:
                 for mode in args.modes:
                     for clients in args.clients:
-                        runs = [run_level(address, clients, args.seconds, requests[mode], server) for _ in range(args.repeats)]
+                        runs = [run_level(address, clients, args.seconds, requests[mode], server, args.load_processes) for _ in range(args.repeats)]
                         row = {"index": kind, "n": args.size, "bits": args.bits, "mode": mode, "k": K,
                                **summarise_runs(runs), "index_build_s": round(build_s, 1), "seed": args.seed}  # fmt: skip
                         print(row, flush=True)
@@ -180,22 +258,23 @@ def main() -> None:
             finally:
                 process.terminate()
                 process.wait(60)
-    columns = ["index", "n", "bits", "mode", "clients", "repeats", "requests", "errors", "qps", "qps_min", "qps_max",
+    columns = ["index", "n", "bits", "mode", "clients", "load_processes", "repeats", "requests", "errors", "qps", "qps_min", "qps_max",
                "p50_ms", "p99_ms", "p99_ms_max", "server_cpu_ms_per_request", "client_cpu_ms_per_request", "seed"]  # fmt: skip
     command = "python -m benchmarks.serving " + " ".join(sys.argv[1:])
     markdown = (
         "# Search service load benchmark\n\n"
         f"Command: `{command.strip()}`. One query per request, k = {K}, over gRPC on loopback; the search "
-        f"service (`tfhash serve search`, {args.threads} worker threads, {args.search_threads} thread(s) per index search, in-process encoder) runs as its own "
-        "process; the clients are threads of the benchmark process, one channel each, sending back to back "
+        f"service (`tfhash serve search`, {args.threads} worker threads, {args.search_threads} thread(s) per index search, "
+        f"concurrent searches coalesced up to {args.search_batch_size} queries, in-process encoder) runs as its own "
+        "process; the clients are asyncio gRPC clients spread over the load-generator processes, one channel each, "
+        "sending requests serialized in advance back to back "
         f"for {args.seconds:g} s per run after a warm-up, on the same {os.cpu_count()} cores as the server; each row "
         f"is run {args.repeats} times (qps, p50 and p99 are medians; min / max give the spread, which is wide on "
         "this shared virtual machine). "
         "`codes`: the request carries a packed code (search only); `features`: a 32-d vector that the "
         "service encodes with the model (an MLP) before it searches. Database: random-but-clustered codes "
         "as in the index benchmark. CPU per request is from the OS (user + system seconds over the measured "
-        "span divided by the requests answered): the server's process and children, and the benchmark process "
-        "that runs the clients.\n\n" + markdown_table(rows, columns) + "\n"
+        "span divided by the requests answered): the server's process and children, and the load-generator processes.\n\n" + markdown_table(rows, columns) + "\n"
     )
     write_results(args.name, {"command": command, "rows": rows, "seed": args.seed}, markdown)
 

@@ -126,13 +126,16 @@ def model(model_config_file, model_name, model_base_path, host, port, poll_secon
                    "threads. (--faiss-threads: the former name.)")
 @click.option("--encode-batch-size", default=128, show_default=True, type=click.IntRange(1),
               help="In-process encoding: batch concurrent requests up to this many rows (1: off).")
+@click.option("--search-batch-size", default=1, show_default=True, type=click.IntRange(1),
+              help="Coalesce concurrent searches (same k) into one index call of up to this many queries (1: off). "
+                   "Pays on an exact index (BFlat) under load; see the README's serving section.")
 @click.option("--rest-timeout", default=10.0, show_default=True, type=click.FloatRange(0.1),
               help="REST: seconds a client has to send its headers, and again its body, before the connection is closed.")
 @click.option("--grace-seconds", default=10.0, show_default=True, type=click.FloatRange(0),
               help="On SIGTERM / Ctrl-C, how long in-flight requests may take to finish.")
 def search(config_path, index_base_dir, model_base_dir, model_server, model_name, kind, query_modality, items_file, host,
            port, rest_port, max_k, max_batch, max_request_mb, threads, poll_seconds, search_threads, encode_batch_size,
-           rest_timeout, grace_seconds) -> None:  # fmt: skip
+           search_batch_size, rest_timeout, grace_seconds) -> None:  # fmt: skip
     """Run the search service until Ctrl-C / SIGTERM (then drain in-flight requests)."""
     import faiss
     from tfhash.serving.grpc_server import run_until_signal
@@ -160,9 +163,10 @@ def search(config_path, index_base_dir, model_base_dir, model_server, model_name
     limits = Limits(max_batch=max_batch, max_k=max_k)
     if model_server:
         searcher = remote_searcher(model_server, model_name, index_base_dir, kind, limits, model_base_dir,
-                                   query_modality=query_modality, items=items)  # fmt: skip
+                                   query_modality=query_modality, items=items, search_batch_size=search_batch_size)  # fmt: skip
     else:
-        searcher = in_process_searcher(model_base_dir, index_base_dir, kind, limits, encode_batch_size, query_modality, items)
+        searcher = in_process_searcher(model_base_dir, index_base_dir, kind, limits, encode_batch_size, query_modality, items,
+                                       search_batch_size)  # fmt: skip
     try:
         server = SearchServer(searcher, host, port, rest_port, poll_seconds, threads, max_request_mb << 20,
                               rest_options={"header_timeout": rest_timeout, "body_timeout": rest_timeout, "workers": threads})  # fmt: skip

@@ -11,7 +11,7 @@ import numpy as np
 import tensorflow as tf
 from tfhash.serving.batching import Batcher
 from tfhash.serving.client import ModelClient, describe_signature
-from tfhash.serving.errors import ServingError, invalid, unavailable
+from tfhash.serving.errors import ServingError, deadline_exceeded, invalid, unavailable
 from tfhash.serving.model_server import LoadedVersion, load_version, run_signature
 from tfhash.serving.requests import check_features
 
@@ -89,7 +89,9 @@ class InProcessEncoder(Encoder):
         self.version = int(version)
         self.signatures = {name: describe_signature(s) for name, s in self.loaded.signature_defs.items()}
         self._use_modality(query_modality)
-        self._batcher = Batcher(self._call, max_batch_size) if max_batch_size > 1 else None
+        self._batcher = None
+        if max_batch_size > 1:
+            self._batcher = Batcher(lambda key, values: self._call(key[0], {key[1]: values}), max_batch_size, "tfhash-encode-batcher")
 
     def _call(self, signature_name: str, inputs: dict) -> np.ndarray:
         protos = {name: tf.make_tensor_proto(value) for name, value in inputs.items()}
@@ -100,9 +102,9 @@ class InProcessEncoder(Encoder):
             return self._call(signature_name, inputs)
         ((name, values),) = inputs.items()
         try:
-            return self._batcher.submit(signature_name, name, values, timeout)
+            return self._batcher.submit((signature_name, name), values, timeout)
         except TimeoutError as err:
-            raise ServingError(grpc.StatusCode.DEADLINE_EXCEEDED, str(err)) from err
+            raise deadline_exceeded(str(err)) from err
 
     def describe(self) -> str:
         return f"in-process SavedModel version {self.version}"

@@ -66,6 +66,10 @@ def unavailable(message: str) -> ServingError:
     return ServingError(grpc.StatusCode.UNAVAILABLE, message)
 
 
+def deadline_exceeded(message: str) -> ServingError:
+    return ServingError(grpc.StatusCode.DEADLINE_EXCEEDED, message)
+
+
 def too_large(message: str) -> ServingError:
     """A request over a size or cost limit (RESOURCE_EXHAUSTED)."""
     return ServingError(grpc.StatusCode.RESOURCE_EXHAUSTED, message)

@@ -69,9 +69,11 @@ class HashSearchServicer(search_pb2_grpc.HashSearchServicer):
 
 
 def in_process_searcher(model_base_dir: str, index_base_dir: str, kind: str = "BFlat", limits: Limits = DEFAULT_LIMITS,
-                        encode_batch_size: int = 128, query_modality: str | None = None, items: dict | None = None):  # fmt: skip
+                        encode_batch_size: int = 128, query_modality: str | None = None, items: dict | None = None,
+                        search_batch_size: int = 1):  # fmt: skip
     """Encode with the SavedModel versions under ``model_base_dir``, loaded in this process;
-    concurrent encode calls are batched up to ``encode_batch_size`` rows (1: no batching). For a
+    concurrent encode calls are batched up to ``encode_batch_size`` rows, concurrent searches up to
+    ``search_batch_size`` queries (1: no batching). For a
     cross-modal model, ``query_modality`` picks the queries' tower and ``kind`` names the index
     of the database modality (e.g. ``"BFlat-text"`` for image -> text). ``items``: the data's
     ``items.csv`` (:func:`tfhash.artifacts.read_items`) to name every answer."""
@@ -81,12 +83,12 @@ def in_process_searcher(model_base_dir: str, index_base_dir: str, kind: str = "B
 
     return VersionedSearcher(index_base_dir, kind, lambda: list_versions(model_base_dir),
                              lambda v: InProcessEncoder(path(v), v, max_batch_size=encode_batch_size, query_modality=query_modality),
-                             path, limits, items=items)  # fmt: skip
+                             path, limits, items=items, search_batch_size=search_batch_size)  # fmt: skip
 
 
 def remote_searcher(target: str, model_name: str, index_base_dir: str, kind: str = "BFlat", limits: Limits = DEFAULT_LIMITS,
                     model_base_dir: str | None = None, timeout: float = 10.0, query_modality: str | None = None,
-                    items: dict | None = None):  # fmt: skip
+                    items: dict | None = None, search_batch_size: int = 1):  # fmt: skip
     """Encode through TF Serving at ``target``; a version counts once TF Serving reports it
     AVAILABLE (keep the paired version loaded there: :mod:`tfhash.serving.deployment` pins the
     paired versions in ``models.config``). With ``model_base_dir`` (the folder TF Serving watches,
@@ -107,7 +109,7 @@ def remote_searcher(target: str, model_name: str, index_base_dir: str, kind: str
         return model_version_dir(model_base_dir, version) if model_base_dir else None
 
     return VersionedSearcher(index_base_dir, kind, available, lambda v: RemoteEncoder(target, model_name, v, timeout, channel, query_modality),
-                             model_dir, limits, items=items)  # fmt: skip
+                             model_dir, limits, items=items, search_batch_size=search_batch_size)  # fmt: skip
 
 
 class SearchServer:

@@ -9,11 +9,32 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 
 DIM, BITS, CLASSES = 8, 16, 3
 RAW_SPEC_NAME = "features"
+
+
+def queued_behind(first, busy: threading.Event, release: threading.Event, queued, waiting) -> None:
+    """Start ``first()`` on a thread and wait until it is ``busy``; start each of ``queued`` on a
+    thread and wait until ``waiting()`` is true (they have queued behind it); then ``release`` it
+    and wait for every thread."""
+    threads = [threading.Thread(target=first)]
+    threads[0].start()
+    assert busy.wait(10), "the first call never started"
+    threads += [threading.Thread(target=call) for call in queued]
+    for thread in threads[1:]:
+        thread.start()
+    deadline = time.monotonic() + 10
+    while not waiting():
+        assert time.monotonic() < deadline, "the calls did not queue up"
+        time.sleep(0.01)
+    release.set()
+    for thread in threads:
+        thread.join(10)
+        assert not thread.is_alive()
 
 
 def vector_example(values, label: int | None = None, item_id: int = 0) -> bytes:

@@ -3,6 +3,7 @@ request fails alone, and the worker ends when its batcher is dropped."""
 
 from __future__ import annotations
 
+import functools
 import gc
 import threading
 import time
@@ -11,12 +12,13 @@ import numpy as np
 import pytest
 from tfhash.serving.batching import Batcher
 
+from tests.serving_fixtures import queued_behind
+
 
 def test_concurrent_calls_are_batched_and_answered_in_order():
     calls = []
 
-    def double(signature, inputs):
-        ((values,),) = [inputs.values()]
+    def double(key, values):
         calls.append(len(values))
         time.sleep(0.01)  # keep the worker busy so that requests queue up
         return values * 2
@@ -26,7 +28,7 @@ def test_concurrent_calls_are_batched_and_answered_in_order():
 
     def client(i):
         values = np.full((1 + i % 3, 2), float(i))
-        results[i] = (values, batcher.submit("sig", "x", values))
+        results[i] = (values, batcher.submit("sig", values))
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(40)]
     for thread in threads:
@@ -41,8 +43,7 @@ def test_concurrent_calls_are_batched_and_answered_in_order():
 def test_a_failing_request_fails_alone():
     started, release = threading.Event(), threading.Event()
 
-    def call(signature, inputs):
-        ((values,),) = [inputs.values()]
+    def call(key, values):
         if not started.is_set():
             started.set()
             release.wait(5)
@@ -55,34 +56,86 @@ def test_a_failing_request_fails_alone():
 
     def client(name, values):
         try:
-            outcomes[name] = batcher.submit("sig", "x", values)
+            outcomes[name] = batcher.submit("sig", values)
         except ValueError as err:
             outcomes[name] = err
 
-    first = threading.Thread(target=client, args=("first", np.zeros((1, 1))))
-    first.start()
-    started.wait(5)  # the worker is busy: the next three queue into one batch
-    others = [threading.Thread(target=client, args=(n, v)) for n, v in
-              [("a", np.ones((1, 1))), ("bad", np.full((1, 1), np.nan)), ("b", np.full((2, 1), 3.0))]]  # fmt: skip
-    for thread in others:
-        thread.start()
-    time.sleep(0.2)
-    release.set()
-    for thread in [first, *others]:
-        thread.join(5)
+    others = [("a", np.ones((1, 1))), ("bad", np.full((1, 1), np.nan)), ("b", np.full((2, 1), 3.0))]
+    # the worker is busy with the first: the next three queue into one batch
+    queued_behind(lambda: client("first", np.zeros((1, 1))), started, release,
+                  [functools.partial(client, name, values) for name, values in others], lambda: len(batcher._queue) == 3)  # fmt: skip
     assert isinstance(outcomes["bad"], ValueError)
     np.testing.assert_array_equal(outcomes["a"], [[2.0]])
     np.testing.assert_array_equal(outcomes["b"], [[4.0], [4.0]])
 
 
 def test_timeout_and_worker_ends_with_its_batcher():
-    batcher = Batcher(lambda s, inputs: (time.sleep(0.5), next(iter(inputs.values())))[1])
+    batcher = Batcher(lambda key, values: (time.sleep(0.5), values)[1])
     with pytest.raises(TimeoutError):
-        batcher.submit("sig", "x", np.zeros((1, 1)), timeout=0.01)
-    worker = batcher._worker
+        batcher.submit("sig", np.zeros((1, 1)), timeout=0.01)
+    workers = batcher._workers
     del batcher
     gc.collect()
-    worker.join(5)
-    assert not worker.is_alive()
+    for worker in workers:
+        worker.join(5)
+        assert not worker.is_alive()
     with pytest.raises(ValueError):
         Batcher(lambda s, i: None, max_batch_size=0)
+    with pytest.raises(ValueError):
+        Batcher(lambda s, i: None, workers=0)
+
+
+def test_requests_of_another_key_never_share_a_call_and_tuple_answers_are_split():
+    started, release, calls = threading.Event(), threading.Event(), []
+
+    def search(k, rows):
+        if not started.is_set():
+            started.set()
+            release.wait(5)
+        calls.append((k, len(rows)))
+        return rows[:, :1] * k, rows.sum(axis=1)
+
+    batcher = Batcher(search)
+    answers = {}
+
+    def client(name, k, rows):
+        answers[name] = batcher.submit(k, rows)
+
+    queued_behind(lambda: client("first", 1, np.ones((1, 2))), started, release,
+                  [functools.partial(client, name, k, np.full((n, 2), float(n))) for name, k, n in
+                   [("a", 10, 1), ("b", 20, 2), ("c", 10, 3)]], lambda: len(batcher._queue) == 3)  # fmt: skip
+    assert sorted(calls) == [(1, 1), (10, 4), (20, 2)]  # a and c together, b alone
+    for name, k, n in [("a", 10, 1), ("b", 20, 2), ("c", 10, 3)]:
+        column, sums = answers[name]
+        np.testing.assert_array_equal(column, np.full((n, 1), float(n * k)))
+        np.testing.assert_array_equal(sums, np.full(n, 2.0 * n))
+
+
+class StoreDown(Exception):
+    pass
+
+
+def test_shared_errors_reach_the_whole_batch_at_once_and_abandoned_requests_never_run():
+    started, release, calls = threading.Event(), threading.Event(), []
+
+    def call(key, values):
+        calls.append(len(values))
+        if not started.is_set():
+            started.set()
+            release.wait(5)
+            return values
+        raise StoreDown("the store is down")
+
+    batcher = Batcher(call, shared_errors=(StoreDown,))
+    outcomes = {}
+
+    def client(name, timeout=None):
+        try:
+            outcomes[name] = batcher.submit("k", np.zeros((1, 1)), timeout)
+        except (StoreDown, TimeoutError) as err:
+            outcomes[name] = err
+
+    queued_behind(lambda: client("first"), started, release, [functools.partial(client, n) for n in "abc"] +
+                  [functools.partial(client, "gone", 0.05)], lambda: len(batcher._queue) == 4 and "gone" in outcomes)  # fmt: skip
+    assert calls == [1, 3]  # a, b and c in one call, not retried one by one; "gone" never ran
+    assert all(isinstance(outcomes[n], StoreDown) for n in "abc") and isinstance(outcomes["gone"], TimeoutError)

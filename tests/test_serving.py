@@ -6,6 +6,7 @@ scenarios: test_serving_robustness.py)."""
 from __future__ import annotations
 
 import base64
+import functools
 import gc
 import http.client
 import json
@@ -33,7 +34,7 @@ from tfhash.serving.deployment import (
 )
 from tfhash.serving.errors import ServingError
 from tfhash.serving.model_server import DevModelServer
-from tfhash.serving.requests import Limits
+from tfhash.serving.requests import Limits, Query
 from tfhash.serving.search_client import SearchClient, search_request
 from tfhash.serving.search_service import SearchServer, in_process_searcher, remote_searcher
 
@@ -45,6 +46,7 @@ from tests.serving_fixtures import (
     export_version,
     graph_mode_outputs,
     push_version,
+    queued_behind,
     reference,
     start_cli,
     vector_example,
@@ -212,6 +214,49 @@ def test_search_equals_the_library_search(artifacts, search_server):
     index = load_index(os.path.join(artifacts["indexes"], "1", "BFlat"))
     for found, ball in zip(within.ids, index.range_search(packed, 2), strict=True):
         np.testing.assert_array_equal(found, ball.ids[:50])
+
+
+def test_concurrent_searches_are_coalesced_and_answered_as_alone(artifacts):
+    """Searches that queue while the index is busy share index calls, one k per call; each
+    request gets exactly the answer it gets alone, and a refused one disturbs none of the others."""
+    searcher = in_process_searcher(artifacts["models"], artifacts["indexes"], search_batch_size=64)
+    searcher.refresh()
+    index, busy, release, calls = searcher.active.index, threading.Event(), threading.Event(), []
+    alone = index.search
+
+    def search(packed, k):
+        calls.append((k, len(packed)))
+        busy.set()
+        release.wait(5)  # every search worker holds its call until the rest have queued
+        return alone(packed, k)
+
+    index.search = search
+    codes = load_index(os.path.join(artifacts["indexes"], "1", "BFlat")).codes()[:30]
+    requests = [(codes[i : i + 1 + i % 2], 5 if i % 3 else 12) for i in range(30)]
+    rows = 1 + sum(len(packed) for packed, _ in requests)
+    answers = {}
+
+    def client(i, packed, k):
+        try:
+            answers[i] = searcher.search(Query(codes=packed), k)[1]
+        except ServingError as err:
+            answers[i] = err
+
+    def all_in():  # every row is in a held call or queued
+        queued = sum(len(request.values) for request in list(searcher.active.searches._queue))
+        return "bad" in answers and queued + sum(n for _, n in calls) == rows
+
+    queued = [functools.partial(client, i, *request) for i, request in enumerate(requests)]
+    queued.append(functools.partial(client, "bad", codes[:1, :1], 5))  # 8 bits, not 16: refused before the index
+    queued_behind(lambda: client(-1, codes[:1], 7), busy, release, queued, all_in)
+    assert isinstance(answers["bad"], ServingError) and answers["bad"].code == grpc.StatusCode.INVALID_ARGUMENT
+    assert sum(n for _, n in calls) == rows and len(calls) < len(requests) and {k for k, _ in calls} == {5, 7, 12}
+    for i, (packed, k) in enumerate(requests):
+        expected = alone(packed, k)
+        assert len(answers[i]) == len(packed)
+        for found, ids, distances in zip(answers[i], expected.ids, expected.distances, strict=True):
+            np.testing.assert_array_equal(found.ids, ids)
+            np.testing.assert_array_equal(found.distances, distances)
 
 
 def _search_code(client: SearchClient, **request) -> grpc.StatusCode:
