@@ -9,8 +9,9 @@ pipeline's export code); ``size`` random-but-clustered codes (as in ``benchmarks
 database of each index kind, saved as that version's index. The search service runs as its own
 process (``tfhash serve search``, in-process encoder); the clients are asyncio gRPC clients spread
 over ``--load-processes`` processes, each client with its own channel, sending one query per
-request (k = 10, serialized in advance) back to back for ``seconds`` after a warm-up. ``codes`` requests carry packed codes (search only); ``features`` requests carry
-a feature vector that the service encodes with the model first. Client and server share the
+request (k = 10, serialized in advance) back to back for ``seconds`` after a warm-up. ``codes``
+requests carry packed codes (search only); ``features`` requests carry a feature vector that the
+service encodes with the model first. Client and server share the
 machine's cores; the CPU seconds per request of the server and of the load generator are measured
 apart, from the OS.
 """

@@ -3,9 +3,9 @@ service's index searches.
 
 A worker thread (or ``workers`` of them) makes the calls; requests that arrive while they are busy
 queue up and are taken together (up to ``max_batch_size`` rows, same key: the signature and input
-of a model call, the k of a search) by the next call, so nothing waits for a timer: a lone request runs at once, and under
-load the per-call overhead (Python, graph dispatch, a pass over the database) is shared by many
-requests. TF Serving's ``--enable_batching`` does the same for the remote encoder.
+of a model call, the k of a search) by the next call, so nothing waits for a timer: a lone request
+runs at once, and under load the per-call overhead (Python, graph dispatch, a pass over the
+database) is shared by many requests. TF Serving's ``--enable_batching`` does the same for the remote encoder.
 
 A batch that fails is retried request by request, so one malformed request cannot fail the others
 that happened to share its batch; except for the ``shared_errors`` types (a store that is down),

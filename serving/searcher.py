@@ -31,10 +31,14 @@ cost is bounded by its queries and k whatever the radius.
 
 Coalescing (``search_batch_size`` > 1, off by default): concurrent searches of the same k are
 joined into one index call (:mod:`tfhash.serving.batching`), on one search worker per core. The
-exact kernel then answers a group of queries for less than each alone (0.21 against 0.40 ms a
-query over 1M 64-bit codes). Through the service (1M codes, 32 clients) it saved 9-14% of the
-server's CPU for codes on BFlat, and cost more than it saved for an IVF index and for features,
-where the search is a small part of a request (``benchmarks/results/serving_coalesced_*.md``).
+exact kernel answers a group of queries for less per query than each alone. Through the service
+(1M codes, 32 clients) it saved 9-14% of the server's CPU for codes on BFlat, and cost more than
+it saved for an IVF index and for features, where the search is a small part of a request
+(``benchmarks/results/serving.md`` against ``serving_coalesced_*.md``).
+
+Items: given the exported data's ``items.csv`` (:func:`tfhash.artifacts.read_items`), every
+neighbour is answered with its source file and class names too (an id the file does not name gets
+an empty path and no labels).
 """
 
 from __future__ import annotations
@@ -103,7 +107,6 @@ class ServedPair:
             return self.searches.submit(k, packed, timeout)
         except TimeoutError as err:
             raise deadline_exceeded("the search did not finish before the deadline") from err
-
 
 
 @dataclass
