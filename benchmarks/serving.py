@@ -3,13 +3,16 @@ clients over a 1M-code index, bounded in time, over gRPC on loopback.
 
     python -m benchmarks.serving [--seed 0] [--size 1000000] [--bits 64] [--kinds BFlat BIVF1024]
                                  [--clients 1 8 32] [--seconds 10] [--repeats 3] [--modes codes features]
+                                 [--processes 1 2] [--tf-threads 0]
 
 Set-up: a seeded, untrained SCDH model over 32-d feature vectors is exported as version 1 (the
 pipeline's export code); ``size`` random-but-clustered codes (as in ``benchmarks.index``) form the
 database of each index kind, saved as that version's index. The search service runs as its own
-process (``tfhash serve search``, in-process encoder); the clients are asyncio gRPC clients spread
+process (``tfhash serve search``, in-process encoder), or as ``--processes`` serving processes on
+one port under a supervising parent; the clients are asyncio gRPC clients spread
 over ``--load-processes`` processes, each client with its own channel, sending one query per
-request (k = 10, serialized in advance) back to back for ``seconds`` after a warm-up. ``codes``
+request (k = 10, serialized in advance) back to back for ``seconds`` after a warm-up, each client on
+a connection of its own. ``codes``
 requests carry packed codes (search only); ``features`` requests carry a feature vector that the
 service encodes with the model first. Client and server share the
 machine's cores; the CPU seconds per request of the server and of the load generator are measured
@@ -45,13 +48,34 @@ def export_model(path: str, bits: int, seed: int) -> None:
     export_feature_model(model, path, "features", [DIM], bits)
 
 
-def start_service(model_base: str, index_base: str, kind: str, threads: int, search_threads: int, search_batch_size: int):
-    """``tfhash serve search`` as its own process (in-process encoder); returns (process, address)."""
+def start_service(model_base: str, index_base: str, kind: str, threads: int, search_threads: int, search_batch_size: int,
+                  processes: int = 1, tf_threads: int = 0):  # fmt: skip
+    """``tfhash serve search`` as its own process(es) (in-process encoder); returns (process, address)."""
     from tests.serving_fixtures import start_cli
 
     return start_cli(["serve", "search", "--model-base-dir", model_base, "--index-base-dir", index_base, "--kind", kind,
                       "--port", "0", "--threads", str(threads), "--search-threads", str(search_threads),
-                      "--search-batch-size", str(search_batch_size)], "search service on ")  # fmt: skip
+                      "--search-batch-size", str(search_batch_size), "--processes", str(processes),
+                      "--tf-threads", str(tf_threads)], "search service on ")  # fmt: skip
+
+
+def server_memory(server) -> dict:
+    """Memory of the service's processes (the parent and its children), in MB, from the OS: the sum
+    of resident sets (pages shared between processes counted in each), of proportional sets (shared
+    pages split between their sharers: the sum counts them once) and of unshared pages; and the
+    same for the mapped index codes (``codes.npy``) alone."""
+    totals = dict.fromkeys(("rss_mb", "pss_mb", "uss_mb", "codes_rss_mb", "codes_pss_mb"), 0.0)
+    processes = [server, *server.children(recursive=True)]
+    for process in processes:
+        full = process.memory_full_info()
+        totals["rss_mb"] += full.rss / 2**20
+        totals["pss_mb"] += full.pss / 2**20
+        totals["uss_mb"] += full.uss / 2**20
+        for mapping in process.memory_maps(grouped=True):
+            if mapping.path.endswith("codes.npy"):
+                totals["codes_rss_mb"] += mapping.rss / 2**20
+                totals["codes_pss_mb"] += mapping.pss / 2**20
+    return {"server_processes": len(processes), **{key: round(value, 1) for key, value in totals.items()}}
 
 
 SEARCH_METHOD = "/tfhash.serving.HashSearch/Search"
@@ -76,7 +100,9 @@ def load_process(address: str, clients: int, first_slot: int, requests: list[byt
 
         async def client(slot: int) -> int:
             errors = 0
-            async with grpc.aio.insecure_channel(address) as channel:
+            # a connection of its own, as separate clients have (gRPC otherwise shares one connection
+            # between the channels of a process to one address)
+            async with grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
                 call = channel.unary_unary(SEARCH_METHOD)  # bytes in and out
                 for i in range(5):  # warm-up: connection, first calls
                     answer = await call(requests[(slot + i) % len(requests)], timeout=30)
@@ -217,6 +243,8 @@ def main() -> None:
     parser.add_argument("--search-threads", type=int, default=1, help="threads per index search in the server")
     parser.add_argument("--search-batch-size", type=int, default=1, help="the server's coalescing of concurrent searches (1: off)")
     parser.add_argument("--load-processes", type=int, default=2, help="load-generator processes the clients are spread over")
+    parser.add_argument("--processes", nargs="+", type=int, default=[1, 2], help="the service's serving processes (each value a run)")
+    parser.add_argument("--tf-threads", type=int, default=0, help="TensorFlow threads per serving process (0: its default)")
     parser.add_argument("--name", default="serving")
     args = parser.parse_args()
 
@@ -234,7 +262,7 @@ def main() -> None:
         "codes": [search_request(codes=code[None], k=K).SerializeToString() for code in query_pool[:2000]],
         "features": [search_request(features=vector[None], k=K).SerializeToString() for vector in feature_pool[:2000]],
     }
-    rows = []
+    rows, memory_rows = [], []
     with tempfile.TemporaryDirectory() as work:
         model_base, index_base = os.path.join(work, "models"), os.path.join(work, "indexes")
         export_model(os.path.join(model_base, "1"), args.bits, args.seed)
@@ -246,28 +274,35 @@ def main() -> None:
             index.save(os.path.join(index_base, "1", kind), model_version="1", signature_fingerprint=fingerprint)
             build_s = time.perf_counter() - build_start
             del index
-            process, address = start_service(model_base, index_base, kind, args.threads, args.search_threads, args.search_batch_size)
-            server = psutil.Process(process.pid)
-            try:
-                for mode in args.modes:
-                    for clients in args.clients:
-                        runs = [run_level(address, clients, args.seconds, requests[mode], server, args.load_processes) for _ in range(args.repeats)]
-                        row = {"index": kind, "n": args.size, "bits": args.bits, "mode": mode, "k": K,
-                               **summarise_runs(runs), "index_build_s": round(build_s, 1), "seed": args.seed}  # fmt: skip
-                        print(row, flush=True)
-                        rows.append(row)
-            finally:
-                process.terminate()
-                process.wait(60)
-    columns = ["index", "n", "bits", "mode", "clients", "load_processes", "repeats", "requests", "errors", "qps", "qps_min", "qps_max",
+            for processes in args.processes:
+                process, address = start_service(model_base, index_base, kind, args.threads, args.search_threads,
+                                                 args.search_batch_size, processes, args.tf_threads)  # fmt: skip
+                server = psutil.Process(process.pid)
+                try:
+                    for mode in args.modes:
+                        for clients in args.clients:
+                            runs = [run_level(address, clients, args.seconds, requests[mode], server, args.load_processes)
+                                    for _ in range(args.repeats)]  # fmt: skip
+                            row = {"index": kind, "n": args.size, "bits": args.bits, "processes": processes, "mode": mode, "k": K,
+                                   **summarise_runs(runs), "index_build_s": round(build_s, 1), "seed": args.seed}  # fmt: skip
+                            print(row, flush=True)
+                            rows.append(row)
+                    memory = {"index": kind, "processes": processes, **server_memory(server)}  # after the load
+                    print(memory, flush=True)
+                    memory_rows.append(memory)
+                finally:
+                    process.terminate()
+                    process.wait(60)
+    columns = ["index", "n", "bits", "processes", "mode", "clients", "load_processes", "repeats", "requests", "errors", "qps", "qps_min", "qps_max",
                "p50_ms", "p99_ms", "p99_ms_max", "server_cpu_ms_per_request", "client_cpu_ms_per_request", "seed"]  # fmt: skip
     command = "python -m benchmarks.serving " + " ".join(sys.argv[1:])
     markdown = (
         "# Search service load benchmark\n\n"
         f"Command: `{command.strip()}`. One query per request, k = {K}, over gRPC on loopback; the search "
         f"service (`tfhash serve search`, {args.threads} worker threads, {args.search_threads} thread(s) per index search, "
-        f"concurrent searches coalesced up to {args.search_batch_size} queries, in-process encoder) runs as its own "
-        "process; the clients are asyncio gRPC clients spread over the load-generator processes, one channel each, "
+        f"concurrent searches coalesced up to {args.search_batch_size} queries, in-process encoder, TensorFlow threads "
+        f"{args.tf_threads or 'by default'}) runs as its own process, or as `--processes` serving processes on one port "
+        "under a supervising parent (the `processes` column); the clients are asyncio gRPC clients spread over the load-generator processes, one channel each, "
         "sending requests serialized in advance back to back "
         f"for {args.seconds:g} s per run after a warm-up, on the same {os.cpu_count()} cores as the server; each row "
         f"is run {args.repeats} times (qps, p50 and p99 are medians; min / max give the spread, which is wide on "
@@ -276,8 +311,13 @@ def main() -> None:
         "service encodes with the model (an MLP) before it searches. Database: random-but-clustered codes "
         "as in the index benchmark. CPU per request is from the OS (user + system seconds over the measured "
         "span divided by the requests answered): the server's process and children, and the load-generator processes.\n\n" + markdown_table(rows, columns) + "\n"
+        "\n## Memory of the service's processes after the load (MB)\n\n"
+        "`rss`: resident sets summed (a page that processes share counted in each), `pss`: proportional sets summed "
+        "(shared pages split between their sharers, so counted once), `uss`: pages only one process holds; `codes_*`: "
+        "the same for the index's codes, mapped from `codes.npy` (flat indexes only; other types copy their data "
+        "into each process).\n\n" + markdown_table(memory_rows, list(memory_rows[0])) + "\n"
     )
-    write_results(args.name, {"command": command, "rows": rows, "seed": args.seed}, markdown)
+    write_results(args.name, {"command": command, "rows": rows, "memory": memory_rows, "seed": args.seed}, markdown)
 
 
 if __name__ == "__main__":

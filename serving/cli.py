@@ -129,21 +129,23 @@ def model(model_config_file, model_name, model_base_path, host, port, poll_secon
 @click.option("--search-batch-size", default=1, show_default=True, type=click.IntRange(1),
               help="Coalesce concurrent searches (same k) into one index call of up to this many queries (1: off). "
                    "Pays on an exact index (BFlat) under load; see the README's serving section.")
+@click.option("--processes", default=1, show_default=True, type=click.IntRange(1),
+              help="Serving processes on the one port (and REST port), supervised by this one; one process uses about one "
+                   "core for its gRPC front. Needs a numeric --host. See the README's serving section.")
+@click.option("--tf-threads", default=0, show_default=True, type=click.IntRange(0),
+              help="In-process encoding: TensorFlow's threads in each process (0: TensorFlow's default, the cores).")
 @click.option("--rest-timeout", default=10.0, show_default=True, type=click.FloatRange(0.1),
               help="REST: seconds a client has to send its headers, and again its body, before the connection is closed.")
 @click.option("--grace-seconds", default=10.0, show_default=True, type=click.FloatRange(0),
               help="On SIGTERM / Ctrl-C, how long in-flight requests may take to finish.")
 def search(config_path, index_base_dir, model_base_dir, model_server, model_name, kind, query_modality, items_file, host,
            port, rest_port, max_k, max_batch, max_request_mb, threads, poll_seconds, search_threads, encode_batch_size,
-           search_batch_size, rest_timeout, grace_seconds) -> None:  # fmt: skip
+           search_batch_size, processes, tf_threads, rest_timeout, grace_seconds) -> None:  # fmt: skip
     """Run the search service until Ctrl-C / SIGTERM (then drain in-flight requests)."""
-    import faiss
     from tfhash.serving.grpc_server import run_until_signal
-    from tfhash.serving.requests import Limits
-    from tfhash.serving.search_service import SearchServer, in_process_searcher, remote_searcher
+    from tfhash.serving.processes import ProcessFront, SearchSpec, ServiceFailed, build_server
 
     from tfhash.artifacts import ITEMS_FILE, read_items
-    from tfhash.hamming import set_threads
 
     if config_path:
         layout = _layout(config_path)
@@ -151,32 +153,35 @@ def search(config_path, index_base_dir, model_base_dir, model_server, model_name
         found = os.path.join(layout.data, ITEMS_FILE)
         items_file = items_file or (found if os.path.isfile(found) else None)
     try:
-        items = read_items(items_file) if items_file else None
+        items = read_items(items_file) if items_file else None  # refused here, before any process starts
     except (OSError, ValueError) as err:
         raise BadInput(str(err)) from err
     if not index_base_dir or not (model_base_dir or model_server):
         raise click.UsageError("pass --config, or --index-base-dir with --model-base-dir and/or --model-server")
     if model_server and not model_name:
         raise click.UsageError("--model-server needs --model-name")
-    faiss.omp_set_num_threads(search_threads)
-    set_threads(search_threads)
-    limits = Limits(max_batch=max_batch, max_k=max_k)
-    if model_server:
-        searcher = remote_searcher(model_server, model_name, index_base_dir, kind, limits, model_base_dir,
-                                   query_modality=query_modality, items=items, search_batch_size=search_batch_size)  # fmt: skip
-    else:
-        searcher = in_process_searcher(model_base_dir, index_base_dir, kind, limits, encode_batch_size, query_modality, items,
-                                       search_batch_size)  # fmt: skip
+    spec = SearchSpec(index_base_dir, kind, model_base_dir, model_server, model_name, query_modality, items_file, host, port, rest_port,
+                      max_k, max_batch, max_request_mb, threads, poll_seconds, search_threads, tf_threads, encode_batch_size,
+                      search_batch_size, rest_timeout)  # fmt: skip
     try:
-        server = SearchServer(searcher, host, port, rest_port, poll_seconds, threads, max_request_mb << 20,
-                              rest_options={"header_timeout": rest_timeout, "body_timeout": rest_timeout, "workers": threads})  # fmt: skip
+        server = ProcessFront(spec, processes, grace_seconds) if processes > 1 else build_server(spec)
+    except ValueError as err:
+        raise BadInput(str(err)) from err
     except OSError as err:
         raise click.ClickException(str(err)) from err
 
     def started(server) -> None:
-        status = searcher.status()
-        click.echo(f"search service on {server.address}" + (f", REST on {host}:{server.rest.port}" if server.rest else "")
-                   + (f"; serving model version {status['model_version']}" if status["ready"] else "; waiting for a model version with its index")
+        status = server.status()
+        rest = server.rest_port if processes > 1 else server.rest.port if server.rest else None
+        click.echo(f"search service on {server.address}" + (f", REST on {host}:{rest}" if rest is not None else "")
+                   + (f" ({processes} processes)" if processes > 1 else "")
+                   + ("; serving model version " + ", ".join(sorted(set(status["process_versions"]))) if status["ready"]
+                      else "; waiting for a model version with its index")
                    + (f"; answers name files and classes from {items_file}" if items else ""), err=True)  # fmt: skip
 
-    run_until_signal(server, grace_seconds, on_started=started)
+    try:
+        run_until_signal(server, grace_seconds, on_started=started)
+    except ServiceFailed as err:
+        raise click.ClickException(str(err)) from err
+    if getattr(server, "failure", None):
+        raise click.ClickException(server.failure)

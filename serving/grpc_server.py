@@ -105,14 +105,17 @@ class GrpcServer:
     Requests larger than ``max_message_bytes`` are refused by gRPC with RESOURCE_EXHAUSTED; with
     ``max_concurrent_rpcs`` set, RPCs beyond it are refused the same way instead of queueing.
     Responses are not limited here (the services bound them by their request limits).
+
+    ``reuse_port``: join a port that the caller's parent holds for its own processes
+    (:mod:`tfhash.serving.processes`); off by default, so that a port in use is an error.
     """
 
     def __init__(self, host: str = LOOPBACK, port: int = 0, max_workers: int = 8, max_message_bytes: int = 16 << 20,
-                 max_concurrent_rpcs: int | None = None):  # fmt: skip
+                 max_concurrent_rpcs: int | None = None, reuse_port: bool = False):  # fmt: skip
         options = [
             ("grpc.max_receive_message_length", int(max_message_bytes)),
             ("grpc.max_send_message_length", -1),
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", int(reuse_port)),
         ]
         self._gate = _Gate()
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=options,
@@ -141,19 +144,20 @@ class GrpcServer:
 
 def run_until_signal(server, grace: float, signals=(signal.SIGINT, signal.SIGTERM), on_started=None) -> None:
     """Start ``server`` (anything with ``start()`` and ``stop(grace)``), call ``on_started(server)``,
-    block until one of ``signals`` arrives, then ``server.stop(grace)``.
+    block until one of ``signals`` arrives (or the server's own ``failed`` event is set, if it has
+    one), then ``server.stop(grace)``.
 
     The handlers are installed before the server starts, and the main thread waits in 0.2 s slices:
     a signal delivered to one of gRPC's threads is then still handled within 0.2 s (a wait without
     timeout would never return to Python, and the handler would never run).
     """
-    stopping = threading.Event()
+    stopping, failed = threading.Event(), getattr(server, "failed", threading.Event())
     previous = {sig: signal.signal(sig, lambda *_: stopping.set()) for sig in signals}
     try:
         server.start()
         if on_started is not None:
             on_started(server)
-        while not stopping.wait(0.2):
+        while not stopping.wait(0.2) and not failed.is_set():
             pass
         server.stop(grace)
     finally:

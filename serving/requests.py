@@ -25,7 +25,6 @@ from dataclasses import dataclass
 
 import numpy as np
 from google.protobuf.message import DecodeError
-from tensorflow.core.example import example_pb2
 from tfhash.serving.errors import invalid, shown
 
 #: Batch axis plus at most seven feature axes.
@@ -89,6 +88,10 @@ def check_whole(message_type, data: bytes) -> None:
 
 def check_examples(serialized) -> list[bytes]:
     """Serialized tf.Examples that parse strictly and whose float features are all finite."""
+    # here, not at the top: importing it loads TensorFlow, which a service's supervising parent
+    # (tfhash.serving.processes) never needs
+    from tensorflow.core.example import example_pb2
+
     records = list(serialized)
     for i, record in enumerate(records):
         if not isinstance(record, bytes):

@@ -7,7 +7,8 @@
   optional ``radius`` and ``model_version`` (:mod:`tfhash.serving.requests`). Answers
   ``{"model_version", "index_kind", "exact", "results": [{"ids", "distances"}]}``; a service started
   with the data's ``items.csv`` adds ``"paths"`` and ``"labels"`` (a list of class names) to each result.
-* ``GET /v1/status``; ``GET /healthz`` (alive); ``GET /readyz`` (200 once a pair can answer, else 503).
+* ``GET /v1/status``; ``GET /healthz`` (alive); ``GET /readyz`` (200 once a pair can answer, in
+  every process of the service, else 503).
 
 Errors answer ``{"error": {"code": "INVALID_ARGUMENT", "message": ...}}`` with the HTTP status of
 :data:`tfhash.serving.errors.HTTP_STATUS`, and: 414 for a target over ``max_uri_bytes``, 431 for
@@ -36,6 +37,7 @@ import logging
 import re
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import tornado.httpserver
@@ -111,14 +113,14 @@ class _NotFound(_Handler):
 
 class _Get(_Handler):
     def get(self) -> None:
-        path, searcher = self.request.path, self.front.searcher
+        path = self.request.path
         if path == "/healthz":
             self.answer(200, {"status": "alive"})
         elif path == "/readyz":
-            ready = searcher.ready and not self.front.stopping
+            ready = self.front.status()["ready"] and not self.front.stopping
             self.answer(200 if ready else 503, {"ready": ready})
         else:
-            self.answer(200, searcher.status())
+            self.answer(200, self.front.status())
 
 
 @tornado.web.stream_request_body
@@ -185,12 +187,19 @@ class _Search(_Handler):
 
 class RestFront:
     """The HTTP server over ``searcher``: binds ``host:port`` now (port 0: any free port; an address
-    that cannot be bound raises OSError), serves from its own thread after :meth:`start`."""
+    that cannot be bound raises OSError), serves from its own thread after :meth:`start`.
+
+    ``sockets``: listening sockets to accept from instead of binding (a service's processes share
+    the one their parent opened); ``status``: what ``/v1/status`` and ``/readyz`` report (default:
+    the searcher's).
+    """
 
     def __init__(self, searcher: VersionedSearcher, host: str, port: int, max_body_bytes: int = 8 << 20,
                  workers: int = 8, max_concurrent: int = 64, header_timeout: float = 10.0, body_timeout: float = 10.0,
-                 max_header_bytes: int = 64 << 10, search_timeout: float = 30.0, max_uri_bytes: int = 8 << 10):  # fmt: skip
+                 max_header_bytes: int = 64 << 10, search_timeout: float = 30.0, max_uri_bytes: int = 8 << 10,
+                 sockets: list | None = None, status: Callable[[], dict] | None = None):  # fmt: skip
         self.searcher, self.max_body_bytes, self.max_concurrent = searcher, int(max_body_bytes), int(max_concurrent)
+        self.status = status or searcher.status
         self.max_header_bytes, self.max_uri_bytes = int(max_header_bytes), int(max_uri_bytes)
         self.search_timeout = float(search_timeout)
         # read and written on the event loop's thread: body bytes reserved by the POSTs accepted and
@@ -198,7 +207,7 @@ class RestFront:
         self.reserved, self.in_flight, self.stopping = 0, 0, False
         self.body_budget = self.max_concurrent * self.max_body_bytes
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tfhash-rest")
-        self._sockets = tornado.netutil.bind_sockets(port, address=host)
+        self._sockets = sockets or tornado.netutil.bind_sockets(port, address=host)
         self.host, self.port = host, self._sockets[0].getsockname()[1]
         # Tornado reads headers up to 4x the limit, so that the handler can answer 431 (and 414)
         self._server_options = dict(max_header_size=4 * self.max_header_bytes, idle_connection_timeout=float(header_timeout),

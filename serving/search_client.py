@@ -63,10 +63,15 @@ def search_request(examples=None, features=None, codes=None, k: int = 10, radius
 
 class SearchClient(ChannelClient):
     """gRPC client of ``tfhash.serving.HashSearch``; errors raise
-    :class:`~tfhash.serving.errors.ServingError`."""
+    :class:`~tfhash.serving.errors.ServingError`.
 
-    def __init__(self, target: str, timeout: float = 10.0, channel: grpc.Channel | None = None):
-        super().__init__(target, timeout, channel)
+    ``own_connection``: open a connection of this client's own. By default gRPC lets the channels
+    of one process to one address share a connection, and a service of several processes
+    (``--processes``) spreads connections, not requests, over its processes.
+    """
+
+    def __init__(self, target: str, timeout: float = 10.0, channel: grpc.Channel | None = None, own_connection: bool = False):
+        super().__init__(target, timeout, channel, options=[("grpc.use_local_subchannel_pool", 1)] if own_connection else ())
         self._stub = search_pb2_grpc.HashSearchStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
 

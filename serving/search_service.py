@@ -8,7 +8,7 @@ model/index pairs, request limits and graceful shutdown.
     server.stop()
 
 Health: ``grpc.health.v1.Health/Check`` answers SERVING for "" and ``tfhash.serving.HashSearch``
-while a pair can answer; NOT_SERVING before the first pair, whenever none can answer (the paired
+while a pair can answer (in every process of a multi-process service); NOT_SERVING before the first pair, whenever none can answer (the paired
 version withdrawn with no other pair, TF Serving unreachable) and from the start of a shutdown,
 which also ends every Watch stream. Deadlines: the caller's gRPC deadline bounds the encode call
 (remote TF Serving gets the time that is left; without a deadline, its client's default). Errors: every client mistake is INVALID_ARGUMENT,
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 import grpc
 from grpc_health.v1 import health_pb2_grpc
@@ -32,6 +33,7 @@ from tfhash.serving.grpc_server import LOOPBACK, GrpcServer
 from tfhash.serving.health import Health
 from tfhash.serving.requests import DEFAULT_LIMITS, Limits, query_from_proto
 from tfhash.serving.searcher import Neighbours, ServedPair, VersionedSearcher
+from tfhash.serving.siblings import Siblings
 from tfhash.serving.versions import list_versions
 
 from tfhash.artifacts import join_labels, model_version_dir
@@ -52,8 +54,8 @@ def response_proto(pair: ServedPair, results: list[Neighbours]):
 
 
 class HashSearchServicer(search_pb2_grpc.HashSearchServicer):
-    def __init__(self, searcher: VersionedSearcher):
-        self.searcher = searcher
+    def __init__(self, searcher: VersionedSearcher, status: Callable[[], dict]):
+        self.searcher, self.status = searcher, status
 
     @answers_errors
     def Search(self, request, context):
@@ -65,7 +67,7 @@ class HashSearchServicer(search_pb2_grpc.HashSearchServicer):
 
     @answers_errors
     def GetStatus(self, request, context):
-        return search_pb2.StatusResponse(**self.searcher.status())
+        return search_pb2.StatusResponse(**self.status())
 
 
 def in_process_searcher(model_base_dir: str, index_base_dir: str, kind: str = "BFlat", limits: Limits = DEFAULT_LIMITS,
@@ -116,35 +118,51 @@ class SearchServer:
     """gRPC (and optionally REST) front of a :class:`VersionedSearcher`, with the swap watcher.
 
     ``rest_options`` go to :class:`tfhash.serving.rest.RestFront` (timeouts, workers).
+    ``siblings``: this is one process of several on one port (:mod:`tfhash.serving.processes`):
+    its status is published to them at every look, and health, readiness and GetStatus report
+    every process (ready only while all are). ``reuse_port`` and ``rest_sockets`` join the ports
+    the parent of those processes holds.
     """
 
     def __init__(self, searcher: VersionedSearcher, host: str = LOOPBACK, port: int = 0, rest_port: int | None = None,
                  poll_seconds: float = 2.0, max_workers: int = 8, max_message_bytes: int = 8 << 20,
-                 max_concurrent_rpcs: int | None = 128, rest_options: dict | None = None):  # fmt: skip
-        self.searcher, self.host, self.poll_seconds = searcher, host, float(poll_seconds)
-        self._grpc = GrpcServer(host, port, max_workers, max_message_bytes, max_concurrent_rpcs)
+                 max_concurrent_rpcs: int | None = 128, rest_options: dict | None = None, siblings: Siblings | None = None,
+                 reuse_port: bool = False, rest_sockets: list | None = None):  # fmt: skip
+        self.searcher, self.host, self.poll_seconds, self.siblings = searcher, host, float(poll_seconds), siblings
+        self._grpc = GrpcServer(host, port, max_workers, max_message_bytes, max_concurrent_rpcs, reuse_port)
         self.port = self._grpc.port
-        search_pb2_grpc.add_HashSearchServicer_to_server(HashSearchServicer(searcher), self._grpc.server)
+        search_pb2_grpc.add_HashSearchServicer_to_server(HashSearchServicer(searcher, self.status), self._grpc.server)
         self.health = Health(("", SERVICE_NAME))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._grpc.server)
         self.rest = None
-        if rest_port is not None:
+        if rest_port is not None or rest_sockets:
             from tfhash.serving.rest import RestFront
 
-            self.rest = RestFront(searcher, host, rest_port, max_body_bytes=max_message_bytes, **(rest_options or {}))
-        self._stop = threading.Event()
+            self.rest = RestFront(searcher, host, rest_port or 0, max_body_bytes=max_message_bytes, sockets=rest_sockets,
+                                  status=self.status, **(rest_options or {}))  # fmt: skip
+        self._stop, self._serving = threading.Event(), False
         self._watcher = threading.Thread(target=self._watch, name="tfhash-search-watch", daemon=True)
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
+    def status(self) -> dict:
+        """The searcher's status, with every process's readiness and version (one process: this)."""
+        own = self.searcher.status()
+        processes = [own] if self.siblings is None else self.siblings.gather()
+        ready = own["ready"] and all(p["ready"] for p in processes)
+        return {**own, "ready": ready, "processes": len(processes), "processes_ready": sum(p["ready"] for p in processes),
+                "process_versions": [p.get("model_version", "") if p["ready"] else "" for p in processes]}  # fmt: skip
+
     def _refresh(self) -> None:
         try:
             self.searcher.refresh()
         except Exception:  # the watcher must survive anything a refresh meets
             logger.exception("looking for a newer model/index pair failed")
-        self.health.set_serving(self.searcher.ready)
+        if self.siblings is not None and self._serving:  # siblings learn of a process once it accepts requests
+            self.siblings.publish(self.searcher.status())
+        self.health.set_serving(self.status()["ready"])
 
     def _watch(self) -> None:
         while not self._stop.wait(self.poll_seconds):
@@ -157,8 +175,10 @@ class SearchServer:
         self._grpc.start()
         if self.rest is not None:
             self.rest.start()
+        self._serving = True
+        self._refresh()
         self._watcher.start()
-        logger.info("search service on %s (ready: %s)", self.address, self.searcher.ready)
+        logger.info("listening on %s (ready: %s)", self.address, self.searcher.ready)
         return self
 
     def stop(self, grace: float = 5.0) -> None:

@@ -208,7 +208,8 @@ class VersionedSearcher:
 
     def _load_pair(self, version: int, path: str, stamp: tuple) -> ServedPair:
         manifest = read_manifest(path)
-        index = load_index(path, expected_model_version=str(version))
+        # a flat index's codes are mapped: the processes of a service share one copy
+        index = load_index(path, expected_model_version=str(version), mapped=True)
         encoder = self._make_encoder(version)
         if encoder.bits != index.bits:
             raise IndexFormatError(f"{path}: the index holds {index.bits}-bit codes, model version {version} makes {encoder.bits}")

@@ -119,12 +119,22 @@ def graph_mode_outputs(model_dir: str, signature: str, inputs: dict, output: str
 
 
 def start_cli(args: list[str], ready: str) -> tuple[subprocess.Popen, str]:
-    """Start ``tfhash <args>`` and wait for the line holding ``ready``; returns the process and
-    the address that follows ``ready`` on that line (stderr keeps being drained)."""
+    """Start ``tfhash <args>`` and wait for the line holding ``ready``; returns the process (the
+    line as its ``ready_line``) and the address that follows ``ready`` on that line (stderr keeps
+    being drained)."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     process = subprocess.Popen([sys.executable, "-m", "tfhash.cli", *args], stderr=subprocess.PIPE, text=True, env=env)
     for line in process.stderr:
         if ready in line:
+            process.ready_line = line
             threading.Thread(target=lambda: [None for _ in process.stderr], daemon=True).start()
             return process, line.split(ready, 1)[1].split()[0].rstrip(",;")
     raise RuntimeError(f"tfhash {' '.join(args)} did not start (exit code {process.wait(10)})")
+
+
+def cli_rest_port(process) -> int | None:
+    """The REST port on the ready line of a :func:`start_cli` search service (None without REST)."""
+    line = process.ready_line
+    if "REST on " not in line:
+        return None
+    return int(line.split("REST on ", 1)[1].split()[0].rstrip(",;").rsplit(":", 1)[1])

@@ -31,6 +31,7 @@ from benchmarks.serving_fuzz import FAULTS, search_cases
 from benchmarks.serving_robustness import (
     copy_non_atomically,
     hot_swap_trial,
+    largest_request,
     serving_stack,
     sigterm_trial,
 )
@@ -160,9 +161,9 @@ def _wait(condition, seconds: float) -> bool:
     return condition()
 
 
-@pytest.mark.parametrize("kind", ["search", "model"])
-def test_sigterm_under_load_drains_and_exits(tmp_path, kind):
-    result = sigterm_trial(str(tmp_path), kind, grace=10.0)
+@pytest.mark.parametrize("kind, processes", [("search", 1), ("model", 1), ("search", 2)])
+def test_sigterm_under_load_drains_and_exits(tmp_path, kind, processes):
+    result = sigterm_trial(str(tmp_path), kind, grace=10.0, processes=processes)
     assert result["exit_code"] == 0 and result["exit_after_s"] <= result["grace_s"], result
     assert result["answered_before"] > 0 and result["failed_before"] == 0
     assert set(result["in_flight_refused"]) <= {"UNAVAILABLE"}  # in flight: answered, or refused before it ran
@@ -367,3 +368,10 @@ def test_refusals_by_the_signature_say_what_failed(stack):
     with grpc.insecure_channel(target.model_server) as channel, pytest.raises(grpc.RpcError) as err:
         prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request, timeout=10)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "holds NaN or infinite values" in err.value.details()
+
+
+def test_largest_request_measures_the_service_search_both_ways():
+    rows = largest_request(3000, queries=16, k=50)
+    assert [row["way"] for row in rows] == ["k nearest, then radius (now)", "range search, then k (before)"]
+    assert all(row["results"] > 0 and row["seconds"] >= 0 for row in rows)
+    assert rows[0]["results"] <= 16 * 50  # the radius filters the k nearest, it never widens the search

@@ -368,9 +368,10 @@ class HashIndex(abc.ABC):
 
     @classmethod
     @abc.abstractmethod
-    def read_files(cls, directory, manifest: dict) -> HashIndex:
+    def read_files(cls, directory, manifest: dict, mapped: bool = False) -> HashIndex:
         """The index that :meth:`write_files` wrote into ``directory``, whose checked manifest is
-        ``manifest``."""
+        ``manifest``; ``mapped``: see :func:`tfhash.index.load_index` (ignored by types that copy
+        on load)."""
 
     def close(self) -> None:
         """Release what the index holds outside this object (a connection); nothing by default."""
@@ -438,10 +439,14 @@ class InProcessIndex(HashIndex):
         self._write_structure(directory)
 
     @classmethod
-    def read_files(cls, directory, manifest: dict) -> HashIndex:
+    def read_files(cls, directory, manifest: dict, mapped: bool = False) -> HashIndex:
         index = cls.from_params(manifest["bits"], manifest["params"])
-        rows = np.load(os.path.join(directory, cls.rows_file), allow_pickle=False)
-        ids = np.load(os.path.join(directory, IDS_FILE), allow_pickle=False)
+        # "c" (copy-on-write) rather than "r": the arrays stay writeable, so numba runs the kernels it
+        # compiled for arrays in memory (it compiles others for read-only ones); nothing writes them,
+        # so their pages stay the page cache's, one copy for every process that maps the file
+        mode = "c" if mapped else None
+        rows = np.load(os.path.join(directory, cls.rows_file), mmap_mode=mode, allow_pickle=False)
+        ids = np.load(os.path.join(directory, IDS_FILE), mmap_mode=mode, allow_pickle=False)
         index._restore(directory, rows, ids)
         return index
 
@@ -450,6 +455,7 @@ class InProcessIndex(HashIndex):
         return None
 
     def _restore(self, directory, rows: np.ndarray, ids: np.ndarray) -> None:
-        """Take the stored rows and ids back (by default: add them, rebuilding the structure)."""
+        """Take the stored rows and ids back (by default: add them, rebuilding the structure, which
+        copies mapped arrays)."""
         if rows.shape[0]:
             self.add(rows, ids)

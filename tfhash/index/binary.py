@@ -31,6 +31,7 @@ from tfhash.index.base import (
     SearchResult,
     import_backend,
 )
+from tfhash.index.persistence import IndexFormatError
 
 METHODS = ("flat", "ivf", "multihash")
 IVF_FILE = "faiss_ivf.index"
@@ -160,7 +161,14 @@ class BinaryIndex(InProcessIndex):
             _faiss().write_index_binary(self._faiss, os.path.join(directory, IVF_FILE))
 
     def _restore(self, directory, rows: np.ndarray, ids: np.ndarray) -> None:
-        """An IVF reads its trained quantizer and lists back; the other methods rebuild from the codes."""
+        """``flat`` searches the stored arrays as they are (mapped ones stay shared); an IVF reads
+        its trained quantizer and lists back; ``multihash`` rebuilds from the codes."""
+        if self.method == "flat":
+            if rows.dtype != np.uint8 or rows.shape[1:] != (self.bits // 8,) or ids.dtype != np.int64 or ids.shape != rows.shape[:1]:
+                raise IndexFormatError(f"{directory}: {self.rows_file} holds {rows.dtype} {rows.shape} and ids {ids.dtype} "
+                                     f"{ids.shape}; a {self.bits}-bit flat index stores uint8 (n, {self.bits // 8}) and int64 (n,)")  # fmt: skip
+            self._rows, self._ids = rows, ids
+            return
         if self.method != "ivf":
             super()._restore(directory, rows, ids)
             return

@@ -125,10 +125,16 @@ def read_manifest(path) -> dict:
 
 
 def load_index(path, expected_model_version: str | None = None,
-               expected_signature_fingerprint: str | None = None) -> HashIndex:  # fmt: skip
+               expected_signature_fingerprint: str | None = None, mapped: bool = False) -> HashIndex:  # fmt: skip
     """Load an index directory after verifying its manifest, its model and its checksums.
 
     Args:
+        mapped: map a flat binary index's codes and ids from its files instead of reading them
+            into memory: every process that maps the same directory shares one copy (the page
+            cache's). The files must then not change in place while the index is used (a file
+            truncated under a mapping kills the process with SIGBUS); directories written by
+            :meth:`HashIndex.save` never are, it publishes a new directory atomically. Adding or
+            removing items copies the arrays. Other index types copy what they load and ignore it.
         expected_model_version: when given, refuse an index built from another model version, or
             that records none.
         expected_signature_fingerprint: when given, refuse an index built from a SavedModel with
@@ -144,4 +150,4 @@ def load_index(path, expected_model_version: str | None = None,
     """
     manifest = read_manifest(path)
     row = FORMAT_TAGS[manifest[FORMAT_TAG_FIELD]]
-    return open_index(path, manifest, row.cls.read_files, expected_model_version, expected_signature_fingerprint)
+    return open_index(path, manifest, row.cls.read_files, expected_model_version, expected_signature_fingerprint, mapped)

@@ -431,7 +431,7 @@ class MilvusIndex(HashIndex):
         return None
 
     @classmethod
-    def read_files(cls, directory, manifest: dict) -> MilvusIndex:
+    def read_files(cls, directory, manifest: dict, mapped: bool = False) -> MilvusIndex:
         """Open the collection the manifest names and check its dimension and lock."""
         params = dict(manifest["params"])
         method = params.pop(cls.method_param, cls.methods[0])

@@ -162,10 +162,10 @@ def check_model(path, manifest: dict, expected_model_version: str | None = None,
 
 
 def open_index(path, manifest: dict, read_files: Callable, expected_model_version: str | None = None,
-               expected_signature_fingerprint: str | None = None):  # fmt: skip
+               expected_signature_fingerprint: str | None = None, mapped: bool = False):  # fmt: skip
     """Read the index directory ``path`` whose checked ``manifest`` is given, with ``read_files``
-    (the class's ``read_files(directory, manifest)``), after :func:`check_model` and verifying the
-    checksums.
+    (the class's ``read_files(directory, manifest, mapped)``), after :func:`check_model` and
+    verifying the checksums.
 
     Raises:
         IndexFormatError: corrupt files, another model than expected, or a count the files
@@ -173,7 +173,7 @@ def open_index(path, manifest: dict, read_files: Callable, expected_model_versio
     """
     check_model(path, manifest, expected_model_version, expected_signature_fingerprint)
     verify_files(path, manifest)
-    index = read_files(path, manifest)
+    index = read_files(path, manifest, mapped)
     if index.ntotal != manifest["count"]:
         raise IndexFormatError(f"{path}: manifest says {manifest['count']} items, files hold {index.ntotal}")
     return index

@@ -1,0 +1,312 @@
+"""The processes of a search service: one (:func:`build_server`) or several on one port
+(:class:`ProcessFront`, ``tfhash serve search --processes N``).
+
+Why several: one Python process runs its gRPC front on one core at a time (the GIL), and gRPC's
+own serving loop costs about as much as an exact search of a million codes, so a second core is
+used only by a second process.
+
+:class:`ProcessFront` holds the ports and supervises; it serves nothing itself.
+
+* gRPC: the parent binds the port without ``SO_REUSEPORT`` (so a port that any socket holds is
+  refused: two services never silently share a port), then sets ``SO_REUSEPORT`` on its bound,
+  never listening socket; each child's server binds the same port with ``grpc.so_reuseport`` and
+  the kernel spreads connections over the children that listen (a child listens only once it has
+  loaded the newest pair there is). Linux lets only sockets of the same user join a port; another
+  process of that user asking for ``SO_REUSEPORT`` could join too, so run each service under its
+  own user where that matters.
+* REST: the parent opens the listening socket; the children inherit it and accept from it.
+* Status: every child publishes what it serves at each look for a newer pair
+  (:mod:`tfhash.serving.siblings`); health, ``/readyz`` and GetStatus of every child report the
+  whole service, ready only while every child is. Each child finds a new version on its own
+  (within ``poll_seconds`` of each other); a response names the version that answered it, and no
+  request sees two.
+* Supervision: a child that exits while the service runs is restarted; more than
+  ``max_restarts`` exits within ``restart_window`` seconds stop the service with an error (a child
+  that cannot stay up is a fault to see, not to hide). A child that fails before it first serves
+  stops the start-up with its exit code.
+* SIGTERM / Ctrl-C: forwarded to every child, which drains within the grace period. A child whose
+  parent dies gets SIGTERM from the kernel.
+* Memory: a flat index's codes are mapped from the index files (``load_index(mapped=True)``), one
+  copy in the page cache for every process; other index types (IVF, multi-hash, ScaNN) copy what
+  they load into each process, and each process loads its own encoder.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import ipaddress
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from tfhash.serving.grpc_server import LOOPBACK, run_until_signal
+from tfhash.serving.siblings import Siblings, slot_path, withdraw
+
+if TYPE_CHECKING:
+    from tfhash.serving.search_service import SearchServer
+
+logger = logging.getLogger(__name__)
+
+#: How long the parent waits for its children to serve at start-up (loading a model takes seconds).
+START_SECONDS = 600.0
+#: After the grace period, how long a child may take to exit before it is killed.
+EXIT_MARGIN_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class SearchSpec:
+    """Everything one process of ``tfhash serve search`` is built from (plain values: it travels
+    to child processes as JSON). The fields are the command's options."""
+
+    index_base_dir: str
+    kind: str = "BFlat"
+    model_base_dir: str | None = None
+    model_server: str | None = None
+    model_name: str | None = None
+    query_modality: str | None = None
+    items_file: str | None = None
+    host: str = LOOPBACK
+    port: int = 0
+    rest_port: int | None = None
+    max_k: int = 1000
+    max_batch: int = 256
+    max_request_mb: int = 8
+    threads: int = 8
+    poll_seconds: float = 2.0
+    search_threads: int = 1
+    tf_threads: int = 0
+    encode_batch_size: int = 128
+    search_batch_size: int = 1
+    rest_timeout: float = 10.0
+
+
+def build_server(spec: SearchSpec, siblings: Siblings | None = None, reuse_port: bool = False,
+                 rest_sockets: list | None = None) -> SearchServer:  # fmt: skip
+    """The search server of one process (bound, not started); the thread settings apply to this
+    process. Raises ValueError for an unreadable items file, OSError for a port that cannot be bound."""
+    # imported here: the supervising parent of several processes never loads TensorFlow or FAISS
+    import faiss
+    from tfhash.serving.requests import Limits
+    from tfhash.serving.search_service import SearchServer, in_process_searcher, remote_searcher
+
+    from tfhash.artifacts import read_items
+    from tfhash.hamming import set_threads
+
+    items = read_items(spec.items_file) if spec.items_file else None
+    faiss.omp_set_num_threads(spec.search_threads)
+    set_threads(spec.search_threads)
+    if spec.tf_threads:
+        import tensorflow as tf
+
+        tf.config.threading.set_intra_op_parallelism_threads(spec.tf_threads)
+        tf.config.threading.set_inter_op_parallelism_threads(spec.tf_threads)
+    limits = Limits(max_batch=spec.max_batch, max_k=spec.max_k)
+    if spec.model_server:
+        searcher = remote_searcher(spec.model_server, spec.model_name, spec.index_base_dir, spec.kind, limits, spec.model_base_dir,
+                                   query_modality=spec.query_modality, items=items, search_batch_size=spec.search_batch_size)  # fmt: skip
+    else:
+        searcher = in_process_searcher(spec.model_base_dir, spec.index_base_dir, spec.kind, limits, spec.encode_batch_size,
+                                       spec.query_modality, items, spec.search_batch_size)  # fmt: skip
+    rest_options = {"header_timeout": spec.rest_timeout, "body_timeout": spec.rest_timeout, "workers": spec.threads}
+    return SearchServer(searcher, spec.host, spec.port, spec.rest_port, spec.poll_seconds, spec.threads, spec.max_request_mb << 20,
+                        rest_options=rest_options, siblings=siblings, reuse_port=reuse_port, rest_sockets=rest_sockets)  # fmt: skip
+
+
+def reserve_port(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` (0: a free port) that its own processes may join: bound
+    without ``SO_REUSEPORT`` (OSError if anything holds the port), then marked reusable."""
+    family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.bind((host, port))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+class ServiceFailed(RuntimeError):
+    """The service's processes could not start or kept dying."""
+
+
+class ProcessFront:
+    """``processes`` search-service processes on one gRPC port (and one REST port), supervised
+    (module docstring). Binds now (OSError for a port in use); :meth:`start` spawns the children
+    and returns once every one serves; :meth:`stop` drains them.
+
+    Args:
+        spec: what each child serves; ``spec.host`` must be a numeric address.
+        grace: the children's grace period on stop.
+        max_restarts, restart_window: more exits than ``max_restarts`` within
+            ``restart_window`` seconds set :attr:`failed` (:attr:`failure` says why), on which
+            :func:`~tfhash.serving.grpc_server.run_until_signal` stops the service.
+    """
+
+    def __init__(self, spec: SearchSpec, processes: int, grace: float = 10.0, max_restarts: int = 5,
+                 restart_window: float = 60.0):  # fmt: skip
+        if processes < 2:
+            raise ValueError(f"a process front runs 2 or more processes, got {processes}; serve one with build_server")
+        try:
+            ipaddress.ip_address(spec.host)
+        except ValueError as err:
+            raise ValueError(f"--processes needs a numeric bind address (e.g. 127.0.0.1 or 0.0.0.0), got {spec.host!r}") from err
+        import tornado.netutil
+
+        self.processes, self.grace = int(processes), float(grace)
+        self.max_restarts, self.restart_window = int(max_restarts), float(restart_window)
+        self._grpc_socket = reserve_port(spec.host, spec.port)
+        self.port = self._grpc_socket.getsockname()[1]
+        self._rest_sockets = []
+        if spec.rest_port is not None:
+            try:
+                self._rest_sockets = tornado.netutil.bind_sockets(spec.rest_port, address=spec.host)
+            except OSError:
+                self._grpc_socket.close()
+                raise
+        self.rest_port = self._rest_sockets[0].getsockname()[1] if self._rest_sockets else None
+        self.spec = dataclasses.replace(spec, port=self.port, rest_port=None)
+        self.status_dir = tempfile.mkdtemp(prefix="tfhash-search-")
+        self.children: list[subprocess.Popen | None] = [None] * self.processes
+        self.failure: str | None = None  # why the service stopped itself
+        self.failed = threading.Event()
+        self._exits: deque[float] = deque()
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._supervisor = threading.Thread(target=self._supervise, name="tfhash-search-supervisor", daemon=True)
+
+    @property
+    def address(self) -> str:
+        host = self.spec.host
+        return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
+
+    def status(self) -> dict:
+        """The service's status, as any child would answer GetStatus about every process."""
+        processes = Siblings(self.status_dir, 0, self.processes, self.spec.poll_seconds).gather()
+        return {"ready": all(p["ready"] for p in processes), "processes": self.processes,
+                "processes_ready": sum(p["ready"] for p in processes),
+                "process_versions": [p["model_version"] if p["ready"] else "" for p in processes]}  # fmt: skip
+
+    def _spawn(self, slot: int) -> subprocess.Popen:
+        withdraw(self.status_dir, slot)
+        child = {"spec": dataclasses.asdict(self.spec), "slot": slot, "processes": self.processes, "status_dir": self.status_dir,
+                 "rest_fds": [s.fileno() for s in self._rest_sockets], "grace": self.grace, "parent": os.getpid()}  # fmt: skip
+        return subprocess.Popen([sys.executable, "-m", "tfhash.serving.processes", json.dumps(child)],
+                                pass_fds=child["rest_fds"])  # fmt: skip
+
+    def start(self) -> ProcessFront:
+        """Spawn every child and wait until each one has published its first status (it serves).
+
+        Raises:
+            ServiceFailed: a child exited first (its exit code is named), or none served within
+                :data:`START_SECONDS`; the children already started are stopped.
+        """
+        with self._lock:
+            for slot in range(self.processes):
+                self.children[slot] = self._spawn(slot)
+        deadline = time.monotonic() + START_SECONDS
+        waiting = set(range(self.processes))
+        while waiting:
+            for slot in list(waiting):
+                code = self.children[slot].poll()
+                if code is not None:
+                    self.stop(0.0)
+                    raise ServiceFailed(f"search process {slot} exited with code {code} before it served (its log is above)")
+                if os.path.isfile(slot_path(self.status_dir, slot)):
+                    waiting.discard(slot)
+            if time.monotonic() > deadline:
+                self.stop(0.0)
+                raise ServiceFailed(f"search processes {sorted(waiting)} did not serve within {START_SECONDS:g} s")
+            time.sleep(0.05)
+        self._supervisor.start()
+        return self
+
+    def _supervise(self) -> None:
+        while not self._stopping.wait(0.2):
+            with self._lock:
+                for slot, child in enumerate(self.children):
+                    code = child.poll()
+                    if code is None or self._stopping.is_set():
+                        continue
+                    withdraw(self.status_dir, slot)
+                    now = time.monotonic()
+                    self._exits.append(now)
+                    while self._exits and self._exits[0] < now - self.restart_window:
+                        self._exits.popleft()
+                    if len(self._exits) > self.max_restarts:
+                        self.failure = (f"search processes exited {len(self._exits)} times within {self.restart_window:g} s "
+                                        f"(the last: process {slot}, exit code {code}); stopping the service")  # fmt: skip
+                        logger.error(self.failure)
+                        self.failed.set()  # run_until_signal then stops every child
+                        return
+                    logger.error("search process %d (pid %d) exited with code %s; restarting it", slot, child.pid, code)
+                    self.children[slot] = self._spawn(slot)
+
+    def stop(self, grace: float | None = None) -> None:
+        """SIGTERM every child (each drains for ``grace`` seconds, default the front's), kill those
+        still running :data:`EXIT_MARGIN_SECONDS` later, release the ports."""
+        grace = self.grace if grace is None else float(grace)
+        self._stopping.set()
+        if self._supervisor.is_alive() and threading.current_thread() is not self._supervisor:
+            self._supervisor.join()
+        with self._lock:
+            children = [c for c in self.children if c is not None]
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace + EXIT_MARGIN_SECONDS
+        for child in children:
+            try:
+                child.wait(max(deadline - time.monotonic(), 0.0))
+            except subprocess.TimeoutExpired:
+                logger.error("search process %d did not exit within the grace period; killing it", child.pid)
+                child.kill()
+                child.wait()
+        self._grpc_socket.close()
+        for sock in self._rest_sockets:
+            sock.close()
+        shutil.rmtree(self.status_dir, ignore_errors=True)
+
+
+def _die_with_parent(parent: int) -> None:
+    """Ask the kernel for SIGTERM when the parent dies (Linux); exit now if it already has."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:
+        sys.exit(0)
+
+
+def child_main(argument: str) -> None:
+    """One child of a :class:`ProcessFront` (``python -m tfhash.serving.processes <json>``)."""
+    child = json.loads(argument)
+    _die_with_parent(child["parent"])
+    # as the CLI logs (the service's own events at INFO), each line naming the process's slot
+    logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s search[{child['slot']}] %(name)s %(levelname)s: %(message)s")
+    logging.getLogger("tfhash.serving").setLevel(logging.INFO)
+    spec = SearchSpec(**child["spec"])
+    sockets = []
+    for fd in child["rest_fds"]:
+        sock = socket.socket(fileno=fd)
+        sock.setblocking(False)
+        sockets.append(sock)
+    siblings = Siblings(child["status_dir"], child["slot"], child["processes"], spec.poll_seconds)
+    server = build_server(spec, siblings, reuse_port=True, rest_sockets=sockets or None)
+    run_until_signal(server, child["grace"])
+
+
+if __name__ == "__main__":
+    child_main(sys.argv[1])

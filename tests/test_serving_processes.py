@@ -1,0 +1,271 @@
+"""``tfhash serve search --processes N``: several processes on one port, each a real CLI child
+process over real gRPC and HTTP on loopback; and the mapped flat index they share."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import grpc
+import numpy as np
+import psutil
+import pytest
+from tfhash.serving import search_pb2, search_pb2_grpc
+from tfhash.serving.search_client import SearchClient
+
+from tests.serving_fixtures import cli_rest_port, database, push_version, reference, start_cli
+from tfhash.index import index_factory, load_index
+from tfhash.index.persistence import verify_files
+
+
+@pytest.fixture(scope="module")
+def versions(tmp_path_factory):
+    root = tmp_path_factory.mktemp("processes")
+    vectors, ids = database()
+    model_dir, index_dir = push_version(str(root / "models"), str(root / "indexes"), 1, 0, vectors, ids)
+    return {"root": root, "models": str(root / "models"), "indexes": str(root / "indexes"), "vectors": vectors, "ids": ids,
+            "model_dir": model_dir, "index_dir": index_dir}  # fmt: skip
+
+
+def serve(versions, *extra: str):
+    """``tfhash serve search`` over the fixture's versions; returns (process, gRPC address, REST port)."""
+    process, address = start_cli(["serve", "search", "--model-base-dir", versions["models"], "--index-base-dir", versions["indexes"],
+                                  "--port", "0", "--poll-seconds", "0.3", *extra], "search service on ")  # fmt: skip
+    return process, address
+
+
+def status(address: str) -> search_pb2.StatusResponse:
+    with grpc.insecure_channel(address) as channel:
+        # waits for a connection: one that a killed process had queued but not accepted is reset
+        return search_pb2_grpc.HashSearchStub(channel).GetStatus(search_pb2.StatusRequest(), timeout=10, wait_for_ready=True)
+
+
+def wait_for(condition, seconds: float = 60.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return condition()
+
+
+def children(process) -> list[psutil.Process]:
+    return psutil.Process(process.pid).children()
+
+
+def stop(process, grace_limit: float = 30.0) -> int:
+    process.send_signal(signal.SIGTERM)
+    return process.wait(grace_limit)
+
+
+def test_processes_share_the_port_answer_alike_and_report_every_process(versions):
+    process, address = serve(versions, "--processes", "2", "--rest-port", "0")
+    try:
+        kids = children(process)
+        assert len(kids) == 2
+        port = int(address.rsplit(":", 1)[1])
+        assert wait_for(lambda: status(address).processes_ready == 2)
+        state = status(address)
+        assert state.ready and state.processes == 2 and list(state.process_versions) == ["1", "1"]
+        _, expected = reference(versions["model_dir"], versions["index_dir"], versions["vectors"][:4], 5)
+        clients = [SearchClient(address, own_connection=True) for _ in range(16)]  # the kernel spreads connections
+        try:
+            for client in clients:
+                answer = client.search(features=versions["vectors"][:4], k=5)
+                assert answer.model_version == "1"
+                np.testing.assert_array_equal(np.stack(answer.ids), expected.ids)
+                assert client.health() == "SERVING"
+
+            def connections(kid):
+                return sum(1 for c in kid.net_connections("tcp") if c.laddr.port == port and c.status == psutil.CONN_ESTABLISHED)
+
+            assert all(connections(kid) > 0 for kid in kids)  # both processes accepted connections
+        finally:
+            for client in clients:
+                client.close()
+    finally:
+        assert stop(process) == 0
+    assert not any(kid.is_running() and kid.status() != psutil.STATUS_ZOMBIE for kid in kids)
+
+
+def get(port: int, path: str) -> tuple[int, dict]:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        connection.request("GET", path)
+        response = connection.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        connection.close()
+
+
+def test_rest_port_is_shared_and_reports_every_process(versions):
+    process, address = serve(versions, "--processes", "2", "--rest-port", "0")
+    try:
+        port = cli_rest_port(process)
+        assert wait_for(lambda: get(port, "/readyz")[0] == 200)
+        for _ in range(8):  # a connection each: the children accept from the one listening socket
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            connection.request("POST", "/v1/search", body=json.dumps({"features": versions["vectors"][:1].tolist(), "k": 3}),
+                               headers={"Content-Type": "application/json"})  # fmt: skip
+            response = connection.getresponse()
+            assert response.status == 200 and json.loads(response.read())["model_version"] == "1"
+            connection.close()
+        code, body = get(port, "/v1/status")
+        assert code == 200 and body["processes"] == 2 and body["processes_ready"] == 2 and body["process_versions"] == ["1", "1"]
+    finally:
+        assert stop(process) == 0
+
+
+def test_a_dead_process_is_restarted_and_readiness_follows_it(versions):
+    process, address = serve(versions, "--processes", "2")
+    try:
+        assert wait_for(lambda: status(address).processes_ready == 2)
+        victim = children(process)[0]
+        victim.kill()
+        # the service reports the missing process at once (the parent withdraws its status) ...
+        assert wait_for(lambda: status(address).processes_ready < 2, 10)
+        state = status(address)
+        assert not state.ready
+        with SearchClient(address) as client:  # ... while the other process still answers
+            assert client.search(features=versions["vectors"][:2], k=3).model_version == "1"
+            # health follows at the next look (--poll-seconds)
+            assert wait_for(lambda: client.health() == "NOT_SERVING" or status(address).processes_ready == 2, 10)
+        # ... and is whole again once the restarted one serves
+        assert wait_for(lambda: status(address).processes_ready == 2)
+        assert victim.pid not in [kid.pid for kid in children(process)] and len(children(process)) == 2
+        with SearchClient(address) as client:
+            assert wait_for(lambda: client.health() == "SERVING", 10)
+    finally:
+        assert stop(process) == 0
+
+
+def test_processes_that_keep_dying_stop_the_service_loudly(versions):
+    process, _ = serve(versions, "--processes", "2")
+    killed = set()
+    deadline = time.monotonic() + 60
+    while process.poll() is None and time.monotonic() < deadline:
+        for kid in children(process):
+            if kid.pid not in killed:
+                killed.add(kid.pid)
+                kid.kill()
+        time.sleep(0.05)
+    assert process.wait(30) == 1  # more than 5 exits within 60 s
+    assert len(killed) >= 6
+
+
+def test_hot_swap_moves_every_process_and_no_answer_mixes_versions(versions, tmp_path):
+    import shutil
+    import threading
+
+    models, indexes = str(tmp_path / "models"), str(tmp_path / "indexes")
+    shutil.copytree(versions["models"], models)
+    shutil.copytree(versions["indexes"], indexes)
+    process, address = start_cli(["serve", "search", "--model-base-dir", models, "--index-base-dir", indexes, "--port", "0",
+                                  "--poll-seconds", "0.3", "--processes", "2"], "search service on ")  # fmt: skip
+    queries = versions["vectors"][:4]
+    answers, failures, done = [], [], threading.Event()
+
+    def client_loop() -> None:
+        with SearchClient(address, own_connection=True) as client:
+            while not done.is_set():
+                try:
+                    answer = client.search(features=queries, k=5)
+                    answers.append((answer.model_version, np.stack(answer.ids)))
+                except Exception as err:  # noqa: BLE001 - every failure is counted
+                    failures.append(repr(err))
+
+    threads = [threading.Thread(target=client_loop) for _ in range(4)]
+    try:
+        for thread in threads:
+            thread.start()
+        push_version(models, indexes, 2, 1, versions["vectors"], versions["ids"])
+        assert wait_for(lambda: list(status(address).process_versions) == ["2", "2"], 60)
+        done.set()
+        for thread in threads:
+            thread.join(30)
+        expected = {v: reference(os.path.join(models, v), os.path.join(indexes, v, "BFlat"), queries, 5)[1].ids for v in ("1", "2")}
+        assert failures == []
+        assert {version for version, _ in answers} == {"1", "2"}
+        for version, ids in answers:  # each answer is wholly the version it names
+            np.testing.assert_array_equal(ids, expected[version])
+        with SearchClient(address) as client:
+            assert client.search(features=queries, k=5).model_version == "2"
+    finally:
+        done.set()
+        assert stop(process) == 0
+
+
+def test_a_port_in_use_is_refused_either_way(versions):
+    single, address = serve(versions)
+    try:
+        taken = address.rsplit(":", 1)[1]
+        refused = subprocess.run([sys.executable, "-m", "tfhash.cli", "serve", "search", "--model-base-dir", versions["models"],
+                                  "--index-base-dir", versions["indexes"], "--port", taken, "--processes", "2"],
+                                 capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert refused.returncode == 1 and "Address already in use" in refused.stderr
+    finally:
+        assert stop(single) == 0
+    multi, address = serve(versions, "--processes", "2")
+    try:
+        taken = address.rsplit(":", 1)[1]
+        refused = subprocess.run([sys.executable, "-m", "tfhash.cli", "serve", "search", "--model-base-dir", versions["models"],
+                                  "--index-base-dir", versions["indexes"], "--port", taken],
+                                 capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert refused.returncode == 1 and "cannot bind" in refused.stderr
+        with pytest.raises(OSError):  # nor may any other socket bind it
+            socket.create_server(("127.0.0.1", int(taken)))
+    finally:
+        assert stop(multi) == 0
+
+
+def test_processes_need_a_numeric_address(versions):
+    result = subprocess.run([sys.executable, "-m", "tfhash.cli", "serve", "search", "--model-base-dir", versions["models"],
+                             "--index-base-dir", versions["indexes"], "--host", "localhost", "--processes", "2"],
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert result.returncode != 0 and "numeric bind address" in result.stderr
+
+
+def test_a_mapped_flat_index_answers_alike_shares_its_files_and_copies_on_change(tmp_path):
+    rng = np.random.default_rng(0)
+    codes = rng.integers(0, 256, (500, 8), dtype=np.uint8)
+    index = index_factory(64, "BFlat")
+    index.add(codes)
+    path = str(tmp_path / "flat")
+    index.save(path, model_version="1")
+    mapped, loaded = load_index(path, mapped=True), load_index(path)
+    assert isinstance(mapped._rows, np.memmap) and not isinstance(loaded._rows, np.memmap)
+    queries = codes[:20] ^ 1
+    for k in (1, 10):
+        a, b = mapped.search(queries, k), loaded.search(queries, k)
+        np.testing.assert_array_equal(a.ids, b.ids)
+        np.testing.assert_array_equal(a.distances, b.distances)
+    mapped.remove(mapped.ids()[:5])
+    mapped.add(codes[:3])
+    assert mapped.ntotal == 498
+    verify_files(path, json.load(open(os.path.join(path, "manifest.json"))))  # the files did not change
+    assert load_index(path, mapped=True).ntotal == 500
+    for kind in ("BIVF4", "BMultiHash2"):  # types that copy on load take the flag and answer as before
+        other = index_factory(64, kind)
+        other.add(codes)
+        other.save(str(tmp_path / kind), model_version="1")
+        np.testing.assert_array_equal(load_index(str(tmp_path / kind), mapped=True).search(queries, 5).ids,
+                                      load_index(str(tmp_path / kind)).search(queries, 5).ids)  # fmt: skip
+
+
+def test_a_flat_index_whose_files_disagree_with_its_manifest_is_refused(tmp_path):
+    from tfhash.index import IndexFormatError
+
+    index = index_factory(64, "BFlat")
+    index.add(np.zeros((4, 8), np.uint8))
+    path = str(tmp_path / "flat")
+    index.save(path, model_version="1")
+    manifest = json.load(open(os.path.join(path, "manifest.json")))
+    manifest["bits"] = 32  # a manifest edited by hand (checksums cover the data files only)
+    with pytest.raises(IndexFormatError, match="uint8"):
+        type(index).read_files(path, manifest)
