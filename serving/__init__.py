@@ -11,6 +11,8 @@
 * :mod:`.search_service` / :mod:`.rest` -- the search service's gRPC and REST fronts;
   :mod:`.health` -- its gRPC health service; :mod:`.grpc_server` -- the gRPC shell both servers
   share (limits, undecodable bytes, drain on stop, signals);
+* :mod:`.processes` -- one search-service process, or several on one port under a supervising
+  parent; :mod:`.siblings` -- what each of those processes serves, shared for health and status;
 * :mod:`.search_client` -- ``SearchClient``; :mod:`.cli` -- ``tfhash serve model|search|config``.
 
 The gRPC modules ``search_pb2`` / ``search_pb2_grpc`` are generated from ``search.proto`` at build
