@@ -32,9 +32,10 @@ cost is bounded by its queries and k whatever the radius.
 Coalescing (``search_batch_size`` > 1, off by default): concurrent searches of the same k are
 joined into one index call (:mod:`tfhash.serving.batching`), on one search worker per core. The
 exact kernel answers a group of queries for less per query than each alone. Through the service
-(1M codes, 32 clients) it saved 9-14% of the server's CPU for codes on BFlat, and cost more than
-it saved for an IVF index and for features, where the search is a small part of a request
-(``benchmarks/results/serving.md`` against ``serving_coalesced_*.md``).
+(1M codes, 32 clients, 2 processes) it took codes on BFlat from 0.90 to 0.75 ms of server CPU a
+request (``benchmarks/results/serving.md`` against ``serving_processes2_coalesced.md``); in one
+process it cost more than it saved for an IVF index and for features, where the search is a small
+part of a request (``serving_coalesced_*.md``).
 
 Items: given the exported data's ``items.csv`` (:func:`tfhash.artifacts.read_items`), every
 neighbour is answered with its source file and class names too (an id the file does not name gets
