@@ -138,3 +138,13 @@ def cli_rest_port(process) -> int | None:
     if "REST on " not in line:
         return None
     return int(line.split("REST on ", 1)[1].split()[0].rstrip(",;").rsplit(":", 1)[1])
+
+
+def wait_for(condition, seconds: float = 60.0) -> bool:
+    """Whether ``condition()`` became true within ``seconds`` (looked at every 0.05 s)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()

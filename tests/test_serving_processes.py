@@ -19,7 +19,14 @@ import pytest
 from tfhash.serving import search_pb2, search_pb2_grpc
 from tfhash.serving.search_client import SearchClient
 
-from tests.serving_fixtures import cli_rest_port, database, push_version, reference, start_cli
+from tests.serving_fixtures import (
+    cli_rest_port,
+    database,
+    push_version,
+    reference,
+    start_cli,
+    wait_for,
+)
 from tfhash.index import index_factory, load_index
 from tfhash.index.persistence import verify_files
 
@@ -44,15 +51,6 @@ def status(address: str) -> search_pb2.StatusResponse:
     with grpc.insecure_channel(address) as channel:
         # waits for a connection: one that a killed process had queued but not accepted is reset
         return search_pb2_grpc.HashSearchStub(channel).GetStatus(search_pb2.StatusRequest(), timeout=10, wait_for_ready=True)
-
-
-def wait_for(condition, seconds: float = 60.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.1)
-    return condition()
 
 
 def children(process) -> list[psutil.Process]:

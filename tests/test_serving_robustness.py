@@ -36,7 +36,7 @@ from benchmarks.serving_robustness import (
     sigterm_trial,
 )
 from benchmarks.serving_robustness import fuzz as run_fuzz
-from tests.serving_fixtures import DIM, database, export_version, vector_example
+from tests.serving_fixtures import DIM, database, export_version, vector_example, wait_for
 
 POLL = 0.5
 
@@ -142,23 +142,14 @@ def test_withdrawn_version_reports_not_serving_and_recovers(tmp_path):
             handle.write(pinned.replace("versions: 1", "versions: 99"))
         os.replace(config + ".new", config)
         with SearchClient(target.search["remote"]) as client:
-            assert _wait(lambda: client.health() == "NOT_SERVING", 10)
+            assert wait_for(lambda: client.health() == "NOT_SERVING", 10)
             assert not client.status().ready
             with pytest.raises(ServingError) as err:
                 client.search(features=target.vectors[:1], k=3)
             assert err.value.code == grpc.StatusCode.UNAVAILABLE
             write_deployment(servers["models"], "vectors", os.path.dirname(config), index_base_dir=servers["indexes"])
-            assert _wait(lambda: client.health() == "SERVING", 10)
+            assert wait_for(lambda: client.health() == "SERVING", 10)
             assert client.search(features=target.vectors[:1], k=3).model_version == "1"
-
-
-def _wait(condition, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return condition()
 
 
 @pytest.mark.parametrize("kind, processes", [("search", 1), ("model", 1), ("search", 2)])
