@@ -155,11 +155,13 @@ def run_until_signal(server, grace: float, signals=(signal.SIGINT, signal.SIGTER
     previous = {sig: signal.signal(sig, lambda *_: stopping.set()) for sig in signals}
     try:
         server.start()
-        if on_started is not None:
-            on_started(server)
-        while not stopping.wait(0.2) and not failed.is_set():
-            pass
-        server.stop(grace)
+        try:
+            if on_started is not None:
+                on_started(server)
+            while not stopping.wait(0.2) and not failed.is_set():
+                pass
+        finally:  # also when on_started fails: a started server is always stopped
+            server.stop(grace)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

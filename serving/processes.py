@@ -24,11 +24,14 @@ used only by a second process.
   ``max_restarts`` exits within ``restart_window`` seconds stop the service with an error (a child
   that cannot stay up is a fault to see, not to hide). A child that fails before it first serves
   stops the start-up with its exit code.
-* SIGTERM / Ctrl-C: forwarded to every child, which drains within the grace period. A child whose
-  parent dies gets SIGTERM from the kernel.
+* SIGTERM / Ctrl-C: forwarded to every child (each in a session of its own), which drains within
+  the grace period. A child gets SIGTERM from the kernel when the parent's thread that spawned it
+  ends: the parent dying, or its supervisor stopping. A supervisor that fails (no process can be
+  spawned) stops the service with an error.
 * Memory: a flat index's codes are mapped from the index files (``load_index(mapped=True)``), one
-  copy in the page cache for every process; other index types (IVF, multi-hash, ScaNN) copy what
-  they load into each process, and each process loads its own encoder.
+  copy in the page cache for every process; an IVF index maps its codes and ids too but reads its
+  inverted lists into each process, multi-hash and ScaNN indexes build theirs in each process, and
+  each process loads its own encoder.
 """
 
 from __future__ import annotations
@@ -203,8 +206,9 @@ class ProcessFront:
         withdraw(self.status_dir, slot)
         child = {"spec": dataclasses.asdict(self.spec), "slot": slot, "processes": self.processes, "status_dir": self.status_dir,
                  "rest_fds": [s.fileno() for s in self._rest_sockets], "grace": self.grace, "parent": os.getpid()}  # fmt: skip
+        # a session of its own: a terminal's Ctrl-C reaches the parent only, which stops the children in order
         return subprocess.Popen([sys.executable, "-m", "tfhash.serving.processes", json.dumps(child)],
-                                pass_fds=child["rest_fds"])  # fmt: skip
+                                pass_fds=child["rest_fds"], start_new_session=True)  # fmt: skip
 
     def start(self) -> ProcessFront:
         """Spawn every child and wait until each one has published its first status (it serves).
@@ -234,6 +238,14 @@ class ProcessFront:
         return self
 
     def _supervise(self) -> None:
+        try:
+            self._restart_exited()
+        except Exception as err:  # noqa: BLE001 - e.g. no process can be spawned: fail loudly, never sit childless
+            self.failure = f"supervising the search processes failed: {type(err).__name__}: {err}; stopping the service"
+            logger.exception(self.failure)
+            self.failed.set()
+
+    def _restart_exited(self) -> None:
         while not self._stopping.wait(0.2):
             with self._lock:
                 for slot, child in enumerate(self.children):
@@ -266,6 +278,8 @@ class ProcessFront:
         for child in children:
             if child.poll() is None:
                 child.send_signal(signal.SIGTERM)
+        for sock in self._rest_sockets:  # new REST connections are refused now, not left in a backlog
+            sock.close()
         deadline = time.monotonic() + grace + EXIT_MARGIN_SECONDS
         for child in children:
             try:
@@ -275,8 +289,6 @@ class ProcessFront:
                 child.kill()
                 child.wait()
         self._grpc_socket.close()
-        for sock in self._rest_sockets:
-            sock.close()
         shutil.rmtree(self.status_dir, ignore_errors=True)
 
 

@@ -160,9 +160,23 @@ class SearchServer:
             self.searcher.refresh()
         except Exception:  # the watcher must survive anything a refresh meets
             logger.exception("looking for a newer model/index pair failed")
-        if self.siblings is not None and self._serving:  # siblings learn of a process once it accepts requests
-            self.siblings.publish(self.searcher.status())
+        self._publish()
         self.health.set_serving(self.status()["ready"])
+
+    def _publish(self) -> None:
+        """Tell the siblings what this process serves (once it accepts requests)."""
+        if self.siblings is None or not self._serving:
+            return
+        try:
+            self.siblings.publish(self.searcher.status())
+        except OSError:  # the slot goes stale (not ready) rather than the watcher dying
+            logger.exception("publishing this process's status failed")
+
+    def _heartbeat(self) -> None:
+        """Publish every poll, apart from the looks: a look that loads a new pair may take longer
+        than a status stays fresh, and the old pair still answers meanwhile."""
+        while not self._stop.wait(self.poll_seconds):
+            self._publish()
 
     def _watch(self) -> None:
         while not self._stop.wait(self.poll_seconds):
@@ -178,6 +192,8 @@ class SearchServer:
         self._serving = True
         self._refresh()
         self._watcher.start()
+        if self.siblings is not None:
+            threading.Thread(target=self._heartbeat, name="tfhash-search-heartbeat", daemon=True).start()
         logger.info("listening on %s (ready: %s)", self.address, self.searcher.ready)
         return self
 

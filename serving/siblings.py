@@ -1,7 +1,8 @@
 """What every process of a multi-process search service serves, shared through a folder.
 
 Each process (a slot, ``0 .. processes - 1``) writes ``<slot>.json`` (its pid, whether it is
-ready, the model version it serves, the time) at every look for a newer pair, replacing the file
+ready, the model version it serves, the time) at every look for a newer pair and every
+``poll_seconds`` between them (a look that loads a pair may take longer), replacing the file
 atomically; every process reads all of them to answer health, readiness and GetStatus for the
 whole service. A slot whose file is missing, unreadable or older than ``stale_seconds`` counts
 as not ready: a process that died, hangs or is being restarted takes the service's readiness with

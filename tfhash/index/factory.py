@@ -134,7 +134,8 @@ def load_index(path, expected_model_version: str | None = None,
             cache's). The files must then not change in place while the index is used (a file
             truncated under a mapping kills the process with SIGBUS); directories written by
             :meth:`HashIndex.save` never are, it publishes a new directory atomically. Adding or
-            removing items copies the arrays. Other index types copy what they load and ignore it.
+            removing items copies the arrays. An IVF index maps its codes and ids too (its FAISS
+            lists are read into memory); the other types copy what they load.
         expected_model_version: when given, refuse an index built from another model version, or
             that records none.
         expected_signature_fingerprint: when given, refuse an index built from a SavedModel with
