@@ -173,10 +173,12 @@ class SearchServer:
             logger.exception("publishing this process's status failed")
 
     def _heartbeat(self) -> None:
-        """Publish every poll, apart from the looks: a look that loads a new pair may take longer
-        than a status stays fresh, and the old pair still answers meanwhile."""
+        """Publish every poll, apart from the looks (a look that loads a new pair may take longer
+        than a status stays fresh, and the old pair still answers meanwhile), and follow the
+        siblings' readiness in health."""
         while not self._stop.wait(self.poll_seconds):
             self._publish()
+            self.health.set_serving(self.status()["ready"])  # the siblings' changes too
 
     def _watch(self) -> None:
         while not self._stop.wait(self.poll_seconds):

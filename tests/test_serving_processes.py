@@ -78,7 +78,8 @@ def test_processes_share_the_port_answer_alike_and_report_every_process(versions
                 answer = client.search(features=versions["vectors"][:4], k=5)
                 assert answer.model_version == "1"
                 np.testing.assert_array_equal(np.stack(answer.ids), expected.ids)
-                assert client.health() == "SERVING"
+                # health follows the other processes within a poll (GetStatus reads them at once)
+                assert wait_for(lambda c=client: c.health() == "SERVING", 10)
 
             def connections(kid):
                 return sum(1 for c in kid.net_connections("tcp") if c.laddr.port == port and c.status == psutil.CONN_ESTABLISHED)
