@@ -107,7 +107,7 @@ def serving_stack(root: str, poll: float = 0.5, rest_timeout: float = 1.0, proce
                              "--model-base-dir", models, *limit_args],
                             lambda: remote_searcher(model_server.address, MODEL, indexes, limits=limits, model_base_dir=models),
                             processes, poll, max_message_bytes=1 << 20)  # fmt: skip
-    rest_port = in_process.rest.port if processes == 1 else in_process.rest_port
+    rest_port = in_process.rest_port
     target = Target(search={"in_process": in_process.address, "remote": remote.address}, rest_port=rest_port,
                     model_server=model_server.address, model_name=MODEL, feature="features", dim=DIM, bits=BITS, count=len(ids),
                     version=1, vectors=vectors, limits=limits, search_max_bytes=1 << 20, model_max_bytes=4 << 20,

@@ -172,8 +172,7 @@ def search(config_path, index_base_dir, model_base_dir, model_server, model_name
 
     def started(server) -> None:
         status = server.status()
-        rest = server.rest_port if processes > 1 else server.rest.port if server.rest else None
-        click.echo(f"search service on {server.address}" + (f", REST on {host}:{rest}" if rest is not None else "")
+        click.echo(f"search service on {server.address}" + (f", REST on {host}:{server.rest_port}" if server.rest_port is not None else "")
                    + (f" ({processes} processes)" if processes > 1 else "")
                    + ("; serving model version " + ", ".join(sorted(set(status["process_versions"]))) if status["ready"]
                       else "; waiting for a model version with its index")

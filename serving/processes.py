@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tfhash.serving.grpc_server import LOOPBACK, run_until_signal
-from tfhash.serving.siblings import Siblings, slot_path, withdraw
+from tfhash.serving.siblings import Siblings, service_status, slot_path, withdraw
 
 if TYPE_CHECKING:
     from tfhash.serving.search_service import SearchServer
@@ -197,10 +197,7 @@ class ProcessFront:
 
     def status(self) -> dict:
         """The service's status, as any child would answer GetStatus about every process."""
-        processes = Siblings(self.status_dir, 0, self.processes, self.spec.poll_seconds).gather()
-        return {"ready": all(p["ready"] for p in processes), "processes": self.processes,
-                "processes_ready": sum(p["ready"] for p in processes),
-                "process_versions": [p["model_version"] if p["ready"] else "" for p in processes]}  # fmt: skip
+        return service_status(Siblings(self.status_dir, 0, self.processes, self.spec.poll_seconds).gather())
 
     def _spawn(self, slot: int) -> subprocess.Popen:
         withdraw(self.status_dir, slot)

@@ -33,7 +33,7 @@ from tfhash.serving.grpc_server import LOOPBACK, GrpcServer
 from tfhash.serving.health import Health
 from tfhash.serving.requests import DEFAULT_LIMITS, Limits, query_from_proto
 from tfhash.serving.searcher import Neighbours, ServedPair, VersionedSearcher
-from tfhash.serving.siblings import Siblings
+from tfhash.serving.siblings import Siblings, service_status
 from tfhash.serving.versions import list_versions
 
 from tfhash.artifacts import join_labels, model_version_dir
@@ -147,13 +147,15 @@ class SearchServer:
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
+    @property
+    def rest_port(self) -> int | None:
+        return None if self.rest is None else self.rest.port
+
     def status(self) -> dict:
         """The searcher's status, with every process's readiness and version (one process: this)."""
         own = self.searcher.status()
-        processes = [own] if self.siblings is None else self.siblings.gather()
-        ready = own["ready"] and all(p["ready"] for p in processes)
-        return {**own, "ready": ready, "processes": len(processes), "processes_ready": sum(p["ready"] for p in processes),
-                "process_versions": [p.get("model_version", "") if p["ready"] else "" for p in processes]}  # fmt: skip
+        service = service_status([own] if self.siblings is None else self.siblings.gather())
+        return {**own, **service, "ready": own["ready"] and service["ready"]}
 
     def _refresh(self) -> None:
         try:

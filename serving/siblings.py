@@ -71,3 +71,12 @@ class Siblings:
             except (OSError, ValueError, KeyError, TypeError):
                 out.append({"ready": False, "model_version": ""})
         return out
+
+
+def service_status(processes: list[dict]) -> dict:
+    """What GetStatus says of a service whose processes report ``processes`` (each ``{"ready",
+    "model_version"}``): ready only while every one is, how many are, and each one's version
+    ("" where it is not ready)."""
+    return {"ready": all(p["ready"] for p in processes), "processes": len(processes),
+            "processes_ready": sum(p["ready"] for p in processes),
+            "process_versions": [p.get("model_version", "") if p["ready"] else "" for p in processes]}  # fmt: skip
