@@ -49,6 +49,7 @@ from tests.serving_fixtures import (
     push_version,
     reference,
     start_cli,
+    stop_cli,
     vector_example,
 )
 
@@ -65,8 +66,7 @@ class ServiceProcesses:
         self.rest_port = cli_rest_port(self.process)
 
     def stop(self, grace: float = 0.0) -> None:
-        self.process.send_signal(signal.SIGTERM)
-        self.process.wait(30)
+        stop_cli(self.process)
 
 
 def search_service(searcher_args: list[str], make_searcher, processes: int, poll: float, **server_options):

@@ -79,7 +79,7 @@ def model(model_config_file, model_name, model_base_path, host, port, poll_secon
     """
     from tfhash.serving.deployment import model_config, models_config, read_models_config
     from tfhash.serving.errors import ServingError
-    from tfhash.serving.grpc_server import run_until_signal
+    from tfhash.serving.grpc_server import EXIT_SECONDS, run_until_signal
     from tfhash.serving.model_server import DevModelServer
 
     if model_config_file:
@@ -97,7 +97,7 @@ def model(model_config_file, model_name, model_base_path, host, port, poll_secon
                                 allowed_root=allowed_model_root)  # fmt: skip
     except (OSError, ServingError) as err:
         raise click.ClickException(str(err)) from err
-    run_until_signal(server, grace_seconds, on_started=lambda s: click.echo(
+    run_until_signal(server, grace_seconds, exit_within=EXIT_SECONDS, on_started=lambda s: click.echo(
         f"development model server on {s.address} (stand-in for tensorflow_model_server)", err=True))  # fmt: skip
 
 
@@ -142,7 +142,7 @@ def search(config_path, index_base_dir, model_base_dir, model_server, model_name
            port, rest_port, max_k, max_batch, max_request_mb, threads, poll_seconds, search_threads, encode_batch_size,
            search_batch_size, processes, tf_threads, rest_timeout, grace_seconds) -> None:  # fmt: skip
     """Run the search service until Ctrl-C / SIGTERM (then drain in-flight requests)."""
-    from tfhash.serving.grpc_server import run_until_signal
+    from tfhash.serving.grpc_server import EXIT_SECONDS, run_until_signal
     from tfhash.serving.processes import ProcessFront, SearchSpec, ServiceFailed, build_server
 
     from tfhash.artifacts import ITEMS_FILE, read_items
@@ -179,7 +179,7 @@ def search(config_path, index_base_dir, model_base_dir, model_server, model_name
                    + (f"; answers name files and classes from {items_file}" if items else ""), err=True)  # fmt: skip
 
     try:
-        run_until_signal(server, grace_seconds, on_started=started)
+        run_until_signal(server, grace_seconds, on_started=started, exit_within=EXIT_SECONDS)
     except ServiceFailed as err:
         raise click.ClickException(str(err)) from err
     if getattr(server, "failure", None):

@@ -11,11 +11,14 @@ CANCELLED); none of them was executed.
 
 :func:`run_until_signal`: on SIGTERM or SIGINT the server's ``stop(grace)`` runs at once, whichever
 thread the signal reached (the main thread waits in short slices so that Python runs its handler);
-the process then exits 0.
+the process then exits 0. A process that has not exited :data:`EXIT_SECONDS` after its grace
+period (a library thread that blocks the interpreter's exit) prints every thread's stack and
+exits 1, so SIGTERM always ends the service.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import functools
 import signal
 import threading
@@ -28,6 +31,8 @@ from tfhash.serving.requests import check_whole
 LOOPBACK = "127.0.0.1"
 #: Methods answered while stopping (a load balancer must see NOT_SERVING, not an error).
 ALWAYS_ANSWERED = "/grpc.health.v1.Health/"
+#: How long after its grace period a stopping service process may take to exit (:func:`run_until_signal`).
+EXIT_SECONDS = 10.0
 SETTLE_SECONDS = 0.2
 
 
@@ -142,7 +147,8 @@ class GrpcServer:
         self.server.stop(max(deadline - time.monotonic(), 0.0)).wait()
 
 
-def run_until_signal(server, grace: float, signals=(signal.SIGINT, signal.SIGTERM), on_started=None) -> None:
+def run_until_signal(server, grace: float, signals=(signal.SIGINT, signal.SIGTERM), on_started=None,
+                     exit_within: float | None = None) -> None:  # fmt: skip
     """Start ``server`` (anything with ``start()`` and ``stop(grace)``), call ``on_started(server)``,
     block until one of ``signals`` arrives (or the server's own ``failed`` event is set, if it has
     one), then ``server.stop(grace)``.
@@ -150,6 +156,11 @@ def run_until_signal(server, grace: float, signals=(signal.SIGINT, signal.SIGTER
     The handlers are installed before the server starts, and the main thread waits in 0.2 s slices:
     a signal delivered to one of gRPC's threads is then still handled within 0.2 s (a wait without
     timeout would never return to Python, and the handler would never run).
+
+    ``exit_within`` (for a process that exits once this returns, such as the CLI's services): when
+    the stop begins, arm a timer outside Python's interpreter lock that, ``grace + exit_within``
+    seconds later, prints every thread's stack to stderr and ends the process with exit code 1.
+    It still fires when a thread blocks the interpreter's exit, where no Python code runs any more.
     """
     stopping, failed = threading.Event(), getattr(server, "failed", threading.Event())
     previous = {sig: signal.signal(sig, lambda *_: stopping.set()) for sig in signals}
@@ -161,6 +172,8 @@ def run_until_signal(server, grace: float, signals=(signal.SIGINT, signal.SIGTER
             while not stopping.wait(0.2) and not failed.is_set():
                 pass
         finally:  # also when on_started fails: a started server is always stopped
+            if exit_within is not None:
+                faulthandler.dump_traceback_later(grace + exit_within, exit=True)
             server.stop(grace)
     finally:
         for sig, handler in previous.items():

@@ -54,7 +54,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tfhash.serving.grpc_server import LOOPBACK, run_until_signal
+from tfhash.serving.grpc_server import EXIT_SECONDS, LOOPBACK, run_until_signal
 from tfhash.serving.siblings import Siblings, service_status, slot_path, withdraw
 
 if TYPE_CHECKING:
@@ -314,7 +314,7 @@ def child_main(argument: str) -> None:
         sockets.append(sock)
     siblings = Siblings(child["status_dir"], child["slot"], child["processes"], spec.poll_seconds)
     server = build_server(spec, siblings, reuse_port=True, rest_sockets=sockets or None)
-    run_until_signal(server, child["grace"])
+    run_until_signal(server, child["grace"], exit_within=EXIT_SECONDS)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@ answer to compare with, and the serving CLI started as a process."""
 
 from __future__ import annotations
 
+import collections
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -120,16 +122,33 @@ def graph_mode_outputs(model_dir: str, signature: str, inputs: dict, output: str
 
 def start_cli(args: list[str], ready: str) -> tuple[subprocess.Popen, str]:
     """Start ``tfhash <args>`` and wait for the line holding ``ready``; returns the process (the
-    line as its ``ready_line``) and the address that follows ``ready`` on that line (stderr keeps
-    being drained)."""
+    line as its ``ready_line``, the last 400 lines of its stderr in ``log``) and the address that
+    follows ``ready`` on that line (stderr keeps being drained)."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     process = subprocess.Popen([sys.executable, "-m", "tfhash.cli", *args], stderr=subprocess.PIPE, text=True, env=env)
+    process.log = collections.deque(maxlen=400)
     for line in process.stderr:
+        process.log.append(line)
         if ready in line:
             process.ready_line = line
-            threading.Thread(target=lambda: [None for _ in process.stderr], daemon=True).start()
+            threading.Thread(target=process.log.extend, args=(process.stderr,), daemon=True).start()
             return process, line.split(ready, 1)[1].split()[0].rstrip(",;")
-    raise RuntimeError(f"tfhash {' '.join(args)} did not start (exit code {process.wait(10)})")
+    raise RuntimeError(f"tfhash {' '.join(args)} did not start (exit code {process.wait(10)}):\n{''.join(process.log)}")
+
+
+def stop_cli(process, limit: float = 60.0) -> None:
+    """SIGTERM a :func:`start_cli` process and wait for exit code 0; any other code, or a process
+    still running ``limit`` seconds later (then killed), fails the test with the end of its log."""
+    process.send_signal(signal.SIGTERM)
+    try:
+        code = process.wait(limit)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        code = f"still running {limit:g} s after SIGTERM"
+    if code != 0:
+        time.sleep(0.2)  # the drain thread's last lines
+        raise AssertionError(f"tfhash stopped with {code}; its log ends:\n{''.join(process.log)}")
 
 
 def cli_rest_port(process) -> int | None:

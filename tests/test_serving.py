@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import threading
 import time
 
@@ -49,6 +48,7 @@ from tests.serving_fixtures import (
     queued_behind,
     reference,
     start_cli,
+    stop_cli,
     vector_example,
 )
 from tfhash.index import load_index
@@ -503,11 +503,9 @@ def test_cli_serves_models_and_search_and_stops_on_sigterm(artifacts, tmp_path):
             with SearchClient(search_address) as client:
                 assert client.search(features=artifacts["vectors"][:2], k=3).model_version == "1"
         finally:
-            search.send_signal(signal.SIGTERM)
-            assert search.wait(30) == 0
+            stop_cli(search)
     finally:
-        models.send_signal(signal.SIGTERM)
-        assert models.wait(30) == 0
+        stop_cli(models)
 
 
 def test_models_config_round_trips_through_text_format():

@@ -6,7 +6,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from tests.serving_fixtures import (
     push_version,
     reference,
     start_cli,
+    stop_cli,
     wait_for,
 )
 from tfhash.index import index_factory, load_index
@@ -57,11 +57,6 @@ def children(process) -> list[psutil.Process]:
     return psutil.Process(process.pid).children()
 
 
-def stop(process, grace_limit: float = 30.0) -> int:
-    process.send_signal(signal.SIGTERM)
-    return process.wait(grace_limit)
-
-
 def test_processes_share_the_port_answer_alike_and_report_every_process(versions):
     process, address = serve(versions, "--processes", "2", "--rest-port", "0")
     try:
@@ -89,7 +84,7 @@ def test_processes_share_the_port_answer_alike_and_report_every_process(versions
             for client in clients:
                 client.close()
     finally:
-        assert stop(process) == 0
+        stop_cli(process)
     assert not any(kid.is_running() and kid.status() != psutil.STATUS_ZOMBIE for kid in kids)
 
 
@@ -118,7 +113,7 @@ def test_rest_port_is_shared_and_reports_every_process(versions):
         code, body = get(port, "/v1/status")
         assert code == 200 and body["processes"] == 2 and body["processes_ready"] == 2 and body["process_versions"] == ["1", "1"]
     finally:
-        assert stop(process) == 0
+        stop_cli(process)
 
 
 def test_a_dead_process_is_restarted_and_readiness_follows_it(versions):
@@ -141,7 +136,7 @@ def test_a_dead_process_is_restarted_and_readiness_follows_it(versions):
         with SearchClient(address) as client:
             assert wait_for(lambda: client.health() == "SERVING", 10)
     finally:
-        assert stop(process) == 0
+        stop_cli(process)
 
 
 def test_processes_that_keep_dying_stop_the_service_loudly(versions):
@@ -197,7 +192,7 @@ def test_hot_swap_moves_every_process_and_no_answer_mixes_versions(versions, tmp
             assert client.search(features=queries, k=5).model_version == "2"
     finally:
         done.set()
-        assert stop(process) == 0
+        stop_cli(process)
 
 
 def test_a_port_in_use_is_refused_either_way(versions):
@@ -209,7 +204,7 @@ def test_a_port_in_use_is_refused_either_way(versions):
                                  capture_output=True, text=True, timeout=120)  # fmt: skip
         assert refused.returncode == 1 and "Address already in use" in refused.stderr
     finally:
-        assert stop(single) == 0
+        stop_cli(single)
     multi, address = serve(versions, "--processes", "2")
     try:
         taken = address.rsplit(":", 1)[1]
@@ -220,7 +215,7 @@ def test_a_port_in_use_is_refused_either_way(versions):
         with pytest.raises(OSError):  # nor may any other socket bind it
             socket.create_server(("127.0.0.1", int(taken)))
     finally:
-        assert stop(multi) == 0
+        stop_cli(multi)
 
 
 def test_processes_need_a_numeric_address(versions):

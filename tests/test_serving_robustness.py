@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -160,6 +161,31 @@ def test_sigterm_under_load_drains_and_exits(tmp_path, kind, processes):
     assert set(result["in_flight_refused"]) <= {"UNAVAILABLE"}  # in flight: answered, or refused before it ran
     assert result["started_after_signal"] > 0 and result["answered_after_signal"] == 0
     assert result["health_stream_ended"] in (True, None)
+
+
+STUCK_AT_EXIT = """
+import os, signal, threading, time
+from tfhash.serving.grpc_server import run_until_signal
+
+class Server:  # its stop leaves a thread that never ends: the interpreter cannot exit by itself
+    def start(self):
+        print("started", flush=True)
+    def stop(self, grace):
+        threading.Thread(target=threading.Event().wait).start()
+
+run_until_signal(Server(), grace=0.5, exit_within=1.0)
+"""
+
+
+def test_a_process_that_cannot_exit_after_sigterm_is_ended_with_every_stack():
+    process = subprocess.Popen([sys.executable, "-c", STUCK_AT_EXIT], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == "started"
+    signalled = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 1, err
+    assert 1.5 <= time.monotonic() - signalled < 30  # grace + exit_within, then ended
+    assert "Timeout" in err and err.count("Thread 0x") >= 2 and "in _shutdown" in err  # every thread's stack: exit waits on one
 
 
 def test_slow_http_clients_hold_no_threads_and_are_cut_off(stack):
