@@ -3,7 +3,7 @@ clients over a 1M-code index, bounded in time, over gRPC on loopback.
 
     python -m benchmarks.serving [--seed 0] [--size 1000000] [--bits 64] [--kinds BFlat BIVF1024]
                                  [--clients 1 8 32] [--seconds 10] [--repeats 3] [--modes codes features]
-                                 [--processes 1 2] [--tf-threads 0]
+                                 [--processes 1 2] [--tf-threads 0] [--fronts threaded asyncio asyncio-batched]
 
 Set-up: a seeded, untrained SCDH model over 32-d feature vectors is exported as version 1 (the
 pipeline's export code); ``size`` random-but-clustered codes (as in ``benchmarks.index``) form the
@@ -16,13 +16,17 @@ a connection of its own. ``codes``
 requests carry packed codes (search only); ``features`` requests carry a feature vector that the
 service encodes with the model first. Client and server share the
 machine's cores; the CPU seconds per request of the server and of the load generator are measured
-apart, from the OS.
+apart, from the OS. Every service of an index (each ``--processes`` value and ``--fronts`` entry)
+runs at once on its own copy of the index, and the repeats take turns between them, so that a slow
+spell of this shared machine falls on all of them alike.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -49,10 +53,17 @@ def export_model(path: str, bits: int, seed: int) -> None:
 
 
 def start_service(model_base: str, index_base: str, kind: str, threads: int, search_threads: int, search_batch_size: int,
-                  processes: int = 1, tf_threads: int = 0):  # fmt: skip
-    """``tfhash serve search`` as its own process(es) (in-process encoder); returns (process, address)."""
+                  processes: int = 1, tf_threads: int = 0, front: str = "threaded"):  # fmt: skip
+    """``tfhash serve search`` as its own process(es) (in-process encoder); returns (process, address).
+    ``front="asyncio"`` / ``"asyncio-batched"``: the measurement of :mod:`benchmarks.asyncio_front`
+    instead, inline / batched per loop turn (one search thread, TensorFlow's default threads;
+    ``threads`` and ``search_batch_size`` do not apply)."""
+    from benchmarks.asyncio_front import READY
     from tests.serving_fixtures import start_cli
 
+    if front.startswith("asyncio"):
+        return start_cli([model_base, index_base, kind, "--processes", str(processes), *(["--batched"] if front == "asyncio-batched" else [])],
+                         READY, module="benchmarks.asyncio_front")  # fmt: skip
     return start_cli(["serve", "search", "--model-base-dir", model_base, "--index-base-dir", index_base, "--kind", kind,
                       "--port", "0", "--threads", str(threads), "--search-threads", str(search_threads),
                       "--search-batch-size", str(search_batch_size), "--processes", str(processes),
@@ -245,6 +256,8 @@ def main() -> None:
     parser.add_argument("--load-processes", type=int, default=2, help="load-generator processes the clients are spread over")
     parser.add_argument("--processes", nargs="+", type=int, default=[1, 2], help="the service's serving processes (each value a run)")
     parser.add_argument("--tf-threads", type=int, default=0, help="TensorFlow threads per serving process (0: its default)")
+    parser.add_argument("--fronts", nargs="+", default=["threaded"], choices=["threaded", "asyncio", "asyncio-batched"],
+                        help="threaded: tfhash serve search; asyncio[-batched]: the design measurement of benchmarks.asyncio_front")
     parser.add_argument("--name", default="serving")
     args = parser.parse_args()
 
@@ -274,26 +287,37 @@ def main() -> None:
             index.save(os.path.join(index_base, "1", kind), model_version="1", signature_fingerprint=fingerprint)
             build_s = time.perf_counter() - build_start
             del index
-            for processes in args.processes:
-                process, address = start_service(model_base, index_base, kind, args.threads, args.search_threads,
-                                                 args.search_batch_size, processes, args.tf_threads)  # fmt: skip
-                server = psutil.Process(process.pid)
-                try:
-                    for mode in args.modes:
-                        for clients in args.clients:
-                            runs = [run_level(address, clients, args.seconds, requests[mode], server, args.load_processes)
-                                    for _ in range(args.repeats)]  # fmt: skip
-                            row = {"index": kind, "n": args.size, "bits": args.bits, "processes": processes, "mode": mode, "k": K,
-                                   **summarise_runs(runs), "index_build_s": round(build_s, 1), "seed": args.seed}  # fmt: skip
-                            print(row, flush=True)
-                            rows.append(row)
-                    memory = {"index": kind, "processes": processes, **server_memory(server)}  # after the load
+            # every service of this index at once, and each repeat runs them in turn: a slow spell of
+            # this shared machine then falls on all of them, not on one
+            services = []
+            try:
+                for number, (front, processes) in enumerate(itertools.product(args.fronts, args.processes)):
+                    # a copy of the index each: a service's mapped codes are then shared by its own processes only
+                    own_index = os.path.join(work, f"indexes-{number}")
+                    shutil.copytree(os.path.join(index_base, "1", kind), os.path.join(own_index, "1", kind))
+                    process, address = start_service(model_base, own_index, kind, args.threads, args.search_threads,
+                                                     args.search_batch_size, processes, args.tf_threads, front)  # fmt: skip
+                    services.append((front, processes, process, address, psutil.Process(process.pid)))
+                for mode, clients in itertools.product(args.modes, args.clients):
+                    runs = [[] for _ in services]
+                    for _ in range(args.repeats):
+                        for runs_of, (_, _, _, address, server) in zip(runs, services, strict=True):
+                            runs_of.append(run_level(address, clients, args.seconds, requests[mode], server, args.load_processes))
+                    for runs_of, (front, processes, _, _, _) in zip(runs, services, strict=True):
+                        row = {"index": kind, "n": args.size, "bits": args.bits, "front": front, "processes": processes, "mode": mode, "k": K,
+                               **summarise_runs(runs_of), "index_build_s": round(build_s, 1), "seed": args.seed}  # fmt: skip
+                        print(row, flush=True)
+                        rows.append(row)
+                for front, processes, _, _, server in services:
+                    memory = {"index": kind, "front": front, "processes": processes, **server_memory(server)}  # after the load
                     print(memory, flush=True)
                     memory_rows.append(memory)
-                finally:
+            finally:
+                for *_, process, _, _ in services:
                     process.terminate()
+                for *_, process, _, _ in services:
                     process.wait(60)
-    columns = ["index", "n", "bits", "processes", "mode", "clients", "load_processes", "repeats", "requests", "errors", "qps", "qps_min", "qps_max",
+    columns = ["index", "n", "bits", *(["front"] if args.fronts != ["threaded"] else []), "processes", "mode", "clients", "load_processes", "repeats", "requests", "errors", "qps", "qps_min", "qps_max",
                "p50_ms", "p99_ms", "p99_ms_max", "server_cpu_ms_per_request", "client_cpu_ms_per_request", "seed"]  # fmt: skip
     command = "python -m benchmarks.serving " + " ".join(sys.argv[1:])
     markdown = (
@@ -302,11 +326,17 @@ def main() -> None:
         f"service (`tfhash serve search`, {args.threads} worker threads, {args.search_threads} thread(s) per index search, "
         f"concurrent searches coalesced up to {args.search_batch_size} queries, in-process encoder, TensorFlow threads "
         f"{args.tf_threads or 'by default'}) runs as its own process, or as `--processes` serving processes on one port "
-        "under a supervising parent (the `processes` column); the clients are asyncio gRPC clients spread over the load-generator processes, one channel each, "
+        "under a supervising parent (the `processes` column)"
+        + ("; fronts `asyncio` and `asyncio-batched`: not the service but the measurement of a design option "
+           "(`benchmarks/asyncio_front.py`: the same servicer behind gRPC's asyncio server, searches on the event loop, inline "
+           "or joined per loop turn; none of the service's checks, health, drain or hot swap; one search thread)"
+           if any(f.startswith("asyncio") for f in args.fronts) else "")
+        + "; the clients are asyncio gRPC clients spread over the load-generator processes, one channel each, "
         "sending requests serialized in advance back to back "
         f"for {args.seconds:g} s per run after a warm-up, on the same {os.cpu_count()} cores as the server; each row "
         f"is run {args.repeats} times (qps, p50 and p99 are medians; min / max give the spread, which is wide on "
-        "this shared virtual machine). "
+        "this shared virtual machine), and every service of an index runs at once, its runs taking turns with the other "
+        "services' (an idle service costs almost nothing), so that slow spells of the machine fall on all of them. "
         "`codes`: the request carries a packed code (search only); `features`: a 32-d vector that the "
         "service encodes with the model (an MLP) before it searches. Database: random-but-clustered codes "
         "as in the index benchmark. CPU per request is from the OS (user + system seconds over the measured "
@@ -315,7 +345,9 @@ def main() -> None:
         "`rss`: resident sets summed (a page that processes share counted in each), `pss`: proportional sets summed "
         "(shared pages split between their sharers, so counted once), `uss`: pages only one process holds; `codes_*`: "
         "the same for the index's codes, mapped from `codes.npy` (flat indexes only; other types copy their data "
-        "into each process).\n\n" + markdown_table(memory_rows, list(memory_rows[0])) + "\n"
+        "into each process). Each service maps its own copy of the index, so `codes_*` are its own; library pages "
+        "(TensorFlow's, gRPC's) are shared with every process that maps them, the other services running at the same "
+        "time included, which lowers `pss` and `uss` when several services run.\n\n" + markdown_table(memory_rows, list(memory_rows[0])) + "\n"
     )
     write_results(args.name, {"command": command, "rows": rows, "memory": memory_rows, "seed": args.seed}, markdown)
 

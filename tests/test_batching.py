@@ -139,3 +139,28 @@ def test_shared_errors_reach_the_whole_batch_at_once_and_abandoned_requests_neve
                   [functools.partial(client, "gone", 0.05)], lambda: len(batcher._queue) == 4 and "gone" in outcomes)  # fmt: skip
     assert calls == [1, 3]  # a, b and c in one call, not retried one by one; "gone" never ran
     assert all(isinstance(outcomes[n], StoreDown) for n in "abc") and isinstance(outcomes["gone"], TimeoutError)
+
+
+def test_the_asyncio_measurements_loop_batcher_joins_one_turn_and_splits_back():
+    import asyncio
+
+    from benchmarks.asyncio_front import LoopBatcher
+
+    calls = []
+
+    def call(key, rows):
+        calls.append((key, rows.copy()))
+        if key == "bad":
+            raise ValueError("refused")
+        return [int(r) * 10 for r in rows[:, 0]]
+
+    async def main():
+        batcher = LoopBatcher(call, max_rows=4)
+        jobs = [batcher.submit("a", np.array([[1], [2]])), batcher.submit("a", np.array([[3]])), batcher.submit("b", np.array([[4]])),
+                batcher.submit("a", np.array([[5], [6]])), batcher.submit("bad", np.array([[7]]))]  # fmt: skip
+        return await asyncio.gather(*jobs, return_exceptions=True)
+
+    out = asyncio.run(main())
+    assert out[:4] == [[10, 20], [30], [40], [50, 60]] and isinstance(out[4], ValueError)
+    # one turn: "a" in two calls (4 rows at most), "b" and "bad" in one each
+    assert [(key, rows[:, 0].tolist()) for key, rows in calls] == [("a", [1, 2, 3]), ("a", [5, 6]), ("b", [4]), ("bad", [7])]
