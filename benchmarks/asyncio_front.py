@@ -32,6 +32,8 @@ import subprocess
 import sys
 import threading
 
+import numpy as np
+
 READY = "asyncio search front on "
 
 
@@ -53,8 +55,6 @@ class LoopBatcher:
         return await future
 
     def flush(self) -> None:
-        import numpy as np
-
         queued, self.queued, self.flushing = self.queued, {}, False
         for key, waiting in queued.items():
             while waiting:
@@ -96,13 +96,6 @@ def serve(model_base_dir: str, index_base_dir: str, kind: str, port: int, batche
         raise SystemExit(f"no model version with its {kind} index under {model_base_dir} / {index_base_dir}")
     servicer = HashSearchServicer(searcher, searcher.status)
 
-    class Inline(search_pb2_grpc.HashSearchServicer):
-        async def Search(self, request, context):  # noqa: N802 - the proto's method name
-            try:  # the servicer's own method, undecorated: an aio context's abort must be awaited
-                return HashSearchServicer.Search.__wrapped__(servicer, request, context)
-            except ServingError as err:
-                await context.abort(err.code, err.message)
-
     def search_rows(key, rows):
         form, k, radius, version = key[:4]
         pair, results = searcher.search(Query(**{form: rows}), k, radius, version)
@@ -110,18 +103,25 @@ def serve(model_base_dir: str, index_base_dir: str, kind: str, port: int, batche
 
     batcher = LoopBatcher(search_rows, searcher.limits.max_batch)
 
-    class Batched(search_pb2_grpc.HashSearchServicer):
+    class Inline(search_pb2_grpc.HashSearchServicer):
         async def Search(self, request, context):  # noqa: N802 - the proto's method name
             try:
-                query = query_from_proto(request)
-                form = "codes" if query.codes is not None else "features" if query.features is not None else None
-                if form is None:  # examples: as they come
-                    return HashSearchServicer.Search.__wrapped__(servicer, request, context)
-                rows = getattr(query, form)
-                radius = request.radius if request.HasField("radius") else None
-                found = await batcher.submit((form, request.k, radius, request.model_version, rows.dtype.str, rows.shape[1:]), rows)
-            except ServingError as err:
+                return await self.answer(request, context)
+            except ServingError as err:  # an aio context's abort must be awaited
                 await context.abort(err.code, err.message)
+
+        async def answer(self, request, context):
+            return HashSearchServicer.Search.__wrapped__(servicer, request, context)  # the servicer's own, undecorated
+
+    class Batched(Inline):
+        async def answer(self, request, context):
+            query = query_from_proto(request)
+            form = "codes" if query.codes is not None else "features" if query.features is not None else None
+            if form is None:  # examples: as they come
+                return await super().answer(request, context)
+            rows = getattr(query, form)
+            radius = request.radius if request.HasField("radius") else None
+            found = await batcher.submit((form, request.k, radius, request.model_version, rows.dtype.str, rows.shape[1:]), rows)
             return response_proto(found[0][0], [neighbours for _, neighbours in found])
 
     async def main() -> None:

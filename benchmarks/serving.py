@@ -336,7 +336,7 @@ def main() -> None:
         f"for {args.seconds:g} s per run after a warm-up, on the same {os.cpu_count()} cores as the server; each row "
         f"is run {args.repeats} times (qps, p50 and p99 are medians; min / max give the spread, which is wide on "
         "this shared virtual machine), and every service of an index runs at once, its runs taking turns with the other "
-        "services' (an idle service costs almost nothing), so that slow spells of the machine fall on all of them. "
+        "services' (an idle service only looks for a new version every 2 s), so that slow spells of the machine fall on all of them. "
         "`codes`: the request carries a packed code (search only); `features`: a 32-d vector that the "
         "service encodes with the model (an MLP) before it searches. Database: random-but-clustered codes "
         "as in the index benchmark. CPU per request is from the OS (user + system seconds over the measured "

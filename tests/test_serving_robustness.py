@@ -164,7 +164,7 @@ def test_sigterm_under_load_drains_and_exits(tmp_path, kind, processes):
 
 
 STUCK_AT_EXIT = """
-import os, signal, threading, time
+import threading
 from tfhash.serving.grpc_server import run_until_signal
 
 class Server:  # its stop leaves a thread that never ends: the interpreter cannot exit by itself
