@@ -29,6 +29,29 @@ def test_pairwise_loss_matches_numpy():
     assert value == pytest.approx(np_dpsh(codes, other, labels, other_labels, 0.3), rel=1e-5)
 
 
+def test_pairwise_loss_on_scaled_cosines_matches_numpy_and_ignores_the_norm():
+    rng = np.random.default_rng(1)
+    codes, other = rng.normal(size=(6, 8)), rng.normal(size=(9, 8))
+    labels = (rng.random((6, 4)) < 0.4).astype("float32")
+    labels[:, 0] = 1.0  # the wrapper refuses rows without a label
+    other_labels = (rng.random((9, 4)) < 0.4).astype("float32")
+    similarity = losses.pairwise_similarity(labels, other_labels)
+    unit = lambda a: a / np.linalg.norm(a, axis=1, keepdims=True)  # noqa: E731
+    theta = 3.0 * unit(codes) @ unit(other).T
+    expected = np.mean(np.log1p(np.exp(theta)) - similarity.numpy() * theta, axis=1)
+    value = losses.pairwise_likelihood_per_example(codes, other, similarity, eta=0.0, cosine_scale=3.0).numpy()
+    np.testing.assert_allclose(value, expected, rtol=1e-5)
+    scaled = losses.pairwise_likelihood_per_example(5.0 * codes, other, similarity, eta=0.0, cosine_scale=3.0).numpy()
+    np.testing.assert_allclose(scaled, expected, rtol=1e-5)
+    loss = losses.PairwiseLikelihoodLoss(eta=0.0, cosine_scale=3.0)
+    assert keras.losses.deserialize(keras.losses.serialize(loss)).cosine_scale == 3.0
+    with pytest.raises(ValueError, match="cosine_scale must be None"):
+        losses.PairwiseLikelihoodLoss(cosine_scale=0.0)
+    assert float(loss(labels, codes)) == pytest.approx(float(np.mean(
+        losses.pairwise_likelihood_per_example(codes, codes, losses.pairwise_similarity(labels, labels), 0.0,
+                                               cosine_scale=3.0))), rel=1e-5)  # fmt: skip
+
+
 def clustered(n=600, classes=4, dim=12, seed=0):
     rng = np.random.default_rng(seed)
     ids = rng.integers(0, classes, n)

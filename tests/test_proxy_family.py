@@ -222,3 +222,33 @@ def test_shclm_multilabel_and_hyp2_train(tmp_path):
     assert history[-1] < history[0]
     hyp2.save(tmp_path / "hyp2.keras")
     np.testing.assert_array_equal(keras.saving.load_model(tmp_path / "hyp2.keras").encode(x), hyp2.encode(x))
+    keras.utils.set_random_seed(1)
+    paired = build_hyp2(mlp(16, (32,)), 6, 16, pairwise_weight=1.0, pairwise_scale=3.0)
+    paired.compile(optimizer=keras.optimizers.Adam(1e-2))
+    history = paired.fit(x, labels, epochs=5, batch_size=32, verbose=0).history["loss"]
+    assert history[-1] < history[0]
+    paired.save(tmp_path / "paired.keras")
+    restored = keras.saving.load_model(tmp_path / "paired.keras")
+    assert (restored.pairwise_weight, restored.pairwise_scale) == (1.0, 3.0)
+    np.testing.assert_array_equal(restored.encode(x), paired.encode(x))
+
+
+@pytest.mark.parametrize("settings", [{"pairwise_weight": -1.0}, {"pairwise_weight": float("nan")}, {"pairwise_scale": 0.0}])
+def test_hyp2_refuses_a_bad_pairwise_setting(settings):
+    with pytest.raises(ValueError, match=next(iter(settings))):
+        build_hyp2(mlp(16, (32,)), 6, 16, **settings)
+
+
+def test_hyp2_pairwise_term_adds_the_scaled_cosine_likelihood():
+    rng = np.random.default_rng(2)
+    codes = rng.normal(size=(8, 16)).astype("float32")
+    labels = (rng.random((8, 6)) < 0.4).astype("float32")
+    plain = build_hyp2(mlp(4, (8,)), 6, 16)
+    paired = build_hyp2(mlp(4, (8,)), 6, 16, pairwise_weight=0.5, pairwise_scale=2.0)
+    for model in (plain, paired):
+        model(np.zeros((1, 4), "float32"))
+    plain.proxy_layer.proxies.assign(paired.proxy_layer.proxies)
+    y_pred = {"codes": codes}
+    term = losses.pairwise_likelihood_per_example(codes, codes, losses.pairwise_similarity(labels, labels), 0.0, cosine_scale=2.0)
+    expected = float(plain.compute_loss(y=labels, y_pred=y_pred)) + 0.5 * float(np.mean(term))
+    assert float(paired.compute_loss(y=labels, y_pred=y_pred)) == pytest.approx(expected, rel=1e-5)

@@ -72,13 +72,15 @@ def model_case(name):
         return lambda: build_softmax_codes(_backbone(), 3, BITS), x, _single_label()
     if name == "hyp2":
         return lambda: build_hyp2(_backbone(), 4, BITS, beta=1.0), x, _multi_label()
+    if name == "hyp2-pairwise":
+        return lambda: build_hyp2(_backbone(), 4, BITS, beta=1.0, pairwise_weight=1.0, pairwise_scale=3.0), x, _multi_label()
     if name == "dpsh":
         y = {"labels": _single_label(), "index": np.arange(N)}
         return lambda: build_pairwise(_backbone(), 3, BITS, num_train=N), x, y
     raise KeyError(name)
 
 
-MODEL_CASES = ["scdh", "scdh-multi-label-jcch", "mt-scdh", "jcch", "hclm-triplet", "shclm-balanced-bce", "cnnbh", "hyp2", "dpsh"]
+MODEL_CASES = ["scdh", "scdh-multi-label-jcch", "mt-scdh", "jcch", "hclm-triplet", "shclm-balanced-bce", "cnnbh", "hyp2", "hyp2-pairwise", "dpsh"]
 
 
 def _rows(tree, rows):

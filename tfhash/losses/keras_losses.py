@@ -20,6 +20,8 @@ of the batch's counts, as the models do (:mod:`tfhash.losses.reduction`).
 
 from __future__ import annotations
 
+import math
+
 import keras
 
 from tfhash.labels import LabelError, multi_hot
@@ -218,17 +220,24 @@ class HyP2PairLoss(_BatchLoss):
 class PairwiseLikelihoodLoss(_BatchLoss):
     """DPSH's pairwise likelihood (Eq. 3, 5) over the pairs *within the batch* (labels as
     ``y_true``, codes as ``y_pred``). :class:`tfhash.models.PairwiseHashModel` pairs every example
-    with a memory of the whole training set instead."""
+    with a memory of the whole training set instead. With ``cosine_scale`` the likelihood takes
+    that times the codes' cosine (:func:`tfhash.losses.pairwise_likelihood_per_example`), the term
+    :class:`tfhash.models.HyP2Model` adds with ``pairwise_weight``."""
 
-    params = ("eta", "num_classes")
+    params = ("eta", "num_classes", "cosine_scale")
 
-    def __init__(self, eta: float = 0.01, num_classes: int | None = None, name: str = "pairwise_likelihood_loss", **kwargs):
+    def __init__(self, eta: float = 0.01, num_classes: int | None = None, cosine_scale: float | None = None,
+                 name: str = "pairwise_likelihood_loss", **kwargs):  # fmt: skip
         super().__init__(name=name, **kwargs)
         self.eta = float(eta)
         self.num_classes = num_classes
+        self.cosine_scale = None if cosine_scale is None else float(cosine_scale)
+        if self.cosine_scale is not None and not (math.isfinite(self.cosine_scale) and self.cosine_scale > 0):
+            raise ValueError(f"cosine_scale must be None (DPSH's u_i . u_j / 2) or a finite number > 0, got {cosine_scale!r}")
 
     def call(self, y_true, y_pred):
         labels, taking_part = self.unpack(y_true, self.num_classes)
-        values = pairwise_likelihood_per_example(y_pred, y_pred, pairwise_similarity(labels, labels), self.eta, taking_part)
+        values = pairwise_likelihood_per_example(y_pred, y_pred, pairwise_similarity(labels, labels), self.eta, taking_part,
+                                                 self.cosine_scale)  # fmt: skip
         return values * taking_part_mask(keras.ops.shape(y_pred)[0], taking_part)
 

@@ -20,7 +20,8 @@ def pairwise_similarity(labels, other_labels):
     return tf.cast(tf.matmul(labels, other_labels, transpose_b=True) > 0, tf.float32)
 
 
-def pairwise_likelihood_per_example(codes, other_codes, similarity, eta: float = 0.01, other_taking_part=None):
+def pairwise_likelihood_per_example(codes, other_codes, similarity, eta: float = 0.01, other_taking_part=None,
+                                     cosine_scale: float | None = None):  # fmt: skip
     """DPSH's objective per example of a batch against a set of codes (the memory U of DPSH's
     Algorithm 1):
 
@@ -30,6 +31,12 @@ def pairwise_likelihood_per_example(codes, other_codes, similarity, eta: float =
     DPSH sums over pairs; we take means so the learning rate does not depend on n (our choice).
     Against DPSH's sums, a weight eta here equals eta * m in DPSH's form.
 
+    With ``cosine_scale`` a, theta_ij = a * cosine(u_i, u_j) instead (ours): HashNet's likelihood
+    (Cao et al., ICCV 2017: a sigmoid of alpha <h_i, h_j>) on normalised codes, so it ranks by
+    angle alone and is bounded in [-a, a]. It is the form that joins a loss of cosines such as
+    HyP2's (:class:`tfhash.models.HyP2Model`'s ``pairwise_weight``), which leaves the code norm
+    free; ``eta`` is then usually 0.
+
     Args:
         codes: ``(n, K)`` continuous codes u of the batch.
         other_codes: ``(m, K)`` codes to pair with (the memory, or ``codes`` itself).
@@ -37,12 +44,18 @@ def pairwise_likelihood_per_example(codes, other_codes, similarity, eta: float =
         eta: weight of the quantization term.
         other_taking_part: optional ``(m,)`` bool: the mean over j runs over these only (in-batch
             pairs with sample weights, :func:`tfhash.losses.rows_taking_part`).
+        cosine_scale: None for DPSH's theta = u_i . u_j / 2; a > 0 for theta = a cosine(u_i, u_j).
 
     Returns:
         ``(n,)``: L_i.
     """
     codes = tf.cast(codes, tf.float32)
-    theta = 0.5 * tf.matmul(codes, tf.cast(other_codes, tf.float32), transpose_b=True)
+    other_codes = tf.cast(other_codes, tf.float32)
+    if cosine_scale is None:
+        theta = 0.5 * tf.matmul(codes, other_codes, transpose_b=True)
+    else:
+        theta = float(cosine_scale) * tf.matmul(tf.math.l2_normalize(codes, axis=-1), tf.math.l2_normalize(other_codes, axis=-1),
+                                                transpose_b=True)  # fmt: skip
     pair_values = tf.nn.softplus(theta) - tf.cast(similarity, tf.float32) * theta
     if other_taking_part is None:
         likelihood = tf.reduce_mean(pair_values, axis=-1)

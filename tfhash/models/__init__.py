@@ -109,9 +109,11 @@ def build_hclm(backbone: keras.Model, num_classes: int, bits: int, similarity: n
 
 
 def build_hyp2(backbone: keras.Model, num_classes: int, bits: int, zeta: float | None = None, beta: float = 0.5,
-               pair_scope: str = "multi-label") -> HyP2Model:  # fmt: skip
-    """HyP2 with learnable proxies; zeta defaults to the code-table margin of (C, K)."""
-    return HyP2Model(backbone, num_classes, bits, zeta=zeta, beta=beta, pair_scope=pair_scope)
+               pair_scope: str = "multi-label", pairwise_weight: float = 0.0, pairwise_scale: float = 2.0) -> HyP2Model:  # fmt: skip
+    """HyP2 with learnable proxies; zeta defaults to the code-table margin of (C, K); a
+    ``pairwise_weight`` > 0 adds our in-batch pairwise likelihood (:class:`HyP2Model`)."""
+    return HyP2Model(backbone, num_classes, bits, zeta=zeta, beta=beta, pair_scope=pair_scope,
+                     pairwise_weight=pairwise_weight, pairwise_scale=pairwise_scale)  # fmt: skip
 
 
 def build_pairwise(backbone: keras.Model, num_classes: int, bits: int, num_train: int, eta: float = 0.01) -> PairwiseHashModel:

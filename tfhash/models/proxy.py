@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import keras
 import numpy as np
 
 from tfhash.layers import FixedProxies, HashHead, LearnableProxies
+from tfhash.losses.pairwise import pairwise_likelihood_per_example, pairwise_similarity
 from tfhash.losses.proxy import (
     balanced_binary_cross_entropy_per_example,
     check_pair_scope,
@@ -98,19 +101,30 @@ class HyP2Model(TrainingMixin, NestedConfigMixin, EncoderMixin, keras.Model):
         zeta: margin; default :func:`tfhash.losses.hyp2_zeta` of (C, K).
         beta: weight of the irrelevant-pair term (official default 0.5).
         pair_scope: which examples form irrelevant pairs (:func:`tfhash.losses.hyp2_loss`).
+        pairwise_weight, pairwise_scale: ours, not the paper's: the weight of a pairwise likelihood
+            over every in-batch pair, relevant (sharing a label) or not, on ``pairwise_scale`` x
+            the codes' cosine (:func:`tfhash.losses.pairwise_likelihood_per_example` with
+            ``cosine_scale``). HyP2's terms pull codes to their proxies and push apart pairs that
+            share nothing; this term also orders the pairs between, which mAP over the whole
+            database counts. 0 (default): HyP2 as published.
     """
 
     class_scores = "cosines"
-    objective_name = "HyP2 Eq. 2-6: proxy loss + beta x irrelevant-pair loss"
+    objective_name = "HyP2 Eq. 2-6: proxy loss + beta x irrelevant-pair loss (+ pairwise_weight x pairwise likelihood)"
 
     def __init__(self, backbone, num_classes: int, bits: int, zeta: float | None = None, beta: float = 0.5,
-                 pair_scope: str = "multi-label", **kwargs):  # fmt: skip
+                 pair_scope: str = "multi-label", pairwise_weight: float = 0.0, pairwise_scale: float = 2.0, **kwargs):  # fmt: skip
         super().__init__(**kwargs)
         self.backbone = backbone
         self.num_classes, self.bits = int(num_classes), int(bits)
         self.zeta = float(hyp2_zeta(self.num_classes, self.bits) if zeta is None else zeta)
         self.beta = float(beta)
         self.pair_scope = check_pair_scope(pair_scope)
+        self.pairwise_weight, self.pairwise_scale = float(pairwise_weight), float(pairwise_scale)
+        if not (math.isfinite(self.pairwise_weight) and self.pairwise_weight >= 0):
+            raise ValueError(f"pairwise_weight must be a finite number >= 0 (0: HyP2 as published), got {pairwise_weight!r}")
+        if not (math.isfinite(self.pairwise_scale) and self.pairwise_scale > 0):
+            raise ValueError(f"pairwise_scale must be a finite number > 0 (the cosine's scale, e.g. 2), got {pairwise_scale!r}")
         self.hash_head = HashHead(self.bits, name="hash_head")
         self.proxy_layer = LearnableProxies(self.num_classes, self.bits, name="proxies")
         self._trackers = loss_trackers(self, ())
@@ -122,12 +136,16 @@ class HyP2Model(TrainingMixin, NestedConfigMixin, EncoderMixin, keras.Model):
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
         labels, _, _ = self.unpack_targets(y)
         sample_weight = unpack_sample_weight(sample_weight)
+        taking_part = rows_taking_part(sample_weight)
         loss = hyp2_per_example(labels, y_pred["codes"], self.proxy_layer.proxies, self.zeta, self.beta, self.pair_scope,
-                                rows_taking_part(sample_weight))  # fmt: skip
+                                taking_part)  # fmt: skip
+        if self.pairwise_weight:
+            loss += self.pairwise_weight * pairwise_likelihood_per_example(
+                y_pred["codes"], y_pred["codes"], pairwise_similarity(labels, labels), 0.0, taking_part, self.pairwise_scale)
         return reduce_tracked_loss(self, {"loss": loss}, sample_weight)
 
     nested_keys = ("backbone",)
 
     def config_params(self) -> dict:
         return {"num_classes": self.num_classes, "bits": self.bits, "zeta": self.zeta, "beta": self.beta,
-                "pair_scope": self.pair_scope}  # fmt: skip
+                "pair_scope": self.pair_scope, "pairwise_weight": self.pairwise_weight, "pairwise_scale": self.pairwise_scale}  # fmt: skip
