@@ -233,7 +233,8 @@ def test_shclm_multilabel_and_hyp2_train(tmp_path):
     np.testing.assert_array_equal(restored.encode(x), paired.encode(x))
 
 
-@pytest.mark.parametrize("settings", [{"pairwise_weight": -1.0}, {"pairwise_weight": float("nan")}, {"pairwise_scale": 0.0}])
+@pytest.mark.parametrize("settings", [{"pairwise_weight": -1.0}, {"pairwise_weight": float("nan")}, {"pairwise_weight": "lots"},
+                                      {"pairwise_scale": 0.0}, {"pairwise_scale": float("inf")}])  # fmt: skip
 def test_hyp2_refuses_a_bad_pairwise_setting(settings):
     with pytest.raises(ValueError, match=next(iter(settings))):
         build_hyp2(mlp(16, (32,)), 6, 16, **settings)

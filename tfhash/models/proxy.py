@@ -90,6 +90,15 @@ class HCLMModel(TrainingMixin, NestedConfigMixin, EncoderMixin, keras.Model):
                 "learn_proxies": self.proxy_layer.learn}  # fmt: skip
 
 
+def _checked_number(name: str, value, want: str, accept) -> float:
+    """``value`` as a float when it is a finite real number that ``accept`` takes, else a
+    ValueError naming ``name``, what it got and ``want``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or not (
+        math.isfinite(value) and accept(float(value))):
+        raise ValueError(f"{name} must be {want}, got {value!r}")
+    return float(value)
+
+
 @keras.saving.register_keras_serializable(package="tfhash")
 class HyP2Model(TrainingMixin, NestedConfigMixin, EncoderMixin, keras.Model):
     """backbone -> HashHead (linear F) with learnable proxies, trained with the HyP2 loss.
@@ -120,11 +129,10 @@ class HyP2Model(TrainingMixin, NestedConfigMixin, EncoderMixin, keras.Model):
         self.zeta = float(hyp2_zeta(self.num_classes, self.bits) if zeta is None else zeta)
         self.beta = float(beta)
         self.pair_scope = check_pair_scope(pair_scope)
-        self.pairwise_weight, self.pairwise_scale = float(pairwise_weight), float(pairwise_scale)
-        if not (math.isfinite(self.pairwise_weight) and self.pairwise_weight >= 0):
-            raise ValueError(f"pairwise_weight must be a finite number >= 0 (0: HyP2 as published), got {pairwise_weight!r}")
-        if not (math.isfinite(self.pairwise_scale) and self.pairwise_scale > 0):
-            raise ValueError(f"pairwise_scale must be a finite number > 0 (the cosine's scale, e.g. 2), got {pairwise_scale!r}")
+        self.pairwise_weight = _checked_number("pairwise_weight", pairwise_weight, "a finite number >= 0 (0: HyP2 as published)",
+                                               lambda value: value >= 0)  # fmt: skip
+        self.pairwise_scale = _checked_number("pairwise_scale", pairwise_scale, "a finite number > 0 (the cosine's scale, e.g. 2)",
+                                              lambda value: value > 0)  # fmt: skip
         self.hash_head = HashHead(self.bits, name="hash_head")
         self.proxy_layer = LearnableProxies(self.num_classes, self.bits, name="proxies")
         self._trackers = loss_trackers(self, ())
