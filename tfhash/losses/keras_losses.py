@@ -20,13 +20,15 @@ of the batch's counts, as the models do (:mod:`tfhash.losses.reduction`).
 
 from __future__ import annotations
 
-import math
-
 import keras
 
 from tfhash.labels import LabelError, multi_hot
 from tfhash.losses.mean_teacher import softmax_squared_distance
-from tfhash.losses.pairwise import pairwise_likelihood_per_example, pairwise_similarity
+from tfhash.losses.pairwise import (
+    check_cosine_scale,
+    pairwise_likelihood_per_example,
+    pairwise_similarity,
+)
 from tfhash.losses.proxy import (
     balanced_binary_cross_entropy_per_example,
     check_pair_scope,
@@ -231,9 +233,7 @@ class PairwiseLikelihoodLoss(_BatchLoss):
         super().__init__(name=name, **kwargs)
         self.eta = float(eta)
         self.num_classes = num_classes
-        self.cosine_scale = None if cosine_scale is None else float(cosine_scale)
-        if self.cosine_scale is not None and not (math.isfinite(self.cosine_scale) and self.cosine_scale > 0):
-            raise ValueError(f"cosine_scale must be None (DPSH's u_i . u_j / 2) or a finite number > 0, got {cosine_scale!r}")
+        self.cosine_scale = check_cosine_scale(cosine_scale, allow_none=True)
 
     def call(self, y_true, y_pred):
         labels, taking_part = self.unpack(y_true, self.num_classes)

@@ -8,6 +8,9 @@ continuous codes, so one epoch touches all n^2 pairs.
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import tensorflow as tf
 
 from tfhash.losses.reduction import reduce_per_example
@@ -18,6 +21,18 @@ def pairwise_similarity(labels, other_labels):
     labels = tf.cast(labels, tf.float32)
     other_labels = tf.cast(other_labels, tf.float32)
     return tf.cast(tf.matmul(labels, other_labels, transpose_b=True) > 0, tf.float32)
+
+
+def check_cosine_scale(scale, name: str = "cosine_scale", allow_none: bool = False) -> float | None:
+    """``scale`` as a float when it is a finite number > 0 (``None`` passes when ``allow_none``:
+    DPSH's inner product), else ValueError naming ``name`` and the value."""
+    if scale is None and allow_none:
+        return None
+    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.integer, np.floating)) or not (
+        math.isfinite(scale) and scale > 0):
+        none = "None (DPSH's u_i . u_j / 2) or " if allow_none else ""
+        raise ValueError(f"{name} must be {none}a finite number > 0 (the scale of the codes' cosine, e.g. 2), got {scale!r}")
+    return float(scale)
 
 
 def pairwise_likelihood_per_example(codes, other_codes, similarity, eta: float = 0.01, other_taking_part=None,

@@ -8,7 +8,11 @@ import keras
 import numpy as np
 
 from tfhash.layers import FixedProxies, HashHead, LearnableProxies
-from tfhash.losses.pairwise import pairwise_likelihood_per_example, pairwise_similarity
+from tfhash.losses.pairwise import (
+    check_cosine_scale,
+    pairwise_likelihood_per_example,
+    pairwise_similarity,
+)
 from tfhash.losses.proxy import (
     balanced_binary_cross_entropy_per_example,
     check_pair_scope,
@@ -90,15 +94,6 @@ class HCLMModel(TrainingMixin, NestedConfigMixin, EncoderMixin, keras.Model):
                 "learn_proxies": self.proxy_layer.learn}  # fmt: skip
 
 
-def _checked_number(name: str, value, want: str, accept) -> float:
-    """``value`` as a float when it is a finite real number that ``accept`` takes, else a
-    ValueError naming ``name``, what it got and ``want``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or not (
-        math.isfinite(value) and accept(float(value))):
-        raise ValueError(f"{name} must be {want}, got {value!r}")
-    return float(value)
-
-
 @keras.saving.register_keras_serializable(package="tfhash")
 class HyP2Model(TrainingMixin, NestedConfigMixin, EncoderMixin, keras.Model):
     """backbone -> HashHead (linear F) with learnable proxies, trained with the HyP2 loss.
@@ -129,10 +124,11 @@ class HyP2Model(TrainingMixin, NestedConfigMixin, EncoderMixin, keras.Model):
         self.zeta = float(hyp2_zeta(self.num_classes, self.bits) if zeta is None else zeta)
         self.beta = float(beta)
         self.pair_scope = check_pair_scope(pair_scope)
-        self.pairwise_weight = _checked_number("pairwise_weight", pairwise_weight, "a finite number >= 0 (0: HyP2 as published)",
-                                               lambda value: value >= 0)  # fmt: skip
-        self.pairwise_scale = _checked_number("pairwise_scale", pairwise_scale, "a finite number > 0 (the cosine's scale, e.g. 2)",
-                                              lambda value: value > 0)  # fmt: skip
+        if isinstance(pairwise_weight, bool) or not isinstance(pairwise_weight, (int, float, np.integer, np.floating)) or not (
+            math.isfinite(pairwise_weight) and pairwise_weight >= 0):
+            raise ValueError(f"pairwise_weight must be a finite number >= 0 (0: HyP2 as published), got {pairwise_weight!r}")
+        self.pairwise_weight = float(pairwise_weight)
+        self.pairwise_scale = check_cosine_scale(pairwise_scale, "pairwise_scale")
         self.hash_head = HashHead(self.bits, name="hash_head")
         self.proxy_layer = LearnableProxies(self.num_classes, self.bits, name="proxies")
         self._trackers = loss_trackers(self, ())
