@@ -260,12 +260,13 @@ def hot_swap_trial(root: str, mode: str, poll: float = 0.5, clients: int = 4, pr
     versions = [a[3] for a in sorted(load.answers)]
     expected = load.references(models, indexes)
     first_four = load.first_answer_of("4")
-    back_to_old = len(versions) > versions.index("4") + 2 * clients and "1" in versions[versions.index("4") + 2 * clients :] if "4" in versions else None
+    # answers by version 1 to requests that started after version 4 first answered (any process)
+    old_after_new = 0 if first_four is None else sum(a[3] == "1" and a[0] > first_four for a in load.answers)
     return {"mode": mode, "processes": processes, "poll_seconds": poll, "requests": len(load.answers) + len(load.failures), "failed": len(load.failures),
             "failures": sorted({f"{code}: {message[:120]}" for _, _, code, message in load.failures})[:5],
             "versions_answering": sorted(set(versions)), "stayed_on_1_while_broken": on_one_while_broken,
             "v4_served_after_copy_s": None if first_four is None else round(first_four - completed, 2),
-            "flapped_back": bool(back_to_old), "inconsistent_answers": load.inconsistent(expected),
+            "flapped_back": old_after_new > 0, "old_after_new": old_after_new, "inconsistent_answers": load.inconsistent(expected),
             # the check above has teeth only if the two versions answer differently
             "versions_differ": len(expected) == 2 and expected["1"].ids.tolist() != expected["4"].ids.tolist()}  # fmt: skip
 
@@ -439,10 +440,12 @@ def markdown(payload: dict) -> str:
         "## Hot swap under load",
         "",
         "Broken versions 2 (a SavedModel that does not load) and 3 (an index failing its checksum) are pushed under load, "
-        "then version 4 is copied file by file; `v4_served_after_copy_s` counts from the last byte written.",
+        "then version 4 is copied file by file; `v4_served_after_copy_s` counts from the last byte written; "
+        "`old_after_new` counts answers by version 1 to requests that started after version 4 first answered "
+        "(`flapped_back`: any), on whichever process.",
         "",
         markdown_table(_seconds_as_text(payload["hot_swap"]), ["mode", "processes", "requests", "failed", "versions_answering", "stayed_on_1_while_broken",
-                                                               "v4_served_after_copy_s", "poll_seconds", "flapped_back", "inconsistent_answers", "versions_differ"]),  # fmt: skip
+                                                               "v4_served_after_copy_s", "poll_seconds", "flapped_back", "old_after_new", "inconsistent_answers", "versions_differ"]),  # fmt: skip
         "",
         "## SIGTERM under load",
         "",

@@ -17,9 +17,11 @@ used only by a second process.
 * REST: the parent opens the listening socket; the children inherit it and accept from it.
 * Status: every child publishes what it serves at each look for a newer pair
   (:mod:`tfhash.serving.siblings`); health, ``/readyz`` and GetStatus of every child report the
-  whole service, ready only while every child is. Each child finds a new version on its own
-  (within ``poll_seconds`` of each other); a response names the version that answered it, and no
-  request sees two.
+  whole service, ready only while every child is.
+* Versions: each child loads a new version at its own look, and serves it only once every child
+  with a fresh status holds it; then all switch together (the ``version`` cell of
+  :mod:`tfhash.serving.siblings`). A response names the version that answered it, no request
+  sees two, and a request that starts after any answer named the new version gets it too.
 * Supervision: a child that exits while the service runs is restarted; more than
   ``max_restarts`` exits within ``restart_window`` seconds stop the service with an error (a child
   that cannot stay up is a fault to see, not to hide). A child that fails before it first serves

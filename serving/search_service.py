@@ -119,8 +119,9 @@ class SearchServer:
 
     ``rest_options`` go to :class:`tfhash.serving.rest.RestFront` (timeouts, workers).
     ``siblings``: this is one process of several on one port (:mod:`tfhash.serving.processes`):
-    its status is published to them at every look, and health, readiness and GetStatus report
-    every process (ready only while all are). ``reuse_port`` and ``rest_sockets`` join the ports
+    its status is published to them at every look, health, readiness and GetStatus report
+    every process (ready only while all are), and a newer pair is served once every process
+    holds it (all switch together). ``reuse_port`` and ``rest_sockets`` join the ports
     the parent of those processes holds.
     """
 
@@ -129,6 +130,8 @@ class SearchServer:
                  max_concurrent_rpcs: int | None = 128, rest_options: dict | None = None, siblings: Siblings | None = None,
                  reuse_port: bool = False, rest_sockets: list | None = None):  # fmt: skip
         self.searcher, self.host, self.poll_seconds, self.siblings = searcher, host, float(poll_seconds), siblings
+        if siblings is not None:
+            searcher.follow(siblings.agreed_version)
         self._grpc = GrpcServer(host, port, max_workers, max_message_bytes, max_concurrent_rpcs, reuse_port)
         self.port = self._grpc.port
         search_pb2_grpc.add_HashSearchServicer_to_server(HashSearchServicer(searcher, self.status), self._grpc.server)
@@ -166,11 +169,13 @@ class SearchServer:
         self.health.set_serving(self.status()["ready"])
 
     def _publish(self) -> None:
-        """Tell the siblings what this process serves (once it accepts requests)."""
+        """Tell the siblings what this process serves and holds (once it accepts requests), and
+        switch the service to the newest version that every process holds."""
         if self.siblings is None or not self._serving:
             return
         try:
-            self.siblings.publish(self.searcher.status())
+            self.siblings.publish(self.searcher.status(), self.searcher.held_versions())
+            self.siblings.agree()
         except OSError:  # the slot goes stale (not ready) rather than the watcher dying
             logger.exception("publishing this process's status failed")
 

@@ -19,6 +19,9 @@ Convergence (:meth:`VersionedSearcher.refresh`, called by the service's watcher 
 * when the encoder side withdraws the active version (its folder removed, or TF Serving no longer
   reports it AVAILABLE), the newest other version that pairs takes over, even an older one; with
   none, nothing is served (UNAVAILABLE, health NOT_SERVING) until one pairs again;
+* one process of several (:meth:`VersionedSearcher.follow`): a newer pair, once loaded, waits
+  until every process of the service holds it, and then all switch together
+  (:mod:`tfhash.serving.siblings`);
 * when the encoder side cannot be asked (TF Serving unreachable) the pair is kept but reported
   not ready, since queries that need encoding cannot be answered.
 
@@ -144,6 +147,9 @@ class VersionedSearcher:
         self.search_batch_size = int(search_batch_size)
         self._available_versions, self._make_encoder, self._model_dir_of = available_versions, make_encoder, model_dir_of
         self._active: ServedPair | None = None
+        self._waiting: ServedPair | None = None  # newer, loaded, until the service agrees on it (follow)
+        self._agreed_version: Callable[[], int] | None = None
+        self._swap_lock = threading.Lock()
         self._parked: ServedPair | None = None  # a withdrawn pair, reused if its version returns unchanged
         self._reachable = True
         self._refresh_lock = threading.Lock()
@@ -161,27 +167,62 @@ class VersionedSearcher:
     def index_path(self, version: int) -> str:
         return index_dir(self.index_base_dir, version, self.kind)
 
+    def follow(self, agreed_version: Callable[[], int]) -> None:
+        """Serve a newer pair only once ``agreed_version()`` names it: this is one process of a
+        service whose processes switch together (:mod:`tfhash.serving.siblings`). Until then the
+        newer pair waits loaded (:meth:`held_versions`) and the served one keeps answering. A
+        withdrawn version is still left at once, and a process with nothing to serve serves the
+        newest pair it loads."""
+        self._agreed_version = agreed_version
+
+    def held_versions(self) -> list[int]:
+        """The versions whose pairs are loaded: the one served and a newer one waiting."""
+        return sorted(pair.version for pair in (self._active, self._waiting) if pair is not None)
+
+    def _current(self) -> ServedPair | None:
+        """The pair to answer with: the waiting pair once the service agreed on it, else the active one."""
+        waiting = self._waiting
+        if waiting is not None and self._agreed_version is not None and self._agreed_version() == waiting.version:
+            with self._swap_lock:
+                if self._waiting is waiting:
+                    self._active, self._waiting = waiting, None
+                    logger.info("serving model version %d with index %s (the service switched)", waiting.version, waiting.index_path)
+        return self._active
+
     def refresh(self) -> bool:
         """Converge on the newest available version whose pair loads (module docstring); True if
-        the served pair changed."""
+        the served pair changed (or, following the service, a newer pair now waits)."""
         with self._refresh_lock:
             available = self._available_versions()
             self._reachable = available is not None
             if available is None:
                 return False
-            active, changed = self._active, False
-            if active is not None and active.version not in available:
-                logger.warning("model version %d was withdrawn by the encoder side; looking for another pair", active.version)
-                self._active, self._parked, active, changed = None, active, None, True
+            self._current()
+            changed = False
+            with self._swap_lock:
+                if self._waiting is not None and self._waiting.version not in available:
+                    self._waiting = None
+                active = self._active
+                if active is not None and active.version not in available:
+                    logger.warning("model version %d was withdrawn by the encoder side; looking for another pair", active.version)
+                    # a waiting pair takes over at once; else the withdrawn one is kept in case it returns
+                    self._active, self._parked, changed = self._waiting, active if self._waiting is None else None, True
+                    self._waiting = None
+            newest = max(self.held_versions(), default=0)
             for version in sorted(available, reverse=True):
-                if active is not None and version <= active.version:
+                if version <= newest:
                     break
                 pair = self._try_pair(version)
                 if pair is not None:
-                    self._active = pair
+                    with self._swap_lock:
+                        if self._active is None or self._agreed_version is None:
+                            self._active, self._waiting = pair, None
+                            logger.info("serving model version %d with index %s", version, pair.index_path)
+                        else:
+                            self._waiting = pair
+                            logger.info("model version %d loaded; it is served once every process of the service holds it", version)
                     if self._parked is not None and self._parked.version != version:
                         self._parked = None  # another pair serves: free the withdrawn one
-                    logger.info("serving model version %d with index %s", version, pair.index_path)
                     return True
             return changed
 
@@ -227,8 +268,8 @@ class VersionedSearcher:
         return ServedPair(version, encoder, index, path, fingerprint, stamp, searches)
 
     def pair_for(self, model_version: str = "") -> ServedPair:
-        """The active pair, checked against a pinned version ("" = any)."""
-        pair = self._active
+        """The pair to answer with, checked against a pinned version ("" = any)."""
+        pair = self._current()
         if pair is None:
             raise unavailable("no model version with its index is ready")
         if model_version and model_version != str(pair.version):
@@ -297,7 +338,7 @@ class VersionedSearcher:
 
     def status(self) -> dict:
         """What is served, without file-system paths (the index as ``<version>/<kind>``)."""
-        pair = self._active
+        pair = self._current()
         if pair is None:
             return {"ready": False}
         return {"ready": self.ready, "model_version": str(pair.version), "index_kind": pair.index.format_tag,

@@ -8,11 +8,23 @@ whole service. A slot whose file is missing, unreadable or older than ``stale_se
 as not ready: a process that died, hangs or is being restarted takes the service's readiness with
 it until it reports again. The parent (:mod:`tfhash.serving.processes`) withdraws a slot's file
 when its process exits.
+
+The version switch is the service's, not each process's: every process also publishes the
+versions it holds loaded (the one it serves and a newer one waiting), and the newest version that
+every process with a fresh status holds is written to the folder's ``version`` cell (8 bytes,
+memory-mapped by every process; written under a file lock by whichever process sees the agreement
+first). A process serves a waiting pair only once the cell names it, and reads the cell for each
+request while a pair waits: a request that starts after any process answered with the new
+version is answered with it by every process (:meth:`VersionedSearcher.follow
+<tfhash.serving.searcher.VersionedSearcher.follow>`).
 """
 
 from __future__ import annotations
 
+import ctypes
+import fcntl
 import json
+import mmap
 import os
 import time
 
@@ -23,6 +35,10 @@ MIN_STALE_SECONDS = 10.0
 
 def slot_path(folder: str, slot: int) -> str:
     return os.path.join(folder, f"{slot}.json")
+
+
+def version_path(folder: str) -> str:
+    return os.path.join(folder, "version")
 
 
 def withdraw(folder: str, slot: int) -> None:
@@ -48,11 +64,13 @@ class Siblings:
             raise ValueError(f"slot {slot} is outside 0..{processes - 1}")
         self.folder, self.slot, self.processes = folder, int(slot), int(processes)
         self.stale_seconds = max(MIN_STALE_SECONDS, STALE_LOOKS * float(poll_seconds))
+        self._cell: ctypes.c_int64 | None = None  # the agreed version, mapped on first use
 
-    def publish(self, status: dict) -> None:
-        """Write this process's readiness and version (atomically: readers never see half a file)."""
+    def publish(self, status: dict, held: list[int] = ()) -> None:
+        """Write this process's readiness, the version it serves and the versions it ``held``
+        loaded (atomically: readers never see half a file)."""
         record = {"pid": os.getpid(), "time": time.time(), "ready": bool(status["ready"]),
-                  "model_version": str(status.get("model_version", ""))}  # fmt: skip
+                  "model_version": str(status.get("model_version", "")), "held": [int(v) for v in held]}  # fmt: skip
         path = slot_path(self.folder, self.slot)
         staging = f"{path}.{os.getpid()}.tmp"
         with open(staging, "w", encoding="utf-8") as out:
@@ -60,17 +78,57 @@ class Siblings:
         os.replace(staging, path)
 
     def gather(self) -> list[dict]:
-        """Every slot's ``{"ready", "model_version"}``, in slot order (not ready where unknown or stale)."""
+        """Every slot's ``{"ready", "model_version", "held"}``, in slot order (not ready and
+        ``held`` None where unknown or stale)."""
         now, out = time.time(), []
         for slot in range(self.processes):
             try:
                 with open(slot_path(self.folder, slot), encoding="utf-8") as file:
                     record = json.load(file)
                 fresh = now - float(record["time"]) <= self.stale_seconds
-                out.append({"ready": bool(record["ready"]) and fresh, "model_version": str(record["model_version"])})
+                held = [int(v) for v in record.get("held", ())] if fresh else None
+                out.append({"ready": bool(record["ready"]) and fresh, "model_version": str(record["model_version"]), "held": held})
             except (OSError, ValueError, KeyError, TypeError):
-                out.append({"ready": False, "model_version": ""})
+                out.append({"ready": False, "model_version": "", "held": None})
         return out
+
+    def _mapped_cell(self) -> ctypes.c_int64:
+        if self._cell is None:
+            fd = os.open(version_path(self.folder), os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                if os.fstat(fd).st_size < 8:
+                    os.ftruncate(fd, 8)  # zeros: no version agreed yet
+                # one aligned 8-byte word: every process reads and writes it whole
+                self._cell = ctypes.c_int64.from_buffer(mmap.mmap(fd, 8))
+            finally:
+                os.close(fd)
+        return self._cell
+
+    def agreed_version(self) -> int:
+        """The version the service has switched to (0: none yet); cheap enough for every request."""
+        return self._mapped_cell().value
+
+    def agree(self) -> int:
+        """Switch the service to the newest version that every process with a fresh status holds
+        (:func:`agreed_version`), if there is one; returns the agreed version."""
+        cell = self._mapped_cell()
+        with open(version_path(self.folder), "rb") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # gather and write as one step: a late writer never undoes a newer agreement
+            try:
+                newest = common_version([p["held"] for p in self.gather()])
+                if newest and newest != cell.value:
+                    cell.value = newest
+                return cell.value
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def common_version(held: list[list[int] | None]) -> int:
+    """The newest version in every known ``held`` list (None: a process whose status is unknown or
+    stale, left out), 0 when there is none."""
+    known = [set(versions) for versions in held if versions is not None]
+    common = set.intersection(*known) if known else set()
+    return max(common, default=0)
 
 
 def service_status(processes: list[dict]) -> dict:

@@ -19,6 +19,7 @@ import pytest
 from tfhash.serving import search_pb2, search_pb2_grpc
 from tfhash.serving.errors import ServingError
 from tfhash.serving.search_client import SearchClient
+from tfhash.serving.siblings import Siblings, common_version, withdraw
 
 from tests.serving_fixtures import (
     cli_rest_port,
@@ -155,7 +156,7 @@ def test_processes_that_keep_dying_stop_the_service_loudly(versions):
     assert len(killed) >= 6
 
 
-def test_hot_swap_moves_every_process_and_no_answer_mixes_versions(versions, tmp_path):
+def test_hot_swap_moves_every_process_together_and_no_answer_mixes_versions(versions, tmp_path):
     import shutil
     import threading
 
@@ -168,33 +169,88 @@ def test_hot_swap_moves_every_process_and_no_answer_mixes_versions(versions, tmp
     answers, failures, done = [], [], threading.Event()
 
     def client_loop() -> None:
-        with SearchClient(address, own_connection=True) as client:
+        with SearchClient(address, own_connection=True) as client:  # the kernel spreads the connections over both
             while not done.is_set():
                 try:
+                    started = time.monotonic()
                     answer = client.search(features=queries, k=5)
-                    answers.append((answer.model_version, np.stack(answer.ids)))
+                    answers.append((started, time.monotonic(), answer.model_version, np.stack(answer.ids)))
                 except Exception as err:  # noqa: BLE001 - every failure is counted
                     failures.append(repr(err))
 
-    threads = [threading.Thread(target=client_loop) for _ in range(4)]
+    threads = [threading.Thread(target=client_loop) for _ in range(8)]
     try:
         for thread in threads:
             thread.start()
         push_version(models, indexes, 2, 1, versions["vectors"], versions["ids"])
         assert wait_for(lambda: list(status(address).process_versions) == ["2", "2"], 60)
+        time.sleep(0.5)
         done.set()
         for thread in threads:
             thread.join(30)
         expected = {v: reference(os.path.join(models, v), os.path.join(indexes, v, "BFlat"), queries, 5)[1].ids for v in ("1", "2")}
         assert failures == []
-        assert {version for version, _ in answers} == {"1", "2"}
-        for version, ids in answers:  # each answer is wholly the version it names
+        assert {version for _, _, version, _ in answers} == {"1", "2"}
+        for _, _, version, ids in answers:  # each answer is wholly the version it names
             np.testing.assert_array_equal(ids, expected[version])
+        # the service switches as one: once any answer named version 2, no request that started
+        # later (on either process) was answered by version 1
+        first_new = min(end for _, end, version, _ in answers if version == "2")
+        assert [start for start, _, version, _ in answers if version == "1" and start > first_new] == []
         with SearchClient(address) as client:
             assert client.search(features=queries, k=5).model_version == "2"
     finally:
         done.set()
         stop_cli(process)
+
+
+def test_common_version_is_the_newest_every_known_process_holds():
+    assert common_version([[1, 2], [2], [1, 2]]) == 2
+    assert common_version([[1], [1, 2]]) == 1  # one process has not loaded 2 yet
+    assert common_version([[1, 2], None]) == 2  # a process whose status is unknown or stale is left out
+    assert common_version([[1], [2]]) == 0 and common_version([None]) == 0 and common_version([]) == 0
+
+
+def test_siblings_agree_through_one_shared_cell(tmp_path):
+    first, second = (Siblings(str(tmp_path), slot, 2, poll_seconds=0.5) for slot in (0, 1))
+    assert first.agreed_version() == 0 and second.agreed_version() == 0
+    ready = {"ready": True, "model_version": "1"}
+    first.publish(ready, [1, 2])
+    second.publish(ready, [1])
+    assert first.agree() == 1 and second.agreed_version() == 1
+    second.publish(ready, [1, 2])
+    assert second.agree() == 2 and first.agreed_version() == 2  # one cell, mapped by both
+    first.publish(ready, [2])
+    second.publish(ready, [3])  # nothing in common: the agreement stays
+    assert first.agree() == 2
+    withdraw(str(tmp_path), 1)  # a process that exited is left out
+    assert first.agree() == 2
+
+
+def test_a_following_searcher_serves_a_newer_pair_only_once_agreed(versions, tmp_path):
+    import shutil
+
+    from tfhash.serving.search_service import in_process_searcher
+
+    models, indexes = str(tmp_path / "models"), str(tmp_path / "indexes")
+    shutil.copytree(versions["models"], models)
+    shutil.copytree(versions["indexes"], indexes)
+    agreed = {"version": 0}
+    searcher = in_process_searcher(models, indexes)
+    searcher.follow(lambda: agreed["version"])
+    assert searcher.refresh() and searcher.pair_for().version == 1  # nothing served yet: the first pair serves at once
+    push_version(models, indexes, 2, 1, versions["vectors"], versions["ids"])
+    assert searcher.refresh() and searcher.held_versions() == [1, 2]
+    assert searcher.pair_for().version == 1 and searcher.status()["model_version"] == "1"  # waits for the service
+    with pytest.raises(ServingError):
+        searcher.pair_for("2")
+    agreed["version"] = 2
+    assert searcher.pair_for("2").version == 2 and searcher.held_versions() == [2]
+    # a withdrawn version is left at once, agreement or not
+    push_version(models, indexes, 3, 2, versions["vectors"], versions["ids"])
+    assert searcher.refresh() and searcher.held_versions() == [2, 3]
+    shutil.rmtree(os.path.join(models, "2"))
+    assert searcher.refresh() and searcher.pair_for().version == 3 and searcher.held_versions() == [3]
 
 
 def test_a_port_in_use_is_refused_either_way(versions):
