@@ -203,13 +203,17 @@ def test_hclm_model_trains_and_round_trips(tmp_path, triplet_weight):
     np.testing.assert_array_equal(restored.encode(x), codes)
 
 
-def test_shclm_multilabel_and_hyp2_train(tmp_path):
-    keras.utils.set_random_seed(1)
+def _multi_label_toy() -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(1)
     x, _, _ = _toy(n=160, classes=6)
     labels = (rng.random((160, 6)) < 0.3).astype("float32")
     labels[labels.sum(1) == 0, 0] = 1
-    x = (x + labels @ rng.normal(scale=2.0, size=(6, 16))).astype("float32")
+    return (x + labels @ rng.normal(scale=2.0, size=(6, 16))).astype("float32"), labels
+
+
+def test_shclm_multilabel_and_hyp2_train(tmp_path):
+    keras.utils.set_random_seed(1)
+    x, labels = _multi_label_toy()
     similarity = proxies.tag_cooccurrence_similarity(labels)
     shclm = build_hclm(mlp(16, (32,)), 6, 16, similarity=similarity, tag_frequencies=labels.mean(0))
     shclm.compile(optimizer=keras.optimizers.Adam(1e-2))
@@ -222,8 +226,17 @@ def test_shclm_multilabel_and_hyp2_train(tmp_path):
     assert history[-1] < history[0]
     hyp2.save(tmp_path / "hyp2.keras")
     np.testing.assert_array_equal(keras.saving.load_model(tmp_path / "hyp2.keras").encode(x), hyp2.encode(x))
+
+
+@pytest.mark.parametrize("method", ["shclm", "hyp2"])
+def test_a_model_with_the_pairwise_term_trains_and_round_trips(tmp_path, method):
     keras.utils.set_random_seed(1)
-    paired = build_hyp2(mlp(16, (32,)), 6, 16, pairwise_weight=1.0, pairwise_scale=3.0)
+    x, labels = _multi_label_toy()
+    if method == "shclm":
+        paired = build_hclm(mlp(16, (32,)), 6, 16, similarity=proxies.tag_cooccurrence_similarity(labels), tag_frequencies=labels.mean(0),
+                            triplet_weight=1.0, pairwise_weight=1.0, pairwise_scale=3.0)  # fmt: skip
+    else:
+        paired = build_hyp2(mlp(16, (32,)), 6, 16, pairwise_weight=1.0, pairwise_scale=3.0)
     paired.compile(optimizer=keras.optimizers.Adam(1e-2))
     history = paired.fit(x, labels, epochs=5, batch_size=32, verbose=0).history["loss"]
     assert history[-1] < history[0]
@@ -233,23 +246,38 @@ def test_shclm_multilabel_and_hyp2_train(tmp_path):
     np.testing.assert_array_equal(restored.encode(x), paired.encode(x))
 
 
+def _hclm(**settings):
+    return build_hclm(mlp(4, (8,)), 6, 16, seed=0, **settings)
+
+
+def _hyp2(**settings):
+    return build_hyp2(mlp(4, (8,)), 6, 16, **settings)
+
+
+@pytest.mark.parametrize("build", [_hclm, _hyp2])
 @pytest.mark.parametrize("settings", [{"pairwise_weight": -1.0}, {"pairwise_weight": float("nan")}, {"pairwise_weight": "lots"},
                                       {"pairwise_scale": 0.0}, {"pairwise_scale": float("inf")}])  # fmt: skip
-def test_hyp2_refuses_a_bad_pairwise_setting(settings):
+def test_a_bad_pairwise_setting_is_refused(build, settings):
     with pytest.raises(ValueError, match=next(iter(settings))):
-        build_hyp2(mlp(16, (32,)), 6, 16, **settings)
+        build(**settings)
 
 
-def test_hyp2_pairwise_term_adds_the_scaled_cosine_likelihood():
+@pytest.mark.parametrize("build", [_hclm, _hyp2])
+def test_the_pairwise_term_adds_the_scaled_cosine_likelihood(build):
     rng = np.random.default_rng(2)
-    codes = rng.normal(size=(8, 16)).astype("float32")
-    labels = (rng.random((8, 6)) < 0.4).astype("float32")
-    plain = build_hyp2(mlp(4, (8,)), 6, 16)
-    paired = build_hyp2(mlp(4, (8,)), 6, 16, pairwise_weight=0.5, pairwise_scale=2.0)
+    codes = np.tanh(rng.normal(size=(8, 16))).astype("float32")
+    if build is _hclm:  # single-label: softmax over the proxies
+        labels = np.eye(6, dtype="float32")[rng.integers(0, 6, size=8)]
+    else:
+        labels = (rng.random((8, 6)) < 0.4).astype("float32")
+    plain = build(triplet_weight=1.0) if build is _hclm else build()
+    paired = build(triplet_weight=1.0, pairwise_weight=0.5) if build is _hclm else build(pairwise_weight=0.5, pairwise_scale=2.0)
     for model in (plain, paired):
         model(np.zeros((1, 4), "float32"))
-    plain.proxy_layer.proxies.assign(paired.proxy_layer.proxies)
-    y_pred = {"codes": codes}
+    plain.proxy_layer.set_weights(paired.proxy_layer.get_weights())
+    y_pred = {"codes": codes, "logits": paired.proxy_layer(codes)} if build is _hclm else {"codes": codes}
     term = losses.pairwise_likelihood_per_example(codes, codes, losses.pairwise_similarity(labels, labels), 0.0, cosine_scale=2.0)
+    np.testing.assert_allclose(losses.in_batch_pairwise_per_example(codes, labels, 2.0), term, rtol=1e-6)
     expected = float(plain.compute_loss(y=labels, y_pred=y_pred)) + 0.5 * float(np.mean(term))
     assert float(paired.compute_loss(y=labels, y_pred=y_pred)) == pytest.approx(expected, rel=1e-5)
+

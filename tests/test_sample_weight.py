@@ -68,6 +68,8 @@ def model_case(name):
         labels = _multi_label()
         return (lambda: build_hclm(_backbone(), 4, BITS, similarity=np.eye(4), tag_frequencies=labels.mean(axis=0),
                                    triplet_weight=0.5, margin=1.0)), x, labels  # fmt: skip
+    if name == "hclm-pairwise":
+        return lambda: build_hclm(_backbone(), 3, BITS, triplet_weight=1.0, margin=1.0, pairwise_weight=1.0), x, _single_label()
     if name == "cnnbh":
         return lambda: build_softmax_codes(_backbone(), 3, BITS), x, _single_label()
     if name == "hyp2":
@@ -80,7 +82,7 @@ def model_case(name):
     raise KeyError(name)
 
 
-MODEL_CASES = ["scdh", "scdh-multi-label-jcch", "mt-scdh", "jcch", "hclm-triplet", "shclm-balanced-bce", "cnnbh", "hyp2", "hyp2-pairwise", "dpsh"]
+MODEL_CASES = ["scdh", "scdh-multi-label-jcch", "mt-scdh", "jcch", "hclm-triplet", "hclm-pairwise", "shclm-balanced-bce", "cnnbh", "hyp2", "hyp2-pairwise", "dpsh"]
 
 
 def _rows(tree, rows):

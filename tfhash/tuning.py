@@ -176,6 +176,7 @@ def _recommended_variant(kind: str) -> dict[str, tuple[str, dict]]:
 
 
 _SINGLE_LABEL = {"scdh": ("scdh", {}), "hclm": ("hclm", {}), "shclm": ("shclm", {}), "shclm triplet 1": ("shclm", {"triplet_weight": 1.0}),
+                 "shclm triplet 2": ("shclm", {"triplet_weight": 2.0}),
                  "hyp2": ("hyp2", {})}  # fmt: skip
 _MEAN_TEACHER = {f"mt-scdh {kind}": ("mt-scdh", dict(MEAN_TEACHER[kind]["options"])) for kind in MEAN_TEACHER}
 

@@ -26,6 +26,7 @@ from tfhash.losses.mean_teacher import (
     softmax_squared_distance,
 )
 from tfhash.losses.pairwise import (
+    in_batch_pairwise_per_example,
     pairwise_likelihood_loss,
     pairwise_likelihood_per_example,
     pairwise_similarity,
@@ -97,6 +98,7 @@ __all__ = [
     "label_weights",
     "mean_teacher_consistency",
     "mean_teacher_consistency_per_example",
+    "in_batch_pairwise_per_example",
     "pairwise_likelihood_loss",
     "pairwise_likelihood_per_example",
     "pairwise_similarity",

@@ -35,6 +35,16 @@ def check_cosine_scale(scale, name: str = "cosine_scale", allow_none: bool = Fal
     return float(scale)
 
 
+def check_pairwise_weight(weight, published: str) -> float:
+    """``weight`` of the in-batch pairwise term (:func:`in_batch_pairwise_per_example`) as a float
+    when it is a finite number >= 0, else ValueError naming ``pairwise_weight`` (0 leaves the
+    ``published`` method as it is)."""
+    if isinstance(weight, bool) or not isinstance(weight, (int, float, np.integer, np.floating)) or not (
+        math.isfinite(weight) and weight >= 0):
+        raise ValueError(f"pairwise_weight must be a finite number >= 0 (0: {published} as published), got {weight!r}")
+    return float(weight)
+
+
 def pairwise_likelihood_per_example(codes, other_codes, similarity, eta: float = 0.01, other_taking_part=None,
                                      cosine_scale: float | None = None):  # fmt: skip
     """DPSH's objective per example of a batch against a set of codes (the memory U of DPSH's
@@ -49,8 +59,8 @@ def pairwise_likelihood_per_example(codes, other_codes, similarity, eta: float =
     With ``cosine_scale`` a, theta_ij = a * cosine(u_i, u_j) instead (ours): HashNet's likelihood
     (Cao et al., ICCV 2017: a sigmoid of alpha <h_i, h_j>) on normalised codes, so it ranks by
     angle alone and is bounded in [-a, a]. It is the form that joins a loss of cosines such as
-    HyP2's (:class:`tfhash.models.HyP2Model`'s ``pairwise_weight``), which leaves the code norm
-    free; ``eta`` is then usually 0.
+    HyP2's, which leaves the code norm free; ``eta`` is then usually 0
+    (:func:`in_batch_pairwise_per_example`).
 
     Args:
         codes: ``(n, K)`` continuous codes u of the batch.
@@ -79,6 +89,26 @@ def pairwise_likelihood_per_example(codes, other_codes, similarity, eta: float =
         likelihood = tf.math.divide_no_nan(tf.reduce_sum(pair_values * columns[None, :], axis=-1), tf.reduce_sum(columns))
     signs = tf.where(codes >= 0.0, 1.0, -1.0)
     return likelihood + eta * tf.reduce_sum(tf.square(codes - signs), axis=-1)
+
+
+def in_batch_pairwise_per_example(codes, labels, cosine_scale: float, taking_part=None):
+    """The pairwise likelihood over every pair of a batch, on ``cosine_scale`` x the codes' cosine
+    (ours; :func:`pairwise_likelihood_per_example` with ``other_codes = codes``, eta 0): the
+    ``pairwise_weight`` term of :class:`tfhash.models.HyP2Model` and :class:`tfhash.models.HCLMModel`.
+    Proxy losses pull each code to its class proxies (and HyP2 pushes apart pairs that share
+    nothing); this term also orders every pair against the others, which mAP over a whole
+    database counts.
+
+    Args:
+        codes: ``(n, K)`` continuous codes of the batch.
+        labels: ``(n, C)`` multi-hot labels (pairs sharing one are similar).
+        cosine_scale: a > 0 in theta_ij = a cosine(u_i, u_j).
+        taking_part: optional ``(n,)`` bool: rows paired with (:func:`tfhash.losses.rows_taking_part`).
+
+    Returns:
+        ``(n,)``: each example's mean likelihood over its pairs.
+    """
+    return pairwise_likelihood_per_example(codes, codes, pairwise_similarity(labels, labels), 0.0, taking_part, cosine_scale)
 
 
 def pairwise_likelihood_loss(codes, other_codes, similarity, eta: float = 0.01, sample_weight=None):

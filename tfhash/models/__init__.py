@@ -95,17 +95,19 @@ def build_jcch(backbones: dict, num_classes: int, bits: int, preset: str | None 
 
 def build_hclm(backbone: keras.Model, num_classes: int, bits: int, similarity: np.ndarray | None = None,
                seed: int = 0, tag_frequencies=None, triplet_weight: float = 0.0, margin: float | None = None,
-               proxies: np.ndarray | None = None) -> HCLMModel:  # fmt: skip
+               proxies: np.ndarray | None = None, pairwise_weight: float = 0.0, pairwise_scale: float = 2.0) -> HCLMModel:  # fmt: skip
     """HCLM (fixed proxies from :func:`tfhash.proxies.hclm_proxies`), sHCLM when a class
-    ``similarity`` is given, + the Hamming triplet term when ``triplet_weight > 0``; multi-label
-    balanced BCE when ``tag_frequencies`` is given. ``proxies`` overrides the construction (the
-    ablation's random / learned-free alternatives)."""
+    ``similarity`` is given, + the Hamming triplet term when ``triplet_weight > 0``, + our in-batch
+    pairwise likelihood when ``pairwise_weight > 0`` (:class:`HCLMModel`); multi-label balanced
+    BCE when ``tag_frequencies`` is given. ``proxies`` overrides the construction (the ablation's
+    random / learned-free alternatives)."""
     from tfhash.proxies import hclm_proxies
 
     check_bits(bits)
     if proxies is None:
         proxies = hclm_proxies(num_classes, bits, similarity=similarity, seed=seed)
-    return HCLMModel(backbone, proxies, tag_frequencies=tag_frequencies, triplet_weight=triplet_weight, margin=margin)
+    return HCLMModel(backbone, proxies, tag_frequencies=tag_frequencies, triplet_weight=triplet_weight, margin=margin,
+                     pairwise_weight=pairwise_weight, pairwise_scale=pairwise_scale)  # fmt: skip
 
 
 def build_hyp2(backbone: keras.Model, num_classes: int, bits: int, zeta: float | None = None, beta: float = 0.5,

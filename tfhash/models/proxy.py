@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import math
-
 import keras
 import numpy as np
 
 from tfhash.layers import FixedProxies, HashHead, LearnableProxies
 from tfhash.losses.pairwise import (
     check_cosine_scale,
-    pairwise_likelihood_per_example,
-    pairwise_similarity,
+    check_pairwise_weight,
+    in_batch_pairwise_per_example,
 )
 from tfhash.losses.proxy import (
     balanced_binary_cross_entropy_per_example,
@@ -37,10 +35,12 @@ class HCLMModel(TrainingMixin, NestedConfigMixin, EncoderMixin, keras.Model):
     """backbone -> HashHead(tanh) = nu(x) -> FixedProxies (logits nu.w_c).
 
     Loss: softmax cross-entropy (single-label) or the class-balanced BCE (multi-label, with
-    ``tag_frequencies``), plus ``triplet_weight`` times the Hamming triplet loss (HCLM Eq. 22-24).
+    ``tag_frequencies``), plus ``triplet_weight`` times the Hamming triplet loss (HCLM Eq. 22-24),
+    plus ``pairwise_weight`` times our in-batch pairwise likelihood
+    (:func:`tfhash.losses.pairwise.in_batch_pairwise_per_example`).
     ``call`` returns ``{"codes": nu, "logits": ...}``. ``sample_weight`` weights each example's
     loss; the triplet term is a mean over the batch's triplets, each anchor's share weighted, and
-    rows of weight zero are in no triplet.
+    rows of weight zero are in no triplet (nor in a pair).
 
     Args:
         backbone: Keras feature extractor.
@@ -49,12 +49,15 @@ class HCLMModel(TrainingMixin, NestedConfigMixin, EncoderMixin, keras.Model):
         tag_frequencies: ``(C,)`` training-set tag frequencies; given = multi-label balanced BCE.
         triplet_weight: lambda of the joint objective (0 = no triplet term; the paper uses 1).
         margin: triplet margin m in Hamming units (default K / 8; our choice, the paper leaves it open).
+        pairwise_weight, pairwise_scale: ours, not the paper's: the weight of the pairwise
+            likelihood over every in-batch pair on ``pairwise_scale`` x the codes' cosine (as
+            :class:`HyP2Model`'s). 0 (default): HCLM as published.
     """
 
-    objective_name = "HCLM Eq. 22-24: cross-entropy over the proxies + lambda x Hamming triplet"
+    objective_name = "HCLM Eq. 22-24: cross-entropy over the proxies + lambda x Hamming triplet (+ pairwise_weight x pairwise likelihood)"
 
     def __init__(self, backbone, proxies, tag_frequencies=None, triplet_weight: float = 0.0, margin: float | None = None,
-                 learn_proxies: bool = False, **kwargs):  # fmt: skip
+                 learn_proxies: bool = False, pairwise_weight: float = 0.0, pairwise_scale: float = 2.0, **kwargs):  # fmt: skip
         super().__init__(**kwargs)
         self.backbone = backbone
         proxies = np.asarray(proxies)
@@ -66,6 +69,8 @@ class HCLMModel(TrainingMixin, NestedConfigMixin, EncoderMixin, keras.Model):
             raise ValueError("tag_frequencies needs one value per class")
         self.triplet_weight = float(triplet_weight)
         self.margin = float(self.bits / 8.0 if margin is None else margin)
+        self.pairwise_weight = check_pairwise_weight(pairwise_weight, "HCLM")
+        self.pairwise_scale = check_cosine_scale(pairwise_scale, "pairwise_scale")
         self._trackers = loss_trackers(self, ("proxy_loss", "triplet"))
 
     def call(self, inputs, training=False):
@@ -79,19 +84,23 @@ class HCLMModel(TrainingMixin, NestedConfigMixin, EncoderMixin, keras.Model):
             proxy_loss = classifier_cross_entropy_per_example(labels, y_pred["logits"])
         else:
             proxy_loss = balanced_binary_cross_entropy_per_example(labels, y_pred["logits"], self.tag_frequencies)
+        taking_part = rows_taking_part(sample_weight)
         if self.triplet_weight:
-            triplet = hamming_triplet_per_example(labels, y_pred["codes"], self.margin, rows_taking_part(sample_weight))
+            triplet = hamming_triplet_per_example(labels, y_pred["codes"], self.margin, taking_part)
         else:
             triplet = 0.0 * proxy_loss
-        per_example = {"loss": proxy_loss + self.triplet_weight * triplet, "proxy_loss": proxy_loss, "triplet": triplet}
+        loss = proxy_loss + self.triplet_weight * triplet
+        if self.pairwise_weight:
+            loss += self.pairwise_weight * in_batch_pairwise_per_example(y_pred["codes"], labels, self.pairwise_scale, taking_part)
+        per_example = {"loss": loss, "proxy_loss": proxy_loss, "triplet": triplet}
         return reduce_tracked_loss(self, per_example, sample_weight)
 
     nested_keys = ("backbone",)
 
     def config_params(self) -> dict:
         return {"proxies": self.proxy_layer.get_config()["proxies"], "tag_frequencies": self.tag_frequencies,
-                "triplet_weight": self.triplet_weight, "margin": self.margin,
-                "learn_proxies": self.proxy_layer.learn}  # fmt: skip
+                "triplet_weight": self.triplet_weight, "margin": self.margin, "learn_proxies": self.proxy_layer.learn,
+                "pairwise_weight": self.pairwise_weight, "pairwise_scale": self.pairwise_scale}  # fmt: skip
 
 
 @keras.saving.register_keras_serializable(package="tfhash")
@@ -107,10 +116,10 @@ class HyP2Model(TrainingMixin, NestedConfigMixin, EncoderMixin, keras.Model):
         pair_scope: which examples form irrelevant pairs (:func:`tfhash.losses.hyp2_loss`).
         pairwise_weight, pairwise_scale: ours, not the paper's: the weight of a pairwise likelihood
             over every in-batch pair, relevant (sharing a label) or not, on ``pairwise_scale`` x
-            the codes' cosine (:func:`tfhash.losses.pairwise_likelihood_per_example` with
-            ``cosine_scale``). HyP2's terms pull codes to their proxies and push apart pairs that
-            share nothing; this term also orders the pairs between, which mAP over the whole
-            database counts. 0 (default): HyP2 as published.
+            the codes' cosine (:func:`tfhash.losses.pairwise.in_batch_pairwise_per_example`).
+            HyP2's terms pull codes to their proxies and push apart pairs that share nothing;
+            this term also orders the pairs between, which mAP over the whole database counts.
+            0 (default): HyP2 as published.
     """
 
     class_scores = "cosines"
@@ -124,10 +133,7 @@ class HyP2Model(TrainingMixin, NestedConfigMixin, EncoderMixin, keras.Model):
         self.zeta = float(hyp2_zeta(self.num_classes, self.bits) if zeta is None else zeta)
         self.beta = float(beta)
         self.pair_scope = check_pair_scope(pair_scope)
-        if isinstance(pairwise_weight, bool) or not isinstance(pairwise_weight, (int, float, np.integer, np.floating)) or not (
-            math.isfinite(pairwise_weight) and pairwise_weight >= 0):
-            raise ValueError(f"pairwise_weight must be a finite number >= 0 (0: HyP2 as published), got {pairwise_weight!r}")
-        self.pairwise_weight = float(pairwise_weight)
+        self.pairwise_weight = check_pairwise_weight(pairwise_weight, "HyP2")
         self.pairwise_scale = check_cosine_scale(pairwise_scale, "pairwise_scale")
         self.hash_head = HashHead(self.bits, name="hash_head")
         self.proxy_layer = LearnableProxies(self.num_classes, self.bits, name="proxies")
@@ -144,8 +150,7 @@ class HyP2Model(TrainingMixin, NestedConfigMixin, EncoderMixin, keras.Model):
         loss = hyp2_per_example(labels, y_pred["codes"], self.proxy_layer.proxies, self.zeta, self.beta, self.pair_scope,
                                 taking_part)  # fmt: skip
         if self.pairwise_weight:
-            loss += self.pairwise_weight * pairwise_likelihood_per_example(
-                y_pred["codes"], y_pred["codes"], pairwise_similarity(labels, labels), 0.0, taking_part, self.pairwise_scale)
+            loss += self.pairwise_weight * in_batch_pairwise_per_example(y_pred["codes"], labels, self.pairwise_scale, taking_part)
         return reduce_tracked_loss(self, {"loss": loss}, sample_weight)
 
     nested_keys = ("backbone",)
