@@ -66,7 +66,7 @@ class Siblings:
         self.stale_seconds = max(MIN_STALE_SECONDS, STALE_LOOKS * float(poll_seconds))
         self._cell: ctypes.c_int64 | None = None  # the agreed version, mapped on first use
 
-    def publish(self, status: dict, held: list[int] = ()) -> None:
+    def publish(self, status: dict, held: list[int]) -> None:
         """Write this process's readiness, the version it serves and the versions it ``held``
         loaded (atomically: readers never see half a file)."""
         record = {"pid": os.getpid(), "time": time.time(), "ready": bool(status["ready"]),

@@ -246,8 +246,8 @@ def test_a_model_with_the_pairwise_term_trains_and_round_trips(tmp_path, method)
     np.testing.assert_array_equal(restored.encode(x), paired.encode(x))
 
 
-def _hclm(**settings):
-    return build_hclm(mlp(4, (8,)), 6, 16, seed=0, **settings)
+def _hclm(**settings):  # with the triplet term: the pairwise term adds to both of HCLM's
+    return build_hclm(mlp(4, (8,)), 6, 16, seed=0, triplet_weight=1.0, **settings)
 
 
 def _hyp2(**settings):
@@ -270,12 +270,11 @@ def test_the_pairwise_term_adds_the_scaled_cosine_likelihood(build):
         labels = np.eye(6, dtype="float32")[rng.integers(0, 6, size=8)]
     else:
         labels = (rng.random((8, 6)) < 0.4).astype("float32")
-    plain = build(triplet_weight=1.0) if build is _hclm else build()
-    paired = build(triplet_weight=1.0, pairwise_weight=0.5) if build is _hclm else build(pairwise_weight=0.5, pairwise_scale=2.0)
+    plain, paired = build(), build(pairwise_weight=0.5, pairwise_scale=2.0)
     for model in (plain, paired):
         model(np.zeros((1, 4), "float32"))
     plain.proxy_layer.set_weights(paired.proxy_layer.get_weights())
-    y_pred = {"codes": codes, "logits": paired.proxy_layer(codes)} if build is _hclm else {"codes": codes}
+    y_pred = {"codes": codes, "logits": paired.proxy_layer(codes)}  # HyP2 reads the codes only
     term = losses.pairwise_likelihood_per_example(codes, codes, losses.pairwise_similarity(labels, labels), 0.0, cosine_scale=2.0)
     np.testing.assert_allclose(losses.in_batch_pairwise_per_example(codes, labels, 2.0), term, rtol=1e-6)
     expected = float(plain.compute_loss(y=labels, y_pred=y_pred)) + 0.5 * float(np.mean(term))

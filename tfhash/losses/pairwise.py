@@ -23,13 +23,17 @@ def pairwise_similarity(labels, other_labels):
     return tf.cast(tf.matmul(labels, other_labels, transpose_b=True) > 0, tf.float32)
 
 
+def _finite_number(value) -> bool:
+    """A finite real number (a bool, a string or an array is not)."""
+    return not isinstance(value, bool) and isinstance(value, (int, float, np.integer, np.floating)) and math.isfinite(value)
+
+
 def check_cosine_scale(scale, name: str = "cosine_scale", allow_none: bool = False) -> float | None:
     """``scale`` as a float when it is a finite number > 0 (``None`` passes when ``allow_none``:
     DPSH's inner product), else ValueError naming ``name`` and the value."""
     if scale is None and allow_none:
         return None
-    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.integer, np.floating)) or not (
-        math.isfinite(scale) and scale > 0):
+    if not (_finite_number(scale) and scale > 0):
         none = "None (DPSH's u_i . u_j / 2) or " if allow_none else ""
         raise ValueError(f"{name} must be {none}a finite number > 0 (the scale of the codes' cosine, e.g. 2), got {scale!r}")
     return float(scale)
@@ -39,8 +43,7 @@ def check_pairwise_weight(weight, published: str) -> float:
     """``weight`` of the in-batch pairwise term (:func:`in_batch_pairwise_per_example`) as a float
     when it is a finite number >= 0, else ValueError naming ``pairwise_weight`` (0 leaves the
     ``published`` method as it is)."""
-    if isinstance(weight, bool) or not isinstance(weight, (int, float, np.integer, np.floating)) or not (
-        math.isfinite(weight) and weight >= 0):
+    if not (_finite_number(weight) and weight >= 0):
         raise ValueError(f"pairwise_weight must be a finite number >= 0 (0: {published} as published), got {weight!r}")
     return float(weight)
 
