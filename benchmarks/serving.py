@@ -4,15 +4,18 @@ clients over a 1M-code index, bounded in time, over gRPC on loopback.
     python -m benchmarks.serving [--seed 0] [--size 1000000] [--bits 64] [--kinds BFlat BIVF1024]
                                  [--clients 1 8 32] [--seconds 10] [--repeats 3] [--modes codes features]
                                  [--processes 1 2] [--tf-threads 0] [--fronts threaded asyncio asyncio-batched]
+                                 [--load-generators python cpp] [--load-processes 2]
 
 Set-up: a seeded, untrained SCDH model over 32-d feature vectors is exported as version 1 (the
 pipeline's export code); ``size`` random-but-clustered codes (as in ``benchmarks.index``) form the
 database of each index kind, saved as that version's index. The search service runs as its own
 process (``tfhash serve search``, in-process encoder), or as ``--processes`` serving processes on
-one port under a supervising parent; the clients are asyncio gRPC clients spread
-over ``--load-processes`` processes, each client with its own channel, sending one query per
-request (k = 10, serialized in advance) back to back for ``seconds`` after a warm-up, each client on
-a connection of its own. ``codes``
+one port under a supervising parent. The clients are closed-loop: each sends one query per
+request (k = 10, serialized in advance) back to back for ``seconds`` after a warm-up, on a
+connection of its own. ``--load-generators python`` runs them as asyncio gRPC clients spread over
+``--load-processes`` processes; ``cpp`` in one thread of ``benchmarks/loadgen.cc``, on gRPC's C++
+asynchronous client (compiled here, against Debian's ``libgrpc++-dev``), which takes a few times less
+CPU per request, so that less of the shared cores goes to the clients. ``codes``
 requests carry packed codes (search only); ``features`` requests carry a feature vector that the
 service encodes with the model first. Client and server share the
 machine's cores; the CPU seconds per request of the server and of the load generator are measured
@@ -24,6 +27,8 @@ spell of this shared machine falls on all of them alike.
 from __future__ import annotations
 
 import argparse
+import atexit
+import functools
 import itertools
 import os
 import shutil
@@ -93,17 +98,15 @@ SEARCH_METHOD = "/tfhash.serving.HashSearch/Search"
 
 
 def load_process(address: str, clients: int, first_slot: int, requests: list[bytes], k: int, conn) -> None:
-    """One load-generator process: ``clients`` asyncio clients (numbered from ``first_slot``), each
-    with its own gRPC channel, sending pre-serialized requests back to back. Answers are parsed and
-    checked once per client after its warm-up and otherwise left as bytes, so the generator spends
-    little CPU. Sends "ready" after the warm-up, receives the ``(start, stop)`` wall-clock times of
-    the measured span, and sends back the latency in ms of each request answered within the span,
-    the errors, and this process's CPU seconds over the span; or, if anything fails, the error's
-    text."""
+    """One Python load-generator process: ``clients`` asyncio clients (numbered from ``first_slot``),
+    each with its own gRPC channel, sending pre-serialized requests back to back. Answers are parsed
+    and checked once per client after its warm-up and otherwise left as bytes, so the generator
+    spends little CPU. Sends "ready" after the warm-up, receives the ``(start, stop)`` wall-clock
+    times of the measured span, and sends back the latency in ms of each request answered within
+    the span and the errors; or, if anything fails, the error's text."""
     import asyncio
 
     import grpc
-    from tfhash.serving import search_pb2
 
     async def main() -> None:
         warm, go, window, latencies = asyncio.Event(), asyncio.Event(), [], []
@@ -117,9 +120,7 @@ def load_process(address: str, clients: int, first_slot: int, requests: list[byt
                 call = channel.unary_unary(SEARCH_METHOD)  # bytes in and out
                 for i in range(5):  # warm-up: connection, first calls
                     answer = await call(requests[(slot + i) % len(requests)], timeout=30)
-                found = search_pb2.SearchResponse.FromString(answer)
-                if len(found.results) != 1 or len(found.results[0].ids) != k:
-                    raise RuntimeError(f"unexpected answer from {address}: {found}")
+                check_answer(answer, address, k)
                 warmed[0] += 1
                 if warmed[0] == clients:
                     warm.set()
@@ -139,16 +140,7 @@ def load_process(address: str, clients: int, first_slot: int, requests: list[byt
                         latencies.append((time.perf_counter() - begin) * 1000.0)
             return errors
 
-        async def cpu_over_span() -> float:
-            await go.wait()
-            start, stop = window
-            await asyncio.sleep(max(start - time.time(), 0.0))
-            before = sum(os.times()[:2])
-            await asyncio.sleep(max(stop - time.time(), 0.0))
-            return sum(os.times()[:2]) - before
-
         tasks = [asyncio.create_task(client(slot)) for slot in range(first_slot, first_slot + clients)]
-        cpu = asyncio.create_task(cpu_over_span())
         warming = asyncio.gather(*tasks)
         await asyncio.wait([warming, asyncio.create_task(warm.wait())], return_when=asyncio.FIRST_COMPLETED)
         if warming.done():  # a client failed during its warm-up
@@ -157,7 +149,7 @@ def load_process(address: str, clients: int, first_slot: int, requests: list[byt
         window.extend(await asyncio.get_running_loop().run_in_executor(None, conn.recv))
         go.set()
         errors = sum(await warming)
-        conn.send((np.asarray(latencies), errors, await cpu))
+        conn.send((np.asarray(latencies), errors))
 
     try:
         asyncio.run(main())
@@ -165,18 +157,45 @@ def load_process(address: str, clients: int, first_slot: int, requests: list[byt
         conn.send(f"load process failed: {type(err).__name__}: {err}")
 
 
-def run_level(address: str, clients: int, seconds: float, requests: list[bytes], server=None, processes: int = 2) -> dict:
-    """``clients`` asyncio clients spread over ``processes`` load-generator processes
-    (:func:`load_process`), sending requests back to back for ``seconds``; latencies in ms. With
-    ``server`` (a ``psutil.Process``), also the CPU seconds per request, from the OS, of the
-    server (its process and children) and of the load generator's processes, over the span."""
-    import multiprocessing
+def check_answer(answer: bytes, address: str, k: int) -> None:
+    """A warm-up answer must be one result of ``k`` ids: the load is then known to be real searches."""
+    from tfhash.serving import search_pb2
 
-    context = multiprocessing.get_context("spawn")
-    shares = [clients // processes + (i < clients % processes) for i in range(min(processes, clients))]
-    pipes, workers = [], []
+    found = search_pb2.SearchResponse.FromString(answer)
+    if len(found.results) != 1 or len(found.results[0].ids) != k:
+        raise RuntimeError(f"unexpected answer from {address}: {found}")
 
-    def receive(pipe, worker, timeout: float):
+
+class PythonLoad:
+    """The Python load generator: ``clients`` spread over ``processes`` :func:`load_process`
+    processes. A context manager: entered, its clients are connected and warmed up."""
+
+    def __init__(self, address: str, clients: int, requests: list[bytes], processes: int = 2):
+        self.args = address, clients, requests
+        self.shares = [clients // processes + (i < clients % processes) for i in range(min(processes, clients))]
+        self.pipes, self.workers = [], []
+
+    def __enter__(self) -> PythonLoad:
+        import multiprocessing
+
+        address, _, requests = self.args
+        context = multiprocessing.get_context("spawn")
+        try:
+            for number, share in enumerate(self.shares):
+                ours, theirs = context.Pipe()
+                worker = context.Process(target=load_process, args=(address, share, sum(self.shares[:number]), requests, K, theirs), daemon=True)
+                worker.start()
+                theirs.close()  # the child's end: a child that dies then reads as end of file here
+                self.pipes.append(ours)
+                self.workers.append(worker)
+            for pipe, worker in zip(self.pipes, self.workers, strict=True):
+                self._receive(pipe, worker, 120)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def _receive(self, pipe, worker, timeout: float):
         if not pipe.poll(timeout):
             raise RuntimeError(f"a load-generator process did not answer within {timeout:g} s (exit code {worker.exitcode})")
         message = pipe.recv()
@@ -184,45 +203,147 @@ def run_level(address: str, clients: int, seconds: float, requests: list[bytes],
             raise RuntimeError(message)
         return message
 
-    try:
-        for number, share in enumerate(shares):
-            ours, theirs = context.Pipe()
-            worker = context.Process(target=load_process, args=(address, share, sum(shares[:number]), requests, K, theirs), daemon=True)
-            worker.start()
-            theirs.close()  # the child's end: a child that dies then reads as end of file here
-            pipes.append(ours)
-            workers.append(worker)
-        for pipe, worker in zip(pipes, workers, strict=True):
-            receive(pipe, worker, 120)
-        start = time.time() + 0.5
-        for pipe in pipes:
-            pipe.send((start, start + seconds))
-        time.sleep(max(start - time.time(), 0.0))
-        before = server_cpu_seconds(server)
-        time.sleep(max(start + seconds - time.time(), 0.0))
-        server_cpu = server_cpu_seconds(server) - before
-        reports = [receive(pipe, worker, 90) for pipe, worker in zip(pipes, workers, strict=True)]
-    finally:
-        for worker in workers:
+    @property
+    def processes(self) -> list[psutil.Process]:
+        return [psutil.Process(worker.pid) for worker in self.workers]
+
+    def go(self, start: float, stop: float) -> None:
+        for pipe in self.pipes:
+            pipe.send((start, stop))
+
+    def results(self) -> tuple[np.ndarray, int]:
+        """The latencies (ms) of the requests answered within the span, and the errors."""
+        reports = [self._receive(pipe, worker, 90) for pipe, worker in zip(self.pipes, self.workers, strict=True)]
+        return np.concatenate([latencies for latencies, _ in reports]), sum(errors for _, errors in reports)
+
+    def __exit__(self, *_) -> None:
+        for worker in self.workers:
             worker.join(30)
             if worker.is_alive():
                 worker.kill()
-    flat = np.concatenate([latencies for latencies, _, _ in reports])
-    client_cpu = sum(cpu for _, _, cpu in reports)
-    row = {"clients": clients, "load_processes": len(shares), "requests": int(flat.size), "errors": int(sum(e for _, e, _ in reports)),
+
+
+class CppLoad:
+    """The compiled load generator (``benchmarks/loadgen.cc``, gRPC's C++ client): the same
+    closed-loop clients, each on a connection of its own, driven by one thread through one
+    completion queue.
+    A context manager: entered, its clients are connected and warmed up, and each client's last
+    warm-up answer has been checked."""
+
+    def __init__(self, address: str, clients: int, requests: list[bytes], processes: int = 1):
+        self.address, self.clients, self.requests = address, clients, requests
+        self.shares = [clients]
+        self.work = tempfile.mkdtemp(prefix="tfhash-loadgen-")
+        self.process = None
+
+    def __enter__(self) -> CppLoad:
+        import subprocess
+
+        try:
+            with open(os.path.join(self.work, "requests"), "wb") as out:
+                for request in self.requests:
+                    out.write(len(request).to_bytes(4, "little") + request)
+            self.process = subprocess.Popen([loadgen_binary(), self.address, SEARCH_METHOD, str(self.clients), os.path.join(self.work, "requests"),
+                                             os.path.join(self.work, "results")], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+            if self.process.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"the C++ load generator failed to start (exit code {self.process.wait(30)}): {self.process.stderr.read().strip()}")
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    @property
+    def processes(self) -> list[psutil.Process]:
+        return [psutil.Process(self.process.pid)]
+
+    def go(self, start: float, stop: float) -> None:
+        self.process.stdin.write(f"{start!r} {stop!r}\n")
+        self.process.stdin.flush()
+
+    def results(self) -> tuple[np.ndarray, int]:
+        code = self.process.wait(120)
+        if code != 0:
+            raise RuntimeError(f"the C++ load generator failed (exit code {code}): {self.process.stderr.read().strip()}")
+        with open(os.path.join(self.work, "results")) as lines:
+            errors = int(next(lines).split()[1])
+            answers = [next(lines).split()[1] for _ in range(self.clients)]
+            latencies = np.loadtxt(lines, ndmin=1)
+        for answer in answers:
+            check_answer(bytes.fromhex(answer), self.address, K)
+        return latencies, errors
+
+    def __exit__(self, *_) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(30)
+        shutil.rmtree(self.work, ignore_errors=True)
+
+
+LOAD_GENERATORS = {"python": PythonLoad, "cpp": CppLoad}
+
+
+@functools.cache
+def loadgen_binary() -> str:
+    """Compiles ``benchmarks/loadgen.cc`` once per benchmark run, against the system's gRPC C++
+    library (Debian: ``apt-get install libgrpc++-dev pkg-config``); the binary's path."""
+    import subprocess
+
+    source = os.path.join(os.path.dirname(__file__), "loadgen.cc")
+    try:
+        flags = subprocess.run(["pkg-config", "--cflags", "--libs", "grpc++"], capture_output=True, text=True, check=True).stdout.split()
+    except (OSError, subprocess.CalledProcessError) as err:
+        raise RuntimeError("--load-generators cpp needs g++, pkg-config and gRPC's C++ library: "
+                           f"apt-get install g++ pkg-config libgrpc++-dev ({err})") from err  # fmt: skip
+    binary = os.path.join(tempfile.mkdtemp(prefix="tfhash-loadgen-bin-"), "loadgen")
+    atexit.register(shutil.rmtree, os.path.dirname(binary), True)
+    subprocess.run(["g++", "-O2", "-std=c++17", source, "-o", binary, *flags], check=True)
+    return binary
+
+
+def run_level(address: str, clients: int, seconds: float, requests: list[bytes], server=None, processes: int = 2, generator: str = "python") -> dict:
+    """``clients`` closed-loop clients of the ``generator`` (``python``: :class:`PythonLoad` over
+    ``processes`` processes; ``cpp``: :class:`CppLoad`), sending requests back to back for
+    ``seconds``; latencies in ms. With ``server`` (a ``psutil.Process``), also the CPU seconds per
+    request, from the OS, of the server (its process and children) and of the load generator's
+    processes, over the span."""
+    with LOAD_GENERATORS[generator](address, clients, requests, processes) as load:
+        start = time.time() + 0.5
+        load.go(start, start + seconds)
+        time.sleep(max(start - time.time(), 0.0))
+        before = cpu_seconds([server] if server else []), cpu_seconds(load.processes)
+        time.sleep(max(start + seconds / 2 - time.time(), 0.0))
+        spread = connections_per_process(server, int(address.rsplit(":", 1)[1])) if server else ""
+        time.sleep(max(start + seconds - time.time(), 0.0))
+        server_cpu, client_cpu = (cpu_seconds([server] if server else []) - before[0]), cpu_seconds(load.processes) - before[1]
+        flat, errors = load.results()
+    row = {"clients": clients, "load_generator": generator, "load_processes": len(load.shares), "requests": int(flat.size), "errors": int(errors),
            "seconds": round(seconds, 2), "qps": round(flat.size / seconds, 1), "p50_ms": round(float(np.percentile(flat, 50)), 2),
            "p99_ms": round(float(np.percentile(flat, 99)), 2)}  # fmt: skip
     if server is not None:
-        row.update({"server_cpu_ms_per_request": round(server_cpu * 1000 / max(flat.size, 1), 3),
+        row.update({"connections": spread, "server_cpu_ms_per_request": round(server_cpu * 1000 / max(flat.size, 1), 3),
                     "client_cpu_ms_per_request": round(client_cpu * 1000 / max(flat.size, 1), 3)})  # fmt: skip
     return row
 
 
-def server_cpu_seconds(server) -> float:
-    """User + system CPU seconds of ``server`` and its children, from the OS (0 without a server)."""
-    if server is None:
-        return 0.0
-    return sum(sum(p.cpu_times()[:2]) for p in [server, *server.children(recursive=True)])
+def connections_per_process(server: psutil.Process, port: int) -> str:
+    """How the clients' connections to ``port`` are spread over the service's processes (the kernel
+    hands each new connection to one of the processes sharing the port), e.g. "20/12", busiest
+    first; read from the OS halfway through the span."""
+    counts = []
+    for process in [server, *server.children(recursive=True)]:
+        try:
+            found = sum(1 for c in process.net_connections("tcp") if c.status == psutil.CONN_ESTABLISHED and c.laddr.port == port)
+        except psutil.Error:
+            continue
+        if found:
+            counts.append(found)
+    return "/".join(str(count) for count in sorted(counts, reverse=True))
+
+
+def cpu_seconds(processes: list[psutil.Process]) -> float:
+    """User + system CPU seconds of ``processes`` and their children, from the OS."""
+    return sum(sum(p.cpu_times()[:2]) for process in processes for p in [process, *process.children(recursive=True)])
 
 
 def summarise_runs(runs: list[dict]) -> dict:
@@ -230,10 +351,12 @@ def summarise_runs(runs: list[dict]) -> dict:
     def median(key):
         return round(float(np.median([r[key] for r in runs])), 2)
 
-    summary = {"clients": runs[0]["clients"], "load_processes": runs[0]["load_processes"], "repeats": len(runs), "requests": sum(r["requests"] for r in runs),
+    summary = {"clients": runs[0]["clients"], "load_generator": runs[0]["load_generator"], "load_processes": runs[0]["load_processes"], "repeats": len(runs), "requests": sum(r["requests"] for r in runs),
                "errors": sum(r["errors"] for r in runs), "qps": median("qps"), "qps_min": min(r["qps"] for r in runs),
                "qps_max": max(r["qps"] for r in runs), "p50_ms": median("p50_ms"), "p99_ms": median("p99_ms"),
                "p99_ms_max": max(r["p99_ms"] for r in runs)}  # fmt: skip
+    if "connections" in runs[0]:
+        summary["connections"] = " ".join(r["connections"] for r in runs)
     for key in ("server_cpu_ms_per_request", "client_cpu_ms_per_request"):
         if key in runs[0]:
             summary[key] = round(float(np.median([r[key] for r in runs])), 3)
@@ -253,7 +376,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=8, help="server worker threads")
     parser.add_argument("--search-threads", type=int, default=1, help="threads per index search in the server")
     parser.add_argument("--search-batch-size", type=int, default=1, help="the server's coalescing of concurrent searches (1: off)")
-    parser.add_argument("--load-processes", type=int, default=2, help="load-generator processes the clients are spread over")
+    parser.add_argument("--load-generators", nargs="+", default=["python"], choices=sorted(LOAD_GENERATORS),
+                        help="python: asyncio gRPC clients over --load-processes processes; cpp: benchmarks/loadgen.cc, gRPC's C++ "
+                             "client, every client driven by one thread (needs g++ and libgrpc++-dev); several: each a row, "
+                             "their runs taking turns")
+    parser.add_argument("--load-processes", type=int, default=2, help="Python load-generator processes the clients are spread over")
     parser.add_argument("--processes", nargs="+", type=int, default=[1, 2], help="the service's serving processes (each value a run)")
     parser.add_argument("--tf-threads", type=int, default=0, help="TensorFlow threads per serving process (0: its default)")
     parser.add_argument("--fronts", nargs="+", default=["threaded"], choices=["threaded", "asyncio", "asyncio-batched"],
@@ -299,11 +426,12 @@ def main() -> None:
                                                      args.search_batch_size, processes, args.tf_threads, front)  # fmt: skip
                     services.append((front, processes, process, address, psutil.Process(process.pid)))
                 for mode, clients in itertools.product(args.modes, args.clients):
-                    runs = [[] for _ in services]
+                    turns = list(itertools.product(services, args.load_generators))
+                    runs = [[] for _ in turns]
                     for _ in range(args.repeats):
-                        for runs_of, (_, _, _, address, server) in zip(runs, services, strict=True):
-                            runs_of.append(run_level(address, clients, args.seconds, requests[mode], server, args.load_processes))
-                    for runs_of, (front, processes, _, _, _) in zip(runs, services, strict=True):
+                        for runs_of, ((_, _, _, address, server), generator) in zip(runs, turns, strict=True):
+                            runs_of.append(run_level(address, clients, args.seconds, requests[mode], server, args.load_processes, generator))
+                    for runs_of, ((front, processes, _, _, _), _) in zip(runs, turns, strict=True):
                         row = {"index": kind, "n": args.size, "bits": args.bits, "front": front, "processes": processes, "mode": mode, "k": K,
                                **summarise_runs(runs_of), "index_build_s": round(build_s, 1), "seed": args.seed}  # fmt: skip
                         print(row, flush=True)
@@ -317,8 +445,8 @@ def main() -> None:
                     process.terminate()
                 for *_, process, _, _ in services:
                     process.wait(60)
-    columns = ["index", "n", "bits", *(["front"] if args.fronts != ["threaded"] else []), "processes", "mode", "clients", "load_processes", "repeats", "requests", "errors", "qps", "qps_min", "qps_max",
-               "p50_ms", "p99_ms", "p99_ms_max", "server_cpu_ms_per_request", "client_cpu_ms_per_request", "seed"]  # fmt: skip
+    columns = ["index", "n", "bits", *(["front"] if args.fronts != ["threaded"] else []), "processes", "mode", "clients", "load_generator", "load_processes", "repeats", "requests", "errors", "qps", "qps_min", "qps_max",
+               "p50_ms", "p99_ms", "p99_ms_max", "connections", "server_cpu_ms_per_request", "client_cpu_ms_per_request", "seed"]  # fmt: skip
     command = "python -m benchmarks.serving " + " ".join(sys.argv[1:])
     markdown = (
         "# Search service load benchmark\n\n"
@@ -331,8 +459,12 @@ def main() -> None:
            "(`benchmarks/asyncio_front.py`: the same servicer behind gRPC's asyncio server, searches on the event loop, inline "
            "or joined per loop turn; none of the service's checks, health, drain or hot swap; one search thread)"
            if any(f.startswith("asyncio") for f in args.fronts) else "")
-        + "; the clients are asyncio gRPC clients spread over the load-generator processes, one channel each, "
-        "sending requests serialized in advance back to back "
+        + ("; the clients are asyncio gRPC clients spread over the load-generator processes, one channel each, "
+           if args.load_generators == ["python"] else
+           "; the clients (`load_generator` python) are asyncio gRPC clients spread over the load-generator processes, or "
+           "(cpp) are driven by one thread of benchmarks/loadgen.cc, gRPC's C++ asynchronous client; one channel each; the "
+           "generators' runs take turns, ")
+        + "sending requests serialized in advance back to back "
         f"for {args.seconds:g} s per run after a warm-up, on the same {os.cpu_count()} cores as the server; each row "
         f"is run {args.repeats} times (qps, p50 and p99 are medians; min / max give the spread, which is wide on "
         "this shared virtual machine), and every service of an index runs at once, its runs taking turns with the other "
@@ -340,7 +472,9 @@ def main() -> None:
         "`codes`: the request carries a packed code (search only); `features`: a 32-d vector that the "
         "service encodes with the model (an MLP) before it searches. Database: random-but-clustered codes "
         "as in the index benchmark. CPU per request is from the OS (user + system seconds over the measured "
-        "span divided by the requests answered): the server's process and children, and the load-generator processes.\n\n" + markdown_table(rows, columns) + "\n"
+        "span divided by the requests answered): the server's process and children, and the load-generator processes. "
+        "`connections`: the clients' connections held by each serving process halfway through each run (busiest first; "
+        "the kernel hands each new connection to one of the processes sharing the port).\n\n" + markdown_table(rows, columns) + "\n"
         "\n## Memory of the service's processes after the load (MB)\n\n"
         "`rss`: resident sets summed (a page that processes share counted in each), `pss`: proportional sets summed "
         "(shared pages split between their sharers, so counted once), `uss`: pages only one process holds; `codes_*`: "
