@@ -290,14 +290,15 @@ def loadgen_binary() -> str:
     import subprocess
 
     source = os.path.join(os.path.dirname(__file__), "loadgen.cc")
-    try:
-        flags = subprocess.run(["pkg-config", "--cflags", "--libs", "grpc++"], capture_output=True, text=True, check=True).stdout.split()
-    except (OSError, subprocess.CalledProcessError) as err:
-        raise RuntimeError("--load-generators cpp needs g++, pkg-config and gRPC's C++ library: "
-                           f"apt-get install g++ pkg-config libgrpc++-dev ({err})") from err  # fmt: skip
     binary = os.path.join(tempfile.mkdtemp(prefix="tfhash-loadgen-bin-"), "loadgen")
     atexit.register(shutil.rmtree, os.path.dirname(binary), True)
-    subprocess.run(["g++", "-O2", "-std=c++17", source, "-o", binary, *flags], check=True)
+    try:
+        flags = subprocess.run(["pkg-config", "--cflags", "--libs", "grpc++"], capture_output=True, text=True, check=True).stdout.split()
+        subprocess.run(["g++", "-O2", "-std=c++17", source, "-o", binary, *flags], capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError) as err:
+        detail = getattr(err, "stderr", None) or err
+        raise RuntimeError("--load-generators cpp needs g++, pkg-config and gRPC's C++ library (apt-get install g++ pkg-config "
+                           f"libgrpc++-dev); building benchmarks/loadgen.cc failed: {detail}") from err  # fmt: skip
     return binary
 
 
