@@ -243,15 +243,20 @@ class CppLoad:
             with open(os.path.join(self.work, "requests"), "wb") as out:
                 for request in self.requests:
                     out.write(len(request).to_bytes(4, "little") + request)
-            self.process = subprocess.Popen([loadgen_binary(), self.address, SEARCH_METHOD, str(self.clients), os.path.join(self.work, "requests"),
-                                             os.path.join(self.work, "results")], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+            with open(os.path.join(self.work, "stderr"), "w") as log:  # a file: gRPC's own logging can never fill a pipe and stall it
+                self.process = subprocess.Popen([loadgen_binary(), self.address, SEARCH_METHOD, str(self.clients), os.path.join(self.work, "requests"),
+                                                 os.path.join(self.work, "results")], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                                stderr=log, text=True)  # fmt: skip
             if self.process.stdout.readline().strip() != "ready":
-                raise RuntimeError(f"the C++ load generator failed to start (exit code {self.process.wait(30)}): {self.process.stderr.read().strip()}")
+                raise RuntimeError(f"the C++ load generator failed to start (exit code {self.process.wait(30)}): {self._log()}")
         except BaseException:
             self.__exit__()
             raise
         return self
+
+    def _log(self) -> str:
+        with open(os.path.join(self.work, "stderr")) as log:
+            return log.read().strip()
 
     @property
     def processes(self) -> list[psutil.Process]:
@@ -264,7 +269,7 @@ class CppLoad:
     def results(self) -> tuple[np.ndarray, int]:
         code = self.process.wait(120)
         if code != 0:
-            raise RuntimeError(f"the C++ load generator failed (exit code {code}): {self.process.stderr.read().strip()}")
+            raise RuntimeError(f"the C++ load generator failed (exit code {code}): {self._log()}")
         with open(os.path.join(self.work, "results")) as lines:
             errors = int(next(lines).split()[1])
             answers = [next(lines).split()[1] for _ in range(self.clients)]
