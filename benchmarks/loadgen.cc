@@ -7,11 +7,11 @@
 //
 // REQUESTS holds the serialized requests, each as a 4-byte little-endian length and its bytes.
 // Each client has a channel (and a connection) of its own and one call in flight; one thread
-// drives them all through one completion queue. Each makes 5 warm-up calls; then "ready" is
-// printed. Stdin then gives "START STOP" (Unix seconds): every client sends requests
-// back to back from START until STOP, and the latency of each one answered by STOP is kept.
-// OUTPUT then gets "errors N", one "answer HEX" line per client (its last warm-up answer), and
-// one latency in ms per line. Any failure before the span exits with status 1 and a message.
+// drives them all through one completion queue. Each makes 5 warm-up calls; then one
+// "answer HEX" line per client (its last warm-up answer) and "ready" are printed. Stdin then
+// gives "START STOP" (Unix seconds): every client sends requests back to back from START until
+// STOP, and the latency of each one answered by STOP is kept. OUTPUT then gets "errors N" and one
+// latency in ms per line. Any failure before the span exits with status 1 and a message.
 //
 // Build (benchmarks/serving.py does it when needed):
 //   g++ -O2 -std=c++17 loadgen.cc -o loadgen $(pkg-config --cflags --libs grpc++)
@@ -50,6 +50,7 @@ struct Client {
 // Sends `client`'s next request; its completion comes back on `queue` tagged with the client.
 void Send(Client& client, grpc::CompletionQueue& queue, const std::string& method,
           const std::vector<grpc::ByteBuffer>& requests) {
+  client.call.reset();  // the last call's reader lives in its context's arena: release it first
   client.context = std::make_unique<grpc::ClientContext>();
   client.context->set_deadline(Wall::now() + std::chrono::seconds(30));
   client.call = client.stub->PrepareUnaryCall(client.context.get(), method,
@@ -135,6 +136,7 @@ int main(int argc, char** argv) {
       ++warm;
     }
   }
+  for (const auto& client : clients) std::cout << "answer " << client.warm_answer << "\n";
   std::cout << "ready" << std::endl;
   double start = 0, stop = 0;
   if (!(std::cin >> start >> stop)) {
@@ -171,7 +173,7 @@ int main(int argc, char** argv) {
   }
   std::ofstream out(output);
   out << "errors " << errors << "\n";
-  for (const auto& client : clients) out << "answer " << client.warm_answer << "\n";
   for (double ms : latencies_ms) out << ms << "\n";
-  return out.good() ? 0 : 1;
+  out.close();  // flushed: a failed write shows here
+  return out ? 0 : 1;
 }

@@ -217,6 +217,8 @@ class PythonLoad:
         return np.concatenate([latencies for latencies, _ in reports]), sum(errors for _, errors in reports)
 
     def __exit__(self, *_) -> None:
+        for pipe in self.pipes:  # a worker still waiting for its span then reads end of file and ends
+            pipe.close()
         for worker in self.workers:
             worker.join(30)
             if worker.is_alive():
@@ -247,8 +249,13 @@ class CppLoad:
                 self.process = subprocess.Popen([loadgen_binary(), self.address, SEARCH_METHOD, str(self.clients), os.path.join(self.work, "requests"),
                                                  os.path.join(self.work, "results")], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                                 stderr=log, text=True)  # fmt: skip
-            if self.process.stdout.readline().strip() != "ready":
+            answers = []
+            while (line := self.process.stdout.readline()).startswith("answer "):
+                answers.append(bytes.fromhex(line[len("answer "):].strip()))
+            if line.strip() != "ready" or len(answers) != self.clients:
                 raise RuntimeError(f"the C++ load generator failed to start (exit code {self.process.wait(30)}): {self._log()}")
+            for answer in answers:
+                check_answer(answer, self.address, K)
         except BaseException:
             self.__exit__()
             raise
@@ -272,10 +279,7 @@ class CppLoad:
             raise RuntimeError(f"the C++ load generator failed (exit code {code}): {self._log()}")
         with open(os.path.join(self.work, "results")) as lines:
             errors = int(next(lines).split()[1])
-            answers = [next(lines).split()[1] for _ in range(self.clients)]
-            latencies = np.loadtxt(lines, ndmin=1)
-        for answer in answers:
-            check_answer(bytes.fromhex(answer), self.address, K)
+            latencies = np.array([float(line) for line in lines])
         return latencies, errors
 
     def __exit__(self, *_) -> None:
@@ -323,6 +327,8 @@ def run_level(address: str, clients: int, seconds: float, requests: list[bytes],
         time.sleep(max(start + seconds - time.time(), 0.0))
         server_cpu, client_cpu = (cpu_seconds([server] if server else []) - before[0]), cpu_seconds(load.processes) - before[1]
         flat, errors = load.results()
+    if flat.size == 0:
+        raise RuntimeError(f"no request to {address} was answered within the {seconds:g} s span ({errors} errors): is the service still up?")
     row = {"clients": clients, "load_generator": generator, "load_processes": len(load.shares), "requests": int(flat.size), "errors": int(errors),
            "seconds": round(seconds, 2), "qps": round(flat.size / seconds, 1), "p50_ms": round(float(np.percentile(flat, 50)), 2),
            "p99_ms": round(float(np.percentile(flat, 99)), 2)}  # fmt: skip
