@@ -1,4 +1,4 @@
-// A compiled gRPC load generator for benchmarks/serving.py (--load-generator cpp): the same
+// A compiled gRPC load generator for benchmarks/serving.py (--load-generators cpp): the same
 // closed-loop clients as its Python one, on gRPC's C++ client, so that the clients take little
 // of the cores the service shares with them. Requests are opaque bytes (a generic stub), so this
 // file knows nothing of tfhash's messages; the benchmark checks the answers it writes back.
@@ -87,6 +87,17 @@ std::string Hex(const grpc::ByteBuffer& buffer) {
   return hex;
 }
 
+// The client whose call completed next; a failed queue ends the program.
+Client& Next(grpc::CompletionQueue& queue) {
+  void* tag = nullptr;
+  bool ok = false;
+  if (!queue.Next(&tag, &ok) || !ok) {
+    std::cerr << "loadgen: the completion queue failed\n";
+    std::_Exit(1);
+  }
+  return *static_cast<Client*>(tag);
+}
+
 Wall::time_point ToWall(double seconds) {
   return Wall::time_point(std::chrono::duration_cast<Wall::duration>(std::chrono::duration<double>(seconds)));
 }
@@ -117,14 +128,8 @@ int main(int argc, char** argv) {
     clients[slot].next = size_t(slot);
     Send(clients[slot], queue, method, requests);
   }
-  void* tag = nullptr;
-  bool ok = false;
   for (int warm = 0; warm < count;) {  // warm-up: the connections and 5 answered calls each
-    if (!queue.Next(&tag, &ok) || !ok) {
-      std::cerr << "loadgen: the completion queue failed\n";
-      std::_Exit(1);
-    }
-    Client& client = *static_cast<Client*>(tag);
+    Client& client = Next(queue);
     if (!client.status.ok()) {
       std::cerr << "loadgen: " << address << ": a warm-up call failed: " << client.status.error_message() << "\n";
       std::_Exit(1);
@@ -150,11 +155,7 @@ int main(int argc, char** argv) {
   std::vector<double> latencies_ms;
   int64_t errors = 0;
   for (int active = count; active > 0;) {
-    if (!queue.Next(&tag, &ok) || !ok) {
-      std::cerr << "loadgen: the completion queue failed\n";
-      std::_Exit(1);
-    }
-    Client& client = *static_cast<Client*>(tag);
+    Client& client = Next(queue);
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - client.begin).count();
     const auto now = Wall::now();
     if (!client.status.ok()) {
@@ -169,6 +170,8 @@ int main(int argc, char** argv) {
     }
   }
   queue.Shutdown();
+  void* tag = nullptr;
+  bool ok = false;
   while (queue.Next(&tag, &ok)) {
   }
   std::ofstream out(output);

@@ -320,12 +320,13 @@ def run_level(address: str, clients: int, seconds: float, requests: list[bytes],
     with LOAD_GENERATORS[generator](address, clients, requests, processes) as load:
         start = time.time() + 0.5
         load.go(start, start + seconds)
+        sides = [server] if server else [], load.processes  # the server's CPU and the load generator's
         time.sleep(max(start - time.time(), 0.0))
-        before = cpu_seconds([server] if server else []), cpu_seconds(load.processes)
+        before = [cpu_seconds(side) for side in sides]
         time.sleep(max(start + seconds / 2 - time.time(), 0.0))
         spread = connections_per_process(server, int(address.rsplit(":", 1)[1])) if server else ""
         time.sleep(max(start + seconds - time.time(), 0.0))
-        server_cpu, client_cpu = (cpu_seconds([server] if server else []) - before[0]), cpu_seconds(load.processes) - before[1]
+        server_cpu, client_cpu = (cpu_seconds(side) - used for side, used in zip(sides, before, strict=True))
         flat, errors = load.results()
     if flat.size == 0:
         raise RuntimeError(f"no request to {address} was answered within the {seconds:g} s span ({errors} errors): is the service still up?")
