@@ -130,9 +130,10 @@ def build_method(name: str, x_train: np.ndarray, y_train: np.ndarray, bits: int,
 
     Args:
         x_train, y_train: labelled training rows and their one-hot labels.
-        unlabelled: extra unlabelled rows (MT-SCDH only; ``"MT-SCDH w=<w>"`` sets its consistency
-            weight, 50 otherwise; input noise 0.3 and a ramp-up over two passes over the rows
-            unless ``options`` set ``noise_stddev`` / ``rampup_steps``).
+        unlabelled: extra unlabelled rows (MT-SCDH only, which without them trains on the labelled
+            rows alone; ``"MT-SCDH w=<w>"`` sets its consistency weight, 50 otherwise; input noise
+            0.3 and a ramp-up over two passes over the rows unless ``options`` set
+            ``noise_stddev`` / ``rampup_steps``).
         hidden, dropout: the shared head, :func:`tfhash.models.mlp`.
         options: the model's own settings over its defaults (SCDH's lam / mu / alpha, MT-SCDH's
             too and :func:`tfhash.models.build_mt_scdh`'s, HCLM's triplet_weight / margin, HyP2's
@@ -146,9 +147,9 @@ def build_method(name: str, x_train: np.ndarray, y_train: np.ndarray, bits: int,
         raise ValueError(f"{name} takes no options; got {sorted(options)}")
     keras.utils.set_random_seed(seed)
     x, labels = x_train, multi_hot(y_train)
-    if method == "mt-scdh":
-        if unlabelled is None:
-            raise ValueError("MT-SCDH needs unlabelled rows")
+    if unlabelled is not None:
+        if method != "mt-scdh":
+            raise ValueError(f"{name} trains on labelled rows only; unlabelled rows are for MT-SCDH")
         x = np.concatenate([x_train, unlabelled])
         labels = np.concatenate([labels, np.zeros((len(unlabelled), labels.shape[1]), labels.dtype)])
     settings, x, y = training_data(method, x, labels, seed, {**settings, **options})

@@ -79,27 +79,32 @@ def test_peer_runs_score_the_protocol_and_the_validation_split(single, monkeypat
             peers.checked_recipe(bad)
 
 
-def test_mt_scdh_sees_the_unlabelled_database_and_is_compared_with_scdh_only(monkeypatch):
+def test_mt_scdh_sees_the_unlabelled_database_or_the_training_rows_only(monkeypatch):
     monkeypatch.setattr(peers, "VALIDATION", {"single": {"held_out": 20, "queries": 10}, "multi": {"held_out": 100, "queries": 40}})
     data = small_peer_data(True)
-    seen = {}
+    seen = []
     build = peers.methods.build_method
 
     def spy(name, x, y, bits, seed, unlabelled=None, **options):
-        seen.update(unlabelled=unlabelled, options=options)
-        return build(name, x, y, bits, seed, unlabelled=unlabelled, **options)
+        built = build(name, x, y, bits, seed, unlabelled=unlabelled, **options)
+        seen.append({"unlabelled": unlabelled, "noise_stddev": built[0].noise_stddev})
+        return built
 
     monkeypatch.setattr(peers.methods, "build_method", spy)
-    recipe = {"epochs": 6}
-    row = peers.run(data, "MT-SCDH", 16, seed=0, recipe=recipe, validation=True, options={"consistency": 5.0, "noise": 0.5})
+    recipe, options = {"epochs": 6}, {"consistency": 5.0, "noise": 0.5}
+    row = peers.run(data, "MT-SCDH", 16, seed=0, recipe=recipe, validation=True, options=options, unlabelled=True)
     outside = np.setdiff1d(data.split.database, data.split.train)  # never a query, never a training row
-    assert row["unlabelled rows"] == len(outside) and np.array_equal(seen["unlabelled"], data.x[outside])
+    assert row["unlabelled rows"] == len(outside) and np.array_equal(seen[0]["unlabelled"], data.x[outside])
     share = np.isin(data.split.database, data.split.train).mean()
     carved = validation_split(data.split.train, data.labels, seed=0, train_in_database=share, held_out=20, queries=10)
-    assert seen["options"]["noise_stddev"] == pytest.approx(0.5 * data.x[carved.train].std(), rel=1e-5)  # its training rows
-    assert row["options"] == {"consistency": 5.0, "noise_stddev": seen["options"]["noise_stddev"]}
+    assert seen[0]["noise_stddev"] == pytest.approx(0.5 * data.x[carved.train].std(), rel=1e-5)  # its training rows
+    assert row["options"] == options  # as given
     # labelled rows repeated to half of the input: 6 passes over them take fewer passes over the input
     assert 1 <= row["epochs"] < 6 and [p["epoch"] for p in row["curve"]] == list(range(1, row["epochs"] + 1))
+    # on the training rows only: no unlabelled rows, the recipe's epochs, the same input noise
+    alone = peers.run(data, "MT-SCDH", 16, seed=0, recipe=recipe, validation=True, every=3, options=options)
+    assert seen[1]["unlabelled"] is None and alone["unlabelled rows"] == 0 and alone["epochs"] == 6
+    assert seen[1]["noise_stddev"] == pytest.approx(seen[0]["noise_stddev"]) and len(alone["curve"]) == 2
     rows = [{"recipe label": label, "dataset": "mnist", "bits": 16, "method": m, "seed": s, "mAP@all": v,
              "recipe": {"epochs": 50}, "options": opts}
             for label, m, opts, values in [("a", "SCDH", {}, (0.90,)), ("b", "SCDH", {}, (0.92, 0.93)),
@@ -107,7 +112,12 @@ def test_mt_scdh_sees_the_unlabelled_database_and_is_compared_with_scdh_only(mon
             for s, v in enumerate(values)]  # fmt: skip
     (cell,) = peers.semi_supervised(rows)  # SCDH with the same recipe, defaults, and the most seeds in common
     assert (cell["SCDH label"], cell["seeds"]) == ("b", 2) and cell["gain"] == pytest.approx(0.015)
-    assert {c["best tfhash"] for c in peers.margins(rows)} == {"SCDH"}  # MT-SCDH never counts against the bar
+    for r in rows:
+        r["unlabelled rows"] = 100 if r["method"] == "MT-SCDH" else 0
+    assert {c["best tfhash"] for c in peers.margins(rows)} == {"SCDH"}  # with unlabelled rows, no count against the bar
+    for r in rows:
+        r["unlabelled rows"] = 0  # MT-SCDH on the training rows only: a supervised method like the others
+    assert {c["best tfhash"] for c in peers.margins(rows)} == {"SCDH", "MT-SCDH"}  # label "mt" counts too
 
 
 def test_margins_take_each_cells_best_mean_over_seeds():
@@ -146,4 +156,7 @@ def test_reported_semi_supervised_rows_used_the_current_settings():
         settings = dict(peers.MEAN_TEACHER[kind]["options"])
         for row in mine:
             assert row["method"] == "MT-SCDH" and row["recipe"] == peers.checked_recipe({})
-            assert row["options"]["consistency"] == settings["consistency"] and "noise_stddev" in row["options"]
+            assert row["options"]["consistency"] == settings["consistency"] and row["unlabelled rows"] > 0
+            # rows before the harness kept the noise as given recorded it as the model's noise_stddev
+            assert row["options"].get("noise", settings["noise"]) == settings["noise"] and ("noise" in row["options"]) != (
+                "noise_stddev" in row["options"])  # fmt: skip

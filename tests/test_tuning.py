@@ -17,6 +17,7 @@ from tfhash.tuning import (
     SEARCH_SPACES,
     Budget,
     SearchSpace,
+    TuneResult,
     TuningError,
     beats,
     carve_validation,
@@ -55,10 +56,33 @@ def test_the_space_keeps_only_the_methods_the_caller_can_train():
     assert all(method != "mt-scdh" for method, _ in space.restricted().methods.values())
     assert any(method == "mt-scdh" for method, _ in space.restricted(semi_supervised=True).methods.values())
     assert all(method != "mt-scdh" for method, _ in space.restricted(in_pipeline=True, semi_supervised=True).methods.values())
+    pixels = SEARCH_SPACES["single-label pixels"]  # its recommended MT-SCDH trains on the labelled rows alone
+    recommended = (RECOMMENDED["single-label pixels"].method, RECOMMENDED["single-label pixels"].options)
+    assert recommended in pixels.restricted().methods.values() and pixels.restricted().semi_supervised == ()
+    assert set(pixels.restricted(semi_supervised=True).semi_supervised) == set(pixels.semi_supervised) != set()
     with pytest.raises(TuningError, match="no method to train"):
         SearchSpace(methods={}).restricted()
     with pytest.raises(TuningError, match="has no values"):
         SearchSpace(methods={"scdh": ("scdh", {})}, dropout=()).hyperparameters()
+
+
+def test_only_semi_supervised_variants_train_on_the_unlabelled_rows():
+    x, y = clusters()
+    extra = clusters(seed=1)[0][:40]
+    mt = {"consistency": 0.0, "noise": 1.0}
+    space = SearchSpace(methods={"mt": ("mt-scdh", mt), "mt semi": ("mt-scdh", {**mt, "consistency": 5.0})},
+                        semi_supervised=("mt semi",))  # fmt: skip
+    task, _ = prepare(x, y, bits=16, budget=SMALL, space=space, unlabelled=extra)
+    train = len(task.split.train)
+    assert len(task.training_rows("mt")[0]) == train and len(task.training_rows("mt semi")[0]) == train + len(extra)
+    assert list(prepare(x, y, bits=16, budget=SMALL, space=space)[0].space.methods) == ["mt"]  # no unlabelled rows
+    recipe = Recipe(method="mt-scdh", options=mt, hidden=(16,), epochs=1)
+    result = TuneResult(recipe=recipe, trials=[], score=0.5, kind="single-label", validation="", budget=SMALL, seconds=0.0, bits=16)
+    assert result.fit(x, y).encode(x[:3]).shape == (3, 16)  # the labelled rows alone, as its trials
+    with pytest.raises(ValueError, match="trained on labelled rows only: drop unlabelled"):
+        result.fit(x, y, unlabelled=extra)
+    with pytest.raises(ValueError, match="trained with unlabelled rows: pass them"):
+        replace(result, unlabelled=True).fit(x, y)
 
 
 def test_budget_states_its_cost_and_refuses_a_budget_without_a_trial():
@@ -213,10 +237,10 @@ def test_cli_tune_writes_the_recipe_and_trials(tmp_path):
 def test_unlabelled_rows_bring_mt_scdh_and_cross_modal_data_scores_both_directions():
     x, y = clusters()
     rest, _ = clusters(n_per_class=20, seed=1)
-    mean_teacher = SearchSpace(methods={"mt": ("mt-scdh", {"consistency": 5.0, "noise": 0.1})}, epochs=(6,))
+    mean_teacher = SearchSpace(methods={"mt": ("mt-scdh", {"consistency": 5.0, "noise": 0.1})}, epochs=(6,), semi_supervised=("mt",))
     result = tune(x, y, bits=16, budget=Budget(max_units=3, trials=1), space=mean_teacher, unlabelled=rest)
-    assert result.recipe.method == "mt-scdh" and result.trials[0]["status"] == "ok"
-    with pytest.raises(TuningError, match="no method to train"):  # MT-SCDH needs the unlabelled rows
+    assert result.recipe.method == "mt-scdh" and result.trials[0]["status"] == "ok" and result.unlabelled
+    with pytest.raises(TuningError, match="no method to train"):  # a semi-supervised variant needs the unlabelled rows
         tune(x, y, bits=16, budget=Budget(max_units=3, trials=1), space=mean_teacher)
     paired = {"image": x, "text": x[:, :8] + np.random.default_rng(2).normal(size=(len(x), 8)).astype("float32")}
     cross = replace(SEARCH_SPACES["cross-modal"], epochs=(6,), input_dropout=(0.2,))

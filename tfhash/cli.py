@@ -231,8 +231,8 @@ def tune(data_file: str, bits: int, seed: int, kind: str | None, max_units: int,
       unlabelled   optional (m, d) rows without labels (MT-SCDH joins the search)
 
     The chosen recipe is printed and written with every trial to OUTPUT_DIR/tuning.json; train it
-    on all rows with tfhash.recipes.Recipe(**recipe).fit(x, labels, bits) (an MT-SCDH recipe
-    with the unlabelled rows too, as tfhash.tuning.TuneResult.fit does).
+    on all rows with tfhash.recipes.Recipe(**recipe).fit(x, labels, bits) (with the unlabelled
+    rows too when tuning.json says "unlabelled": true, as tfhash.tuning.TuneResult.fit does).
     """
     import os
 

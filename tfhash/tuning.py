@@ -91,6 +91,9 @@ class SearchSpace:
         hidden, dropout, learning_rate, weight_decay, schedule, epochs: the
             :class:`tfhash.recipes.Recipe` values to choose among.
         input_dropout: input dropout of the first modality's tower (cross-modal data).
+        semi_supervised: the variants (of MT-SCDH) that train on unlabelled rows too: searched only
+            when there are some. Every other variant trains on the labelled rows alone, an MT-SCDH
+            one too (its input noise and averaged teacher then regularise supervised training).
     """
 
     methods: dict[str, tuple[str, dict]]
@@ -101,10 +104,11 @@ class SearchSpace:
     schedule: tuple[str, ...] = SCHEDULES
     epochs: tuple[int, ...] = (20, 50, 100)
     input_dropout: tuple[float, ...] = (0.0,)
+    semi_supervised: tuple[str, ...] = ()
 
     def restricted(self, in_pipeline: bool = False, semi_supervised: bool = False) -> SearchSpace:
-        """The space without the methods the caller cannot train: those the TFX pipeline does not
-        (``in_pipeline``), and the semi-supervised ones unless there are unlabelled rows.
+        """The space without the variants the caller cannot train: those the TFX pipeline does not
+        (``in_pipeline``), and the :attr:`semi_supervised` ones unless there are unlabelled rows.
 
         Raises:
             TuningError: no method is left.
@@ -112,11 +116,11 @@ class SearchSpace:
         from tfhash.registry import get_method
 
         kept = {variant: (name, options) for variant, (name, options) in self.methods.items()
-                if (get_method(name).in_pipeline or not in_pipeline) and (semi_supervised or not get_method(name).semi_supervised)}  # fmt: skip
+                if (get_method(name).in_pipeline or not in_pipeline) and (semi_supervised or variant not in self.semi_supervised)}  # fmt: skip
         if not kept:
             raise TuningError(f"the search space has no method to train (methods {sorted(self.methods)}, in_pipeline={in_pipeline}, "
                               f"unlabelled rows: {semi_supervised}); add a method the caller can train")  # fmt: skip
-        return replace(self, methods=kept)
+        return replace(self, methods=kept, semi_supervised=tuple(v for v in self.semi_supervised if v in kept))
 
     def hyperparameters(self, default: Recipe | None = None):
         """The space as ``keras_tuner.HyperParameters``; ``default`` (a recipe whose method is a
@@ -181,11 +185,13 @@ _SINGLE_LABEL = {"scdh": ("scdh", {}), "hclm": ("hclm", {}), "shclm": ("shclm", 
 _MEAN_TEACHER = {f"mt-scdh {kind}": ("mt-scdh", dict(MEAN_TEACHER[kind]["options"])) for kind in MEAN_TEACHER}
 
 #: What a search draws from, per kind of data (:data:`tfhash.recipes.DATA_KINDS`). Each holds the
-#: kind's recommended recipe; MT-SCDH variants are searched only when unlabelled rows are given.
+#: kind's recommended recipe; the MT-SCDH variants of :data:`tfhash.recipes.MEAN_TEACHER` are
+#: searched only when unlabelled rows are given.
 SEARCH_SPACES: dict[str, SearchSpace] = {
-    "single-label": SearchSpace(methods={**_recommended_variant("single-label"), **_SINGLE_LABEL, **_MEAN_TEACHER}),
-    "single-label pixels": SearchSpace(methods={**_recommended_variant("single-label pixels"),
-                                                **{k: v for k, v in _SINGLE_LABEL.items() if k != "scdh"}, **_MEAN_TEACHER}),
+    "single-label": SearchSpace(methods={**_recommended_variant("single-label"), **_SINGLE_LABEL, **_MEAN_TEACHER},
+                                semi_supervised=tuple(_MEAN_TEACHER)),
+    "single-label pixels": SearchSpace(methods={**_recommended_variant("single-label pixels"), **_SINGLE_LABEL, **_MEAN_TEACHER},
+                                       semi_supervised=tuple(_MEAN_TEACHER)),
     "multi-label": SearchSpace(methods={**_recommended_variant("multi-label"), "hyp2 beta 4 labelled": ("hyp2", {"beta": 4.0, "pair_scope": "labelled"}),
                                         "hyp2 beta 8 labelled": ("hyp2", {"beta": 8.0, "pair_scope": "labelled"}),
                                         "hyp2": ("hyp2", {}), "scdh": ("scdh", {}), "shclm": ("shclm", {}), "hclm": ("hclm", {})}),
@@ -275,6 +281,8 @@ class TuneResult:
         kind: the kind of data searched (a key of :data:`SEARCH_SPACES`).
         validation: how the validation split was carved.
         budget: the :class:`Budget`; ``seconds``: the search's wall time.
+        unlabelled: the chosen recipe's trials trained on the unlabelled rows too (a
+            :attr:`SearchSpace.semi_supervised` variant); :meth:`fit` then needs them.
     """
 
     recipe: Recipe
@@ -286,17 +294,22 @@ class TuneResult:
     seconds: float
     seed: int = 0
     bits: int = 0
+    unlabelled: bool = False
 
     def fit(self, x, labels, unlabelled=None, **kwargs):
         """Train :attr:`recipe` on all of ``x`` and ``labels`` at the searched bits and seed (and,
-        for a chosen MT-SCDH recipe, on ``unlabelled`` rows too, as its trials were); ``kwargs`` as
-        :meth:`tfhash.recipes.Recipe.fit` takes them."""
-        from tfhash.registry import get_method
+        when its trials trained on unlabelled rows too, on ``unlabelled``); ``kwargs`` as
+        :meth:`tfhash.recipes.Recipe.fit` takes them.
 
+        Raises:
+            ValueError: unlabelled rows missing for a recipe trained with them, or given to one
+                trained without (it would train differently from its trials).
+        """
         labels = multi_hot(labels, kwargs.pop("num_classes", None))
-        if get_method(self.recipe.method).semi_supervised:
-            if unlabelled is None:
-                raise ValueError("the chosen recipe is MT-SCDH, which the search trained with unlabelled rows: pass them")
+        if self.unlabelled != (unlabelled is not None):
+            raise ValueError("the chosen recipe's trials trained with unlabelled rows: pass them" if self.unlabelled else
+                             f"the chosen recipe ({self.recipe.method}) trained on labelled rows only: drop unlabelled")
+        if unlabelled is not None:
             x, labels = with_unlabelled(x, labels, np.asarray(unlabelled, dtype=np.float32))
         return self.recipe.fit(x, labels, self.bits, seed=self.seed, **kwargs)
 
@@ -319,7 +332,7 @@ class TuneResult:
 
         return {"recipe": asdict(self.recipe), "score": self.score, "kind": self.kind, "validation": self.validation,
                 "budget": {**asdict(self.budget), "multiple": self.budget.multiple()}, "seconds": self.seconds,
-                "seed": self.seed, "bits": self.bits, "trials": self.trials}  # fmt: skip
+                "seed": self.seed, "bits": self.bits, "unlabelled": self.unlabelled, "trials": self.trials}  # fmt: skip
 
 
 def with_unlabelled(x: np.ndarray, labels: np.ndarray, unlabelled: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
@@ -395,13 +408,11 @@ class _Task:
     def rows(self, index):
         return {m: v[index] for m, v in self.x.items()} if isinstance(self.x, dict) else self.x[index]
 
-    def training_rows(self, method: str):
+    def training_rows(self, variant: str):
         """The trial's inputs and labels: the training part, plus the unlabelled rows (all-zero
-        labels) for a semi-supervised method."""
-        from tfhash.registry import get_method
-
+        labels) for a semi-supervised variant (:attr:`SearchSpace.semi_supervised`)."""
         x, y = self.rows(self.split.train), self.labels[self.split.train]
-        return with_unlabelled(x, y, self.unlabelled) if get_method(method).semi_supervised else (x, y)
+        return with_unlabelled(x, y, self.unlabelled) if variant in self.space.semi_supervised else (x, y)
 
     def score(self, model) -> dict:
         """Validation mAP@all (cross-modal: the mean of both directions, each also recorded as
@@ -437,7 +448,7 @@ class _Task:
                "epochs trained": epochs}  # fmt: skip
         start = time.perf_counter()
         try:
-            x, y = self.training_rows(recipe.method)
+            x, y = self.training_rows(values["variant"])
             model = recipe.fit(x, y, self.bits, seed=self.seed, num_classes=self.labels.shape[1], epochs=epochs,
                                callbacks=[keras.callbacks.TerminateOnNaN()])  # fmt: skip
             losses = np.asarray(model.history.history.get("loss", [np.nan]), dtype=float)
@@ -661,4 +672,5 @@ def tune(x, labels, bits: int, seed: int = 0, budget: Budget | None = None, *, k
               + f"; {task.split.protocol}")  # fmt: skip
     return TuneResult(recipe=task.space.recipe(values, task.modalities, chosen=chosen), trials=task.trials, score=score,
                       kind=task.kind, validation=task.split.protocol, budget=task.budget,
-                      seconds=round(time.perf_counter() - start, 1), seed=seed, bits=bits)  # fmt: skip
+                      seconds=round(time.perf_counter() - start, 1), seed=seed, bits=bits,
+                      unlabelled=values["variant"] in task.space.semi_supervised)  # fmt: skip
