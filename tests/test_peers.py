@@ -120,6 +120,42 @@ def test_mt_scdh_sees_the_unlabelled_database_or_the_training_rows_only(monkeypa
     assert {c["best tfhash"] for c in peers.margins(rows)} == {"SCDH", "MT-SCDH"}  # label "mt" counts too
 
 
+def test_the_cli_gives_unlabelled_rows_only_where_asked(monkeypatch, tmp_path):
+    import json
+    import sys
+    from types import SimpleNamespace
+
+    calls = []
+
+    def fake_run(data, method, bits, seed, recipe, validation=False, every=10, options=None, unlabelled=False):
+        calls.append((method, unlabelled))
+        return {"dataset": data.name, "method": method, "bits": bits, "seed": seed, "mode": "test", "recipe": recipe, "options": options,
+                "mAP@all": 0.5, "unlabelled rows": 7 if unlabelled else 0}  # fmt: skip
+
+    monkeypatch.setattr(peers, "run", fake_run)
+    monkeypatch.setattr(peers, "load_peer_data", lambda name, **kw: SimpleNamespace(name=name, checks={}, single_label=True))
+    monkeypatch.setattr(peers, "RESULTS_DIR", tmp_path)
+    monkeypatch.setattr(peers, "markdown", lambda *args: "")
+    monkeypatch.setattr(peers, "write_results", lambda name, payload, md: (tmp_path / f"{name}.json").write_text(json.dumps(payload)))
+
+    def main(*argv):
+        calls.clear()
+        monkeypatch.setattr(sys, "argv", ["peers", "--datasets", "mnist", "--bits", "16", "--seeds", "0", *argv])
+        peers.main()
+        return calls
+
+    assert main("--recommended") == [("MT-SCDH", False)]  # MNIST's recipe: MT-SCDH on the training rows alone
+    assert main("--semi-supervised") == [("MT-SCDH", True)]
+    assert main("--methods", "MT-SCDH", "SCDH", "--label", "x", "--options", "{}") == [("MT-SCDH", True), ("SCDH", False)]
+    assert main("--methods", "MT-SCDH", "--labelled-only", "--label", "y", "--options", "{}") == [("MT-SCDH", False)]
+    for refused in (["--methods", "MT-SCDH", "--labelled-only", "--label", "x", "--options", "{}"],  # x holds rows with them
+                    ["--recommended", "--labelled-only"], ["--methods", "SCDH", "--labelled-only", "--label", "z"],
+                    ["--methods", "MT-SCDH", "--labelled-only"]):  # fmt: skip
+        with pytest.raises(SystemExit):
+            main(*refused)
+        assert calls == []  # refused before any training
+
+
 def test_margins_take_each_cells_best_mean_over_seeds():
     rows = [{"recipe label": "r", "dataset": "cifar10", "bits": 16, "method": m, "seed": s, "mAP@all": v}
             for m, values in {"A": (0.60, 0.56), "B": (0.59, 0.59)}.items() for s, v in enumerate(values)]  # fmt: skip
@@ -140,6 +176,7 @@ def test_reported_recommended_rows_used_the_current_recipes():
         assert len(mine) == 9  # 16 / 32 / 64 bits x seeds 0-2
         for row in mine:
             assert (row["method"], row["recipe"], row["options"]) == (method, recipe, options)
+            assert row.get("unlabelled rows", 0) == 0  # the training rows only, as the bar's peers
 
 
 def test_reported_semi_supervised_rows_used_the_current_settings():

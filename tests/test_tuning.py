@@ -76,13 +76,35 @@ def test_only_semi_supervised_variants_train_on_the_unlabelled_rows():
     train = len(task.split.train)
     assert len(task.training_rows("mt")[0]) == train and len(task.training_rows("mt semi")[0]) == train + len(extra)
     assert list(prepare(x, y, bits=16, budget=SMALL, space=space)[0].space.methods) == ["mt"]  # no unlabelled rows
+    # each trial trains on the rows its variant takes
+    fitted = []
+    original = Recipe.fit
+
+    def spy(self, x, labels, *args, **kwargs):
+        fitted.append((self.options["consistency"], len(x)))
+        return original(self, x, labels, *args, **kwargs)
+
+    small = replace(space, epochs=(3,), hidden=((16,),))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Recipe, "fit", spy)
+        searched = tune(x, y, bits=16, budget=Budget(max_units=3, trials=4), space=small, unlabelled=extra)
+    assert all(rows == train + (len(extra) if consistency == 5 else 0) for consistency, rows in fitted)
+    assert {consistency for consistency, _ in fitted} == {0.0, 5.0}  # both variants were tried (seeded)
+    assert searched.unlabelled == (searched.recipe.options["consistency"] == 5.0)
     recipe = Recipe(method="mt-scdh", options=mt, hidden=(16,), epochs=1)
     result = TuneResult(recipe=recipe, trials=[], score=0.5, kind="single-label", validation="", budget=SMALL, seconds=0.0, bits=16)
     assert result.fit(x, y).encode(x[:3]).shape == (3, 16)  # the labelled rows alone, as its trials
+    assert replace(result, unlabelled=True).fit(x, y, unlabelled=extra).encode(x[:3]).shape == (3, 16)
     with pytest.raises(ValueError, match="trained on labelled rows only: drop unlabelled"):
         result.fit(x, y, unlabelled=extra)
     with pytest.raises(ValueError, match="trained with unlabelled rows: pass them"):
         replace(result, unlabelled=True).fit(x, y)
+    with pytest.raises(TuningError, match="no variant of the single-label search space trains on them"):
+        prepare(x, y, bits=16, budget=SMALL, space=SearchSpace(methods={"scdh": ("scdh", {})}), unlabelled=extra)
+    with pytest.raises(TuningError, match=r"semi_supervised names \['typo'\]"):
+        SearchSpace(methods={"mt": ("mt-scdh", mt)}, semi_supervised=("typo",))
+    with pytest.raises(TuningError, match="take no unlabelled rows"):
+        SearchSpace(methods={"scdh": ("scdh", {})}, semi_supervised=("scdh",)).restricted(semi_supervised=True)
 
 
 def test_budget_states_its_cost_and_refuses_a_budget_without_a_trial():
@@ -228,6 +250,7 @@ def test_cli_tune_writes_the_recipe_and_trials(tmp_path):
     assert result.exit_code == 0, result.output
     summary = json.loads((out / "tuning.json").read_text())
     assert len(summary["trials"]) == 2 and summary["recipe"]["method"] and "chosen:" in result.output
+    assert summary["unlabelled"] is False and "pass them" not in result.output
     assert Recipe(**{**summary["recipe"], "hidden": tuple(summary["recipe"]["hidden"])}).method == summary["recipe"]["method"]
     np.savez(data, features=x, labels=y)
     refused = CliRunner().invoke(main, ["tune", str(data), "--output-dir", str(out)])

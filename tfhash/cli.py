@@ -228,11 +228,13 @@ def tune(data_file: str, bits: int, seed: int, kind: str | None, max_units: int,
     \b
       x            (n, d) feature vectors; or x_<modality> for each of two modalities
       labels       (n,) integer class ids, or (n, C) one-hot / multi-hot
-      unlabelled   optional (m, d) rows without labels (MT-SCDH joins the search)
+      unlabelled   optional (m, d) rows without labels (the semi-supervised MT-SCDH variants
+                   join the search, the only ones that train on them)
 
     The chosen recipe is printed and written with every trial to OUTPUT_DIR/tuning.json; train it
-    on all rows with tfhash.recipes.Recipe(**recipe).fit(x, labels, bits) (with the unlabelled
-    rows too when tuning.json says "unlabelled": true, as tfhash.tuning.TuneResult.fit does).
+    on all rows with tfhash.recipes.Recipe(**recipe).fit(x, labels, bits), and when tuning.json
+    says "unlabelled": true with the unlabelled rows appended to x, their labels id -1 (or all-zero
+    multi-hot rows), as tfhash.tuning.TuneResult.fit does.
     """
     import os
 
@@ -261,7 +263,8 @@ def tune(data_file: str, bits: int, seed: int, kind: str | None, max_units: int,
         f.write(result.table() + "\n")
     click.echo(result.table())
     click.echo(f"{len(result.trials)} trials in {result.seconds} s (budget: {result.budget.multiple():.1f} trainings)")
-    click.echo(f"chosen: {result.recipe.method} {json.dumps(result.recipe.options)}, validation mAP@all {result.score:.4f}")
+    click.echo(f"chosen: {result.recipe.method} {json.dumps(result.recipe.options)}, validation mAP@all {result.score:.4f}"
+               + (", trained with the unlabelled rows too: pass them when you train it" if result.unlabelled else ""))
     click.echo(f"written to {output_dir}/tuning.json")
 
 

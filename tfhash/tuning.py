@@ -106,6 +106,11 @@ class SearchSpace:
     input_dropout: tuple[float, ...] = (0.0,)
     semi_supervised: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.semi_supervised) - set(self.methods))
+        if unknown:
+            raise TuningError(f"semi_supervised names {unknown}, which are no variants of the space ({sorted(self.methods)})")
+
     def restricted(self, in_pipeline: bool = False, semi_supervised: bool = False) -> SearchSpace:
         """The space without the variants the caller cannot train: those the TFX pipeline does not
         (``in_pipeline``), and the :attr:`semi_supervised` ones unless there are unlabelled rows.
@@ -115,6 +120,10 @@ class SearchSpace:
         """
         from tfhash.registry import get_method
 
+        wrong = [v for v in self.semi_supervised if not get_method(self.methods[v][0]).semi_supervised]
+        if wrong:
+            raise TuningError(f"semi_supervised variants {wrong} are of methods that take no unlabelled rows; "
+                              "name MT-SCDH variants there")  # fmt: skip
         kept = {variant: (name, options) for variant, (name, options) in self.methods.items()
                 if (get_method(name).in_pipeline or not in_pipeline) and (semi_supervised or variant not in self.semi_supervised)}  # fmt: skip
         if not kept:
@@ -607,6 +616,9 @@ def prepare(x, labels, bits: int, seed: int = 0, budget: Budget | None = None, *
         raise TuningError(f"the pipeline's Tuner searches the recipes of {PIPELINE_KINDS} (as training.recipe takes them); "
                           f"these are {kind} data: tune them with tfhash.tuning.tune or `tfhash tune`")  # fmt: skip
     space = (SEARCH_SPACES[kind] if space is None else space).restricted(in_pipeline, unlabelled is not None)
+    if unlabelled is not None and not space.semi_supervised:
+        raise TuningError(f"unlabelled rows were given, but no variant of the {kind} search space trains on them (its "
+                          "semi_supervised variants); drop them, or search a space that names MT-SCDH variants there")  # fmt: skip
     recommended = RECOMMENDED.get(kind)
     default = recommended if recommended is not None and any(
         (recommended.method, recommended.options) == m for m in space.methods.values()) else None  # fmt: skip
@@ -630,7 +642,9 @@ def tune(x, labels, bits: int, seed: int = 0, budget: Budget | None = None, *, k
         budget: a :class:`Budget` (default ``Budget()``: about ten trainings' worth).
         kind: the kind of data (:data:`tfhash.recipes.DATA_KINDS`; default from ``x`` and
             ``labels``, :func:`data_kind`).
-        unlabelled: ``(m, d)`` rows without labels: MT-SCDH joins the search, training on them too.
+        unlabelled: ``(m, d)`` rows without labels: the space's semi-supervised variants (MT-SCDH
+            with :data:`tfhash.recipes.MEAN_TEACHER`) join the search, the only ones training on
+            them too.
         in_pipeline: only methods the TFX pipeline trains.
         space: a :class:`SearchSpace` (default ``SEARCH_SPACES[kind]``).
         directory: where KerasTuner writes its state, kept for inspection (default a temporary
