@@ -23,7 +23,7 @@ from tfhash.data.splits import Split  # noqa: E402
 from tfhash.labels import multi_hot  # noqa: E402
 from tfhash.metrics import evaluate_retrieval  # noqa: E402
 from tfhash.models import mlp  # noqa: E402
-from tfhash.recipes import training_data  # noqa: E402
+from tfhash.recipes import training_data, with_unlabelled  # noqa: E402
 from tfhash.registry import BuildInputs, TagStatistics, get_method, method_names  # noqa: E402
 from tfhash.registry import build_method as build  # noqa: E402
 
@@ -146,12 +146,9 @@ def build_method(name: str, x_train: np.ndarray, y_train: np.ndarray, bits: int,
     if not get_method(method).in_pipeline and method != "mt-scdh" and options:
         raise ValueError(f"{name} takes no options; got {sorted(options)}")
     keras.utils.set_random_seed(seed)
-    x, labels = x_train, multi_hot(y_train)
-    if unlabelled is not None:
-        if method != "mt-scdh":
-            raise ValueError(f"{name} trains on labelled rows only; unlabelled rows are for MT-SCDH")
-        x = np.concatenate([x_train, unlabelled])
-        labels = np.concatenate([labels, np.zeros((len(unlabelled), labels.shape[1]), labels.dtype)])
+    if unlabelled is not None and method != "mt-scdh":
+        raise ValueError(f"{name} trains on labelled rows only; unlabelled rows are for MT-SCDH")
+    x, labels = with_unlabelled(x_train, multi_hot(y_train), unlabelled)
     settings, x, y = training_data(method, x, labels, seed, {**settings, **options})
     if method == "mt-scdh":
         settings = {"consistency": 50.0, "noise_stddev": 0.3, "rampup_steps": max(1, len(x) // BATCH * 2), **settings}

@@ -116,9 +116,9 @@ def unlabelled_rows(data, x: np.ndarray) -> np.ndarray:
     return x[np.setdiff1d(data.split.database, data.split.train)]
 
 
-def mean_teacher(row: dict) -> bool:
-    """Whether a result row trained MT-SCDH (``"MT-SCDH"`` or a ``"MT-SCDH w=<w>"`` variant)."""
-    return methods.method_of(row["method"])[0] == "mt-scdh"
+def mean_teacher(method: str) -> bool:
+    """Whether a benchmark row name trains MT-SCDH (``"MT-SCDH"`` or a ``"MT-SCDH w=<w>"`` variant)."""
+    return method.startswith(MT_SCDH)
 
 
 def semi_supervised_row(row: dict) -> bool:
@@ -212,9 +212,9 @@ def semi_supervised(rows: list[dict]) -> list[dict]:
     """MT-SCDH against SCDH trained with the same recipe and SCDH's defaults (under the label with the
     most seeds in common), per MT-SCDH label, dataset and bits: means over the seeds both ran."""
     out = []
-    for label, dataset, bits in sorted({(r["recipe label"], r["dataset"], r["bits"]) for r in rows if mean_teacher(r)}):
+    for label, dataset, bits in sorted({(r["recipe label"], r["dataset"], r["bits"]) for r in rows if mean_teacher(r["method"])}):
         cell = [r for r in rows if (r["dataset"], r["bits"]) == (dataset, bits)]
-        mt = {r["seed"]: r for r in cell if mean_teacher(r) and r["recipe label"] == label}
+        mt = {r["seed"]: r for r in cell if mean_teacher(r["method"]) and r["recipe label"] == label}
         recipe = next(iter(mt.values()))["recipe"]
         same = [r for r in cell if r["method"] == "SCDH" and r["recipe"] == recipe and not r["options"]]
         runs: dict = {}
@@ -303,7 +303,7 @@ def main() -> None:
     if args.recommended and args.semi_supervised:
         parser.error("choose --recommended or --semi-supervised")
     if args.labelled_only and (args.recommended or args.semi_supervised or args.label == "protocol"
-                               or not any(m.startswith(MT_SCDH) for m in args.methods or ())):  # fmt: skip
+                               or not any(mean_teacher(m) for m in args.methods or ())):  # fmt: skip
         parser.error("--labelled-only is for --methods MT-SCDH with a --label of its own: recommended recipes train on the "
                      "training rows only, --semi-supervised on the unlabelled rows too")  # fmt: skip
     if (args.recommended or args.semi_supervised) and (args.recipe or args.options or args.methods or args.label != "protocol"):
@@ -336,7 +336,7 @@ def main() -> None:
         if args.semi_supervised:
             names, options, label = [MT_SCDH], dict(MEAN_TEACHER[KINDS[dataset]]["options"]), "semi-supervised"
         for method in names:
-            semi = method.startswith(MT_SCDH) and not (args.recommended or args.labelled_only)
+            semi = mean_teacher(method) and not (args.recommended or args.labelled_only)
             if any((r["dataset"], r["method"], r["recipe label"]) == (dataset, method, label) and semi_supervised_row(r) != semi
                    for r in rows):  # fmt: skip
                 parser.error(f"label {label!r} holds {dataset} {method} rows {'without' if semi else 'with'} unlabelled rows "

@@ -273,6 +273,14 @@ MEAN_TEACHER: dict[str, dict] = {
 }  # fmt: skip
 
 
+def with_unlabelled(x: np.ndarray, labels: np.ndarray, unlabelled: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """``x`` and ``(n, C)`` ``labels`` followed by the ``unlabelled`` rows with all-zero labels
+    (MT-SCDH's marker for "no label"); unchanged without unlabelled rows."""
+    if unlabelled is None:
+        return x, labels
+    return np.concatenate([x, unlabelled]), np.concatenate([labels, np.zeros((len(unlabelled), labels.shape[1]), labels.dtype)])
+
+
 def mean_teacher_rows(x_labelled, y_labelled, unlabelled, seed: int, labelled_share: float = 0.5):
     """Labelled rows repeated until they are about ``labelled_share`` of the rows, plus the
     unlabelled rows with all-zero labels (MT-SCDH's marker for "no label"), shuffled with

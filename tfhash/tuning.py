@@ -43,7 +43,14 @@ from dataclasses import dataclass, field, fields, replace
 import numpy as np
 
 from tfhash.labels import multi_hot
-from tfhash.recipes import MEAN_TEACHER, PIPELINE_KINDS, RECOMMENDED, SCHEDULES, Recipe
+from tfhash.recipes import (
+    MEAN_TEACHER,
+    PIPELINE_KINDS,
+    RECOMMENDED,
+    SCHEDULES,
+    Recipe,
+    with_unlabelled,
+)
 
 #: Objective of the search: mAP@all on the validation split (maximised).
 OBJECTIVE = "val_map"
@@ -107,9 +114,15 @@ class SearchSpace:
     semi_supervised: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        from tfhash.registry import get_method
+
         unknown = sorted(set(self.semi_supervised) - set(self.methods))
         if unknown:
             raise TuningError(f"semi_supervised names {unknown}, which are no variants of the space ({sorted(self.methods)})")
+        wrong = [v for v in self.semi_supervised if not get_method(self.methods[v][0]).semi_supervised]
+        if wrong:
+            raise TuningError(f"semi_supervised variants {wrong} are of methods that take no unlabelled rows; "
+                              "name MT-SCDH variants there")  # fmt: skip
 
     def restricted(self, in_pipeline: bool = False, semi_supervised: bool = False) -> SearchSpace:
         """The space without the variants the caller cannot train: those the TFX pipeline does not
@@ -120,10 +133,6 @@ class SearchSpace:
         """
         from tfhash.registry import get_method
 
-        wrong = [v for v in self.semi_supervised if not get_method(self.methods[v][0]).semi_supervised]
-        if wrong:
-            raise TuningError(f"semi_supervised variants {wrong} are of methods that take no unlabelled rows; "
-                              "name MT-SCDH variants there")  # fmt: skip
         kept = {variant: (name, options) for variant, (name, options) in self.methods.items()
                 if (get_method(name).in_pipeline or not in_pipeline) and (semi_supervised or variant not in self.semi_supervised)}  # fmt: skip
         if not kept:
@@ -318,8 +327,7 @@ class TuneResult:
         if self.unlabelled != (unlabelled is not None):
             raise ValueError("the chosen recipe's trials trained with unlabelled rows: pass them" if self.unlabelled else
                              f"the chosen recipe ({self.recipe.method}) trained on labelled rows only: drop unlabelled")
-        if unlabelled is not None:
-            x, labels = with_unlabelled(x, labels, np.asarray(unlabelled, dtype=np.float32))
+        x, labels = with_unlabelled(x, labels, None if unlabelled is None else np.asarray(unlabelled, dtype=np.float32))
         return self.recipe.fit(x, labels, self.bits, seed=self.seed, **kwargs)
 
     def table(self) -> str:
@@ -342,14 +350,6 @@ class TuneResult:
         return {"recipe": asdict(self.recipe), "score": self.score, "kind": self.kind, "validation": self.validation,
                 "budget": {**asdict(self.budget), "multiple": self.budget.multiple()}, "seconds": self.seconds,
                 "seed": self.seed, "bits": self.bits, "unlabelled": self.unlabelled, "trials": self.trials}  # fmt: skip
-
-
-def with_unlabelled(x: np.ndarray, labels: np.ndarray, unlabelled: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """``x`` and ``(n, C)`` ``labels`` followed by the ``unlabelled`` rows with all-zero labels
-    (MT-SCDH's marker for "no label"); unchanged without unlabelled rows."""
-    if unlabelled is None:
-        return x, labels
-    return np.concatenate([x, unlabelled]), np.concatenate([labels, np.zeros((len(unlabelled), labels.shape[1]), labels.dtype)])
 
 
 def data_kind(x, labels: np.ndarray) -> str:
