@@ -3,7 +3,7 @@ clients over a 1M-code index, bounded in time, over gRPC on loopback.
 
     python -m benchmarks.serving [--seed 0] [--size 1000000] [--bits 64] [--kinds BFlat BIVF1024]
                                  [--clients 1 8 32] [--seconds 10] [--repeats 3] [--modes codes features]
-                                 [--processes 1 2] [--tf-threads 0] [--fronts threaded asyncio asyncio-batched]
+                                 [--processes 1 2] [--tf-threads 0] [--fronts threaded asyncio asyncio-batched compiled compiled-coalescing]
                                  [--load-generators python cpp] [--load-processes 2]
 
 Set-up: a seeded, untrained SCDH model over 32-d feature vectors is exported as version 1 (the
@@ -21,7 +21,11 @@ service encodes with the model first. Client and server share the
 machine's cores; the CPU seconds per request of the server and of the load generator are measured
 apart, from the OS. Every service of an index (each ``--processes`` value and ``--fronts`` entry)
 runs at once on its own copy of the index, and the repeats take turns between them, so that a slow
-spell of this shared machine falls on all of them alike.
+spell of this shared machine falls on all of them alike. ``--fronts`` adds measurements of design
+options for the service's front (``benchmarks/asyncio_front.py``; ``benchmarks/compiled_front.cc``,
+compiled here like the load generator, which answers packed codes itself or joins concurrent
+searches for the service behind it); before any load, each service must answer the first
+:data:`CHECKED` code requests as the library's search of its index does.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -43,6 +48,7 @@ from benchmarks.common import markdown_table, write_results
 from benchmarks.index import clustered_packed
 
 DIM, K = 32, 10
+CHECKED = 200  # requests whose answers each service must give as the library does, before any load
 
 
 def export_model(path: str, bits: int, seed: int) -> None:
@@ -59,20 +65,84 @@ def export_model(path: str, bits: int, seed: int) -> None:
 
 def start_service(model_base: str, index_base: str, kind: str, threads: int, search_threads: int, search_batch_size: int,
                   processes: int = 1, tf_threads: int = 0, front: str = "threaded"):  # fmt: skip
-    """``tfhash serve search`` as its own process(es) (in-process encoder); returns (process, address).
-    ``front="asyncio"`` / ``"asyncio-batched"``: the measurement of :mod:`benchmarks.asyncio_front`
-    instead, inline / batched per loop turn (one search thread, TensorFlow's default threads;
-    ``threads`` and ``search_batch_size`` do not apply)."""
+    """``tfhash serve search`` as its own process(es) (in-process encoder); returns (the started
+    processes, address). ``front="asyncio"`` / ``"asyncio-batched"``: the measurement of
+    :mod:`benchmarks.asyncio_front` instead, inline / batched per loop turn (one search thread,
+    TensorFlow's default threads; ``threads`` and ``search_batch_size`` do not apply).
+    ``front="compiled"``: the measurement of ``benchmarks/compiled_front.cc serve`` (one process,
+    packed codes of a flat index only; no other argument applies). ``front="compiled-coalescing"``:
+    ``benchmarks/compiled_front.cc coalesce`` in front of ``tfhash serve search`` (the address is
+    the front's)."""
     from benchmarks.asyncio_front import READY
     from tests.serving_fixtures import start_cli
 
+    if front == "compiled":
+        return start_compiled_front(os.path.join(index_base, "1", kind))
     if front.startswith("asyncio"):
-        return start_cli([model_base, index_base, kind, "--processes", str(processes), *(["--batched"] if front == "asyncio-batched" else [])],
-                         READY, module="benchmarks.asyncio_front")  # fmt: skip
-    return start_cli(["serve", "search", "--model-base-dir", model_base, "--index-base-dir", index_base, "--kind", kind,
-                      "--port", "0", "--threads", str(threads), "--search-threads", str(search_threads),
-                      "--search-batch-size", str(search_batch_size), "--processes", str(processes),
-                      "--tf-threads", str(tf_threads)], "search service on ")  # fmt: skip
+        process, address = start_cli([model_base, index_base, kind, "--processes", str(processes),
+                                      *(["--batched"] if front == "asyncio-batched" else [])], READY, module="benchmarks.asyncio_front")  # fmt: skip
+        return [process], address
+    if front not in ("threaded", "compiled-coalescing"):
+        raise ValueError(f"unknown front {front!r}")
+    process, address = start_cli(["serve", "search", "--model-base-dir", model_base, "--index-base-dir", index_base, "--kind", kind,
+                                  "--port", "0", "--threads", str(threads), "--search-threads", str(search_threads),
+                                  "--search-batch-size", str(search_batch_size), "--processes", str(processes),
+                                  "--tf-threads", str(tf_threads)], "search service on ")  # fmt: skip
+    if front == "threaded":
+        return [process], address
+    try:
+        fronts, address = start_coalescing_front(address, processes)
+    except BaseException:
+        process.terminate()
+        process.wait(60)
+        raise
+    return [*fronts, process], address
+
+
+#: The coalescing front's settings, per serving process behind it: its connections to the service
+#: and the joined requests of one kind in flight; and the rows of one joined request.
+COALESCING_CHANNELS, COALESCING_IN_FLIGHT, COALESCING_ROWS = 2, 2, 64
+
+
+def start_compiled_front(directory: str):
+    """``benchmarks/compiled_front.cc serve`` on the index version 1 in ``directory``; returns
+    ([process], address)."""
+    from tfhash.index import load_index
+
+    index = load_index(directory)
+    if not (index.exact and index.format_family == "binary"):
+        raise ValueError(f"the compiled front serves exact binary (flat) indexes only, not {index.format_tag}")
+    return launch_compiled_front(["serve", directory, "1", index.format_tag, "0"])
+
+
+def start_coalescing_front(backend: str, processes: int):
+    """``benchmarks/compiled_front.cc coalesce`` in front of the search service at ``backend``
+    (``processes`` serving processes); returns ([process], address)."""
+    return launch_compiled_front(["coalesce", backend, "0", str(COALESCING_CHANNELS * processes), str(COALESCING_ROWS),
+                                  str(COALESCING_IN_FLIGHT * processes)])  # fmt: skip
+
+
+def launch_compiled_front(arguments: list[str]):
+    """``benchmarks/compiled_front.cc`` with ``arguments``, once it serves; returns ([process],
+    address). Its stderr is drained into ``process.log`` (lines), complete once ``process.drain``
+    (the draining thread) has ended."""
+    import subprocess
+
+    process = subprocess.Popen([compiled_front_binary(), *arguments], stderr=subprocess.PIPE, text=True)
+    line = process.stderr.readline()
+    if COMPILED_READY not in line:
+        raise RuntimeError(f"the compiled front failed to start (exit code {process.wait(30)}): {line}{process.stderr.read()}")
+    process.log = [line]
+    process.drain = threading.Thread(target=lambda: process.log.extend(process.stderr), daemon=True)
+    process.drain.start()
+    return [process], line.split(COMPILED_READY)[1].split()[0]
+
+
+def family(server: psutil.Process | list[psutil.Process]) -> list[psutil.Process]:
+    """The service's processes: ``server`` (one process, or the list of a front and the service
+    behind it) and all their children."""
+    tops = server if isinstance(server, list) else [server]
+    return [p for process in tops for p in [process, *process.children(recursive=True)]]
 
 
 def server_memory(server) -> dict:
@@ -81,7 +151,7 @@ def server_memory(server) -> dict:
     pages split between their sharers: the sum counts them once) and of unshared pages; and the
     same for the mapped index codes (``codes.npy``) alone."""
     totals = dict.fromkeys(("rss_mb", "pss_mb", "uss_mb", "codes_rss_mb", "codes_pss_mb"), 0.0)
-    processes = [server, *server.children(recursive=True)]
+    processes = family(server)
     for process in processes:
         full = process.memory_full_info()
         totals["rss_mb"] += full.rss / 2**20
@@ -95,6 +165,7 @@ def server_memory(server) -> dict:
 
 
 SEARCH_METHOD = "/tfhash.serving.HashSearch/Search"
+COMPILED_READY = "compiled search front on "
 
 
 def load_process(address: str, clients: int, first_slot: int, requests: list[bytes], k: int, conn) -> None:
@@ -164,6 +235,21 @@ def check_answer(answer: bytes, address: str, k: int) -> None:
     found = search_pb2.SearchResponse.FromString(answer)
     if len(found.results) != 1 or len(found.results[0].ids) != k:
         raise RuntimeError(f"unexpected answer from {address}: {found}")
+
+
+def check_answers(address: str, requests: list[bytes], expected) -> None:
+    """Each of ``requests`` (one code each) must be answered with ``expected``'s row (the library's
+    search): the ids and distances, in order."""
+    import grpc
+    from tfhash.serving import search_pb2
+
+    with grpc.insecure_channel(address) as channel:
+        search = channel.unary_unary(SEARCH_METHOD, response_deserializer=search_pb2.SearchResponse.FromString)
+        for row, request in enumerate(requests):
+            found = search(request, timeout=30).results[0]
+            if list(found.ids) != expected.ids[row].tolist() or list(found.distances) != expected.distances[row].tolist():
+                raise RuntimeError(f"{address} answered request {row} with ids {list(found.ids)}, distances {list(found.distances)}; "
+                                   f"the library's search gives {expected.ids[row].tolist()}, {expected.distances[row].tolist()}")
 
 
 class PythonLoad:
@@ -292,35 +378,54 @@ class CppLoad:
 LOAD_GENERATORS = {"python": PythonLoad, "cpp": CppLoad}
 
 
-@functools.cache
-def loadgen_binary() -> str:
-    """Compiles ``benchmarks/loadgen.cc`` once per benchmark run, against the system's gRPC C++
-    library (Debian: ``apt-get install libgrpc++-dev pkg-config``); the binary's path."""
+def grpc_cpp_missing() -> bool:
+    """Whether g++, pkg-config or gRPC's C++ library is missing (what :func:`compiled` needs)."""
     import subprocess
 
-    source = os.path.join(os.path.dirname(__file__), "loadgen.cc")
-    binary = os.path.join(tempfile.mkdtemp(prefix="tfhash-loadgen-bin-"), "loadgen")
+    if shutil.which("g++") is None or shutil.which("pkg-config") is None:
+        return True
+    return subprocess.run(["pkg-config", "--exists", "grpc++"], check=False).returncode != 0
+
+
+@functools.cache
+def compiled(name: str, optimise: str = "-O2") -> str:
+    """Compiles ``benchmarks/<name>.cc`` once per benchmark run, against the system's gRPC C++
+    library (Debian: ``apt-get install g++ pkg-config libgrpc++-dev``); the binary's path."""
+    import subprocess
+
+    source = os.path.join(os.path.dirname(__file__), f"{name}.cc")
+    binary = os.path.join(tempfile.mkdtemp(prefix=f"tfhash-{name}-bin-"), name)
     atexit.register(shutil.rmtree, os.path.dirname(binary), True)
     try:
         flags = subprocess.run(["pkg-config", "--cflags", "--libs", "grpc++"], capture_output=True, text=True, check=True).stdout.split()
-        subprocess.run(["g++", "-O2", "-std=c++17", source, "-o", binary, *flags], capture_output=True, text=True, check=True)
+        subprocess.run(["g++", *optimise.split(), "-std=c++17", source, "-o", binary, *flags], capture_output=True, text=True, check=True)
     except (OSError, subprocess.CalledProcessError) as err:
         detail = getattr(err, "stderr", None) or err
-        raise RuntimeError("--load-generators cpp needs g++, pkg-config and gRPC's C++ library (apt-get install g++ pkg-config "
-                           f"libgrpc++-dev); building benchmarks/loadgen.cc failed: {detail}") from err  # fmt: skip
+        raise RuntimeError(f"benchmarks/{name}.cc needs g++, pkg-config and gRPC's C++ library (apt-get install g++ pkg-config "
+                           f"libgrpc++-dev); building it failed: {detail}") from err  # fmt: skip
     return binary
+
+
+def loadgen_binary() -> str:
+    """The compiled load generator (``--load-generators cpp``)."""
+    return compiled("loadgen")
+
+
+def compiled_front_binary() -> str:
+    """The compiled front (``--fronts compiled``), for this machine's CPU (its popcount)."""
+    return compiled("compiled_front", "-O3 -march=native")
 
 
 def run_level(address: str, clients: int, seconds: float, requests: list[bytes], server=None, processes: int = 2, generator: str = "python") -> dict:
     """``clients`` closed-loop clients of the ``generator`` (``python``: :class:`PythonLoad` over
     ``processes`` processes; ``cpp``: :class:`CppLoad`), sending requests back to back for
-    ``seconds``; latencies in ms. With ``server`` (a ``psutil.Process``), also the CPU seconds per
-    request, from the OS, of the server (its process and children) and of the load generator's
+    ``seconds``; latencies in ms. With ``server`` (as :func:`family` takes it), also the CPU seconds per
+    request, from the OS, of the server (its processes and their children) and of the load generator's
     processes, over the span."""
     with LOAD_GENERATORS[generator](address, clients, requests, processes) as load:
         start = time.time() + 0.5
         load.go(start, start + seconds)
-        sides = [server] if server else [], load.processes  # the server's CPU and the load generator's
+        sides = server or [], load.processes  # the server's CPU and the load generator's
         time.sleep(max(start - time.time(), 0.0))
         before = [cpu_seconds(side) for side in sides]
         time.sleep(max(start + seconds / 2 - time.time(), 0.0))
@@ -339,12 +444,12 @@ def run_level(address: str, clients: int, seconds: float, requests: list[bytes],
     return row
 
 
-def connections_per_process(server: psutil.Process, port: int) -> str:
+def connections_per_process(server, port: int) -> str:
     """How the clients' connections to ``port`` are spread over the service's processes (the kernel
     hands each new connection to one of the processes sharing the port), e.g. "20/12", busiest
     first; read from the OS halfway through the span."""
     counts = []
-    for process in [server, *server.children(recursive=True)]:
+    for process in family(server):
         try:
             found = sum(1 for c in process.net_connections("tcp") if c.status == psutil.CONN_ESTABLISHED and c.laddr.port == port)
         except psutil.Error:
@@ -354,9 +459,10 @@ def connections_per_process(server: psutil.Process, port: int) -> str:
     return "/".join(str(count) for count in sorted(counts, reverse=True))
 
 
-def cpu_seconds(processes: list[psutil.Process]) -> float:
-    """User + system CPU seconds of ``processes`` and their children, from the OS."""
-    return sum(sum(p.cpu_times()[:2]) for process in processes for p in [process, *process.children(recursive=True)])
+def cpu_seconds(processes) -> float:
+    """User + system CPU seconds of ``processes`` (as :func:`family` takes them) and their
+    children, from the OS."""
+    return sum(sum(p.cpu_times()[:2]) for p in family(processes))
 
 
 def summarise_runs(runs: list[dict]) -> dict:
@@ -396,8 +502,10 @@ def main() -> None:
     parser.add_argument("--load-processes", type=int, default=2, help="Python load-generator processes the clients are spread over")
     parser.add_argument("--processes", nargs="+", type=int, default=[1, 2], help="the service's serving processes (each value a run)")
     parser.add_argument("--tf-threads", type=int, default=0, help="TensorFlow threads per serving process (0: its default)")
-    parser.add_argument("--fronts", nargs="+", default=["threaded"], choices=["threaded", "asyncio", "asyncio-batched"],
-                        help="threaded: tfhash serve search; asyncio[-batched]: the design measurement of benchmarks.asyncio_front")
+    parser.add_argument("--fronts", nargs="+", default=["threaded"], choices=["threaded", "asyncio", "asyncio-batched", "compiled", "compiled-coalescing"],
+                        help="threaded: tfhash serve search; asyncio[-batched]: the design measurement of benchmarks.asyncio_front; "
+                             "compiled: that of benchmarks/compiled_front.cc (one process, codes mode, exact flat indexes only; "
+                             "needs g++ and libgrpc++-dev); compiled-coalescing: its coalescing proxy in front of tfhash serve search")
     parser.add_argument("--name", default="serving")
     args = parser.parse_args()
 
@@ -426,20 +534,26 @@ def main() -> None:
             index.add(database)
             index.save(os.path.join(index_base, "1", kind), model_version="1", signature_fingerprint=fingerprint)
             build_s = time.perf_counter() - build_start
+            expected = index.search(query_pool[:CHECKED], K)
+            compiled_serves = index.exact and index.format_family == "binary"  # what compiled_front.cc reads
             del index
             # every service of this index at once, and each repeat runs them in turn: a slow spell of
             # this shared machine then falls on all of them, not on one
             services = []
             try:
-                for number, (front, processes) in enumerate(itertools.product(args.fronts, args.processes)):
+                fronts = [(front, processes) for front in args.fronts if front != "compiled" or compiled_serves
+                          for processes in (args.processes if front != "compiled" else [1])]  # fmt: skip
+                for number, (front, processes) in enumerate(fronts):
                     # a copy of the index each: a service's mapped codes are then shared by its own processes only
                     own_index = os.path.join(work, f"indexes-{number}")
                     shutil.copytree(os.path.join(index_base, "1", kind), os.path.join(own_index, "1", kind))
-                    process, address = start_service(model_base, own_index, kind, args.threads, args.search_threads,
+                    started, address = start_service(model_base, own_index, kind, args.threads, args.search_threads,
                                                      args.search_batch_size, processes, args.tf_threads, front)  # fmt: skip
-                    services.append((front, processes, process, address, psutil.Process(process.pid)))
+                    services.append((front, processes, started, address, [psutil.Process(process.pid) for process in started]))
+                    check_answers(address, requests["codes"][:CHECKED], expected)
                 for mode, clients in itertools.product(args.modes, args.clients):
-                    turns = list(itertools.product(services, args.load_generators))
+                    turns = [(service, generator) for service in services if mode == "codes" or service[0] != "compiled"
+                             for generator in args.load_generators]  # fmt: skip
                     runs = [[] for _ in turns]
                     for _ in range(args.repeats):
                         for runs_of, ((_, _, _, address, server), generator) in zip(runs, turns, strict=True):
@@ -454,10 +568,10 @@ def main() -> None:
                     print(memory, flush=True)
                     memory_rows.append(memory)
             finally:
-                for *_, process, _, _ in services:
-                    process.terminate()
-                for *_, process, _, _ in services:
-                    process.wait(60)
+                for *_, started, _, _ in services:
+                    for process in started:  # a front before the service behind it
+                        process.terminate()
+                        process.wait(60)
     columns = ["index", "n", "bits", *(["front"] if args.fronts != ["threaded"] else []), "processes", "mode", "clients", "load_generator", "load_processes", "repeats", "requests", "errors", "qps", "qps_min", "qps_max",
                "p50_ms", "p99_ms", "p99_ms_max", "connections", "server_cpu_ms_per_request", "client_cpu_ms_per_request", "seed"]  # fmt: skip
     command = "python -m benchmarks.serving " + " ".join(sys.argv[1:])
@@ -472,6 +586,11 @@ def main() -> None:
            "(`benchmarks/asyncio_front.py`: the same servicer behind gRPC's asyncio server, searches on the event loop, inline "
            "or joined per loop turn; none of the service's checks, health, drain or hot swap; one search thread)"
            if any(f.startswith("asyncio") for f in args.fronts) else "")
+        + ("; front `compiled`: not the service but the measurement of a design option (`benchmarks/compiled_front.cc`: "
+           "the Search RPC answered by compiled code, gRPC's C++ callback server in one process on its default threads, the "
+           "exact scan in C++ (built with -O3 -march=native); packed codes of a flat index only, none of the service's "
+           "encoding, health, drain, hot swap or metadata)" if "compiled" in args.fronts else "")
+        + f"; before any load, each service answered the first {CHECKED} code requests as the library's search of its index does"
         + ("; the clients are asyncio gRPC clients spread over the load-generator processes, one channel each, "
            if args.load_generators == ["python"] else
            "; the clients (`load_generator` python) are asyncio gRPC clients spread over the load-generator processes, or "

@@ -4,25 +4,15 @@ answered, and stop with a clear error on a wrong answer or an unreachable servic
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-
 import psutil
 import pytest
 from tfhash.serving.search_client import search_request
 from tfhash.serving.search_service import SearchServer, in_process_searcher
 
-from benchmarks.serving import K, run_level
+from benchmarks.serving import K, grpc_cpp_missing, run_level
 from tests.serving_fixtures import database, push_version
 
-
-def _grpc_cpp_missing() -> bool:
-    if shutil.which("g++") is None or shutil.which("pkg-config") is None:
-        return True
-    return subprocess.run(["pkg-config", "--exists", "grpc++"], check=False).returncode != 0
-
-
-GENERATORS = ["python", pytest.param("cpp", marks=pytest.mark.skipif(_grpc_cpp_missing(), reason="no g++ / pkg-config / libgrpc++-dev"))]
+GENERATORS = ["python", pytest.param("cpp", marks=pytest.mark.skipif(grpc_cpp_missing(), reason="no g++ / pkg-config / libgrpc++-dev"))]
 
 
 @pytest.fixture(scope="module")
