@@ -7,12 +7,15 @@
 //   compiled_front coalesce BACKEND PORT CHANNELS MAX_ROWS IN_FLIGHT
 //
 // Both print "compiled search front on 127.0.0.1:PORT" to stderr once they serve, and stop at
-// SIGTERM. The messages are read and written in protobuf's wire format by hand (no protoc here).
+// SIGTERM (within about 2 s). Both take requests of up to 64 MB (the service's own limit is
+// lower, so it answers for itself). The messages are read and written in protobuf's wire format
+// by hand (no protoc here).
 //
 // `serve` answers by itself: INDEX_DIR holds a flat binary index as tfhash writes it (codes.npy:
 // uint8 rows of packed codes; ids.npy: int64 external ids), memory-mapped read-only. It answers
-// a SearchRequest whose query is `codes.packed` (one or more rows of the index's width), with
-// 1 <= k <= the index's size and model_version empty or MODEL_VERSION: the exact k nearest by
+// a SearchRequest whose query is `codes.packed` (1 to 256 rows of the index's width), with
+// 1 <= k <= min(1000, the index's size) (the service's default limits) and model_version empty
+// or MODEL_VERSION: the exact k nearest by
 // Hamming distance, ties in insertion order (the library's flat index, docs/design.md s.10), with
 // model_version and index_kind. Malformed bytes and bad values are refused INVALID_ARGUMENT;
 // every other form (examples, features, signed codes, radius) and every other method are
@@ -60,8 +63,10 @@ namespace {
 
 const char kSearch[] = "/tfhash.serving.HashSearch/Search";
 constexpr size_t kBlock = 1024;  // items whose distances are computed before any is looked at
-constexpr int64_t kMaxK = 10000;
-constexpr size_t kMaxRows = 1024;
+constexpr int64_t kMaxK = 1000;  // the service's default limits (tfhash.serving.requests.Limits)
+constexpr size_t kMaxRows = 256;
+constexpr uint64_t kMaxField = (1u << 29) - 1;  // protobuf's largest field number
+constexpr int kMaxMessage = 64 << 20;  // above the service's own limit, which then answers for itself
 
 // A read-only mapping of a .npy file: its data, rows and bytes per row (2-d uint8 or 1-d int64).
 struct Npy {
@@ -110,22 +115,22 @@ struct Index {
 void Nearest(const Index& index, const uint64_t* query, size_t k, std::vector<int64_t>& ids, std::vector<float>& distances) {
   const int top = index.bits;
   std::vector<uint32_t> count(top + 2, 0);
-  std::vector<std::pair<uint8_t, uint32_t>> kept;  // (distance, position)
+  std::vector<std::pair<uint16_t, uint32_t>> kept;  // (distance, position)
   kept.reserve(2 * k + kBlock);
   int limit = top + 1;  // items at distances below it are kept
-  uint8_t block[kBlock];
+  uint16_t block[kBlock];
   const size_t words = index.words;
   for (size_t start = 0; start < index.count; start += kBlock) {
     const size_t size = std::min(kBlock, index.count - start);
     const uint64_t* rows = index.codes + start * words;
     if (words == 1) {
       const uint64_t q = query[0];
-      for (size_t i = 0; i < size; ++i) block[i] = uint8_t(__builtin_popcountll(rows[i] ^ q));
+      for (size_t i = 0; i < size; ++i) block[i] = uint16_t(__builtin_popcountll(rows[i] ^ q));
     } else {
       for (size_t i = 0; i < size; ++i) {
         int d = 0;
         for (size_t w = 0; w < words; ++w) d += __builtin_popcountll(rows[i * words + w] ^ query[w]);
-        block[i] = uint8_t(d);
+        block[i] = uint16_t(d);
       }
     }
     int below = 0;
@@ -145,7 +150,7 @@ void Nearest(const Index& index, const uint64_t* query, size_t k, std::vector<in
       }
     }
     if (kept.size() > 2 * k + 64) {  // compact: only candidates at or below the limit can be answers
-      std::vector<std::pair<uint8_t, uint32_t>> keep;
+      std::vector<std::pair<uint16_t, uint32_t>> keep;
       for (const auto& item : kept)
         if (item.first <= limit) keep.push_back(item);
         else --count[item.first];
@@ -156,7 +161,7 @@ void Nearest(const Index& index, const uint64_t* query, size_t k, std::vector<in
   std::vector<size_t> first(top + 2, 0);
   for (const auto& item : kept) ++first[item.first + 1];
   for (int d = 1; d <= top + 1; ++d) first[d] += first[d - 1];
-  std::vector<std::pair<uint8_t, uint32_t>> sorted(kept.size());
+  std::vector<std::pair<uint16_t, uint32_t>> sorted(kept.size());
   for (const auto& item : kept) sorted[first[item.first]++] = item;
   for (size_t i = 0; i < std::min(k, sorted.size()); ++i) {
     ids.push_back(index.ids[sorted[i].second]);
@@ -213,7 +218,7 @@ std::string Parse(const std::string& bytes, Request& request) {
   const uint8_t* end = at + bytes.size();
   while (at < end) {
     uint64_t tag, value;
-    if (!ReadVarint(at, end, tag)) return "malformed request";
+    if (!ReadVarint(at, end, tag) || (tag >> 3) == 0 || (tag >> 3) > kMaxField) return "malformed request";
     int field = int(tag >> 3), type = int(tag & 7);
     if ((field == 3 || field == 6 || field == 1 || field == 2) && type == 2) {
       if (!ReadVarint(at, end, value) || value > uint64_t(end - at)) return "malformed request";
@@ -225,7 +230,7 @@ std::string Parse(const std::string& bytes, Request& request) {
         request.has_codes = true;
         while (inner < at) {
           uint64_t inner_tag, inner_value;
-          if (!ReadVarint(inner, at, inner_tag)) return "malformed codes";
+          if (!ReadVarint(inner, at, inner_tag) || (inner_tag >> 3) == 0 || (inner_tag >> 3) > kMaxField) return "malformed codes";
           int inner_field = int(inner_tag >> 3), inner_type = int(inner_tag & 7);
           if (inner_field == 1 && inner_type == 0) {
             if (!ReadVarint(inner, at, inner_value)) return "malformed codes";
@@ -409,7 +414,7 @@ bool Joinable(const std::string& bytes, size_t max_rows, Part& part) {
   std::vector<int64_t> shape;
   while (at < end) {
     uint64_t tag, value;
-    if (!ReadVarint(at, end, tag)) return false;
+    if (!ReadVarint(at, end, tag) || (tag >> 3) > kMaxField) return false;
     int field = int(tag >> 3), type = int(tag & 7);
     if (field < 2 || field > 6 || (seen & (1u << field)) || (field == 3 && (seen & 4)) || (field == 2 && (seen & 8))) return false;
     seen |= 1u << field;
@@ -430,7 +435,7 @@ bool Joinable(const std::string& bytes, size_t max_rows, Part& part) {
     uint32_t inner_seen = 0;
     while (inner < at) {
       uint64_t inner_tag;
-      if (!ReadVarint(inner, at, inner_tag)) return false;
+      if (!ReadVarint(inner, at, inner_tag) || (inner_tag >> 3) > kMaxField) return false;
       int inner_field = int(inner_tag >> 3), inner_type = int(inner_tag & 7);
       if (inner_field < 1 || inner_field > 2 || (inner_seen & (1u << inner_field))) return false;
       inner_seen |= 1u << inner_field;
@@ -626,18 +631,32 @@ class Coalescer {
           for (size_t i = 0; i < waiting.part.count; ++i) own += results[at++];
           waiting.reply(grpc::Status::OK, own);
         }
-      } else {  // each request on its own, so that each gets its own status
-        resent_ += batch->size();
-        for (Waiting& waiting : *batch) backend_.Call(kSearch, waiting.original, waiting.reply);
+        Done(key);
+        return;
       }
-      Done(key);
+      // each request on its own, so that each gets its own status; each counts as in flight
+      resent_ += batch->size();
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        queues_[key].in_flight += int(batch->size()) - 1;  // the joined call's place goes to the first
+      }
+      for (Waiting& waiting : *batch) {
+        Answered reply = waiting.reply;
+        backend_.Call(kSearch, waiting.original, [this, key, reply](const grpc::Status& status, const std::string& answer) {
+          reply(status, answer);
+          Done(key);
+        });
+      }
     });
   }
 
+  // A call of `key` ended: the next waiting ones go, and a key with nothing left is forgotten.
   void Done(const std::string& key) {
     std::unique_lock<std::mutex> lock(mutex_);
     --queues_[key].in_flight;
     Dispatch(key, lock);
+    auto found = queues_.find(key);
+    if (found != queues_.end() && found->second.in_flight == 0 && found->second.waiting.empty()) queues_.erase(found);
   }
 
   Backend& backend_;
@@ -694,6 +713,7 @@ std::atomic<bool> stopping{false};
   grpc::ServerBuilder builder;
   builder.AddListeningPort("127.0.0.1:" + port, grpc::InsecureServerCredentials(), &bound);
   builder.RegisterCallbackGenericService(&service);
+  builder.SetMaxReceiveMessageSize(kMaxMessage);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || bound == 0) {
     std::fprintf(stderr, "compiled front: cannot serve on port %s\n", port.c_str());
@@ -703,10 +723,17 @@ std::atomic<bool> stopping{false};
   std::fprintf(stderr, "compiled search front on 127.0.0.1:%d (%s)\n", bound, what.c_str());
   std::fflush(stderr);
   while (!stopping) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  // Shutdown cancels the calls still open after 1 s but then waits for their handlers, which a
+  // forwarded call holds until the service answers: exit after 2 s whatever it waits for.
+  std::atomic<bool> down{false};
+  std::thread([&server, &down] {
+    server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    down = true;
+  }).detach();
+  for (int i = 0; i < 20 && !down; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   if (summary) std::fprintf(stderr, "compiled front: %s\n", summary().c_str());
   std::fflush(stderr);
-  std::_Exit(0);  // without tearing down: a forwarded call's completion may still be running
+  std::_Exit(0);  // without tearing down: a forwarded call's completion may still be running, and Shutdown
 }
 
 int main(int argc, char** argv) {

@@ -64,7 +64,7 @@ def export_model(path: str, bits: int, seed: int) -> None:
 
 
 def start_service(model_base: str, index_base: str, kind: str, threads: int, search_threads: int, search_batch_size: int,
-                  processes: int = 1, tf_threads: int = 0, front: str = "threaded"):  # fmt: skip
+                  processes: int = 1, tf_threads: int = 0, front: str = "threaded", coalescing: tuple[int, int] | None = None):  # fmt: skip
     """``tfhash serve search`` as its own process(es) (in-process encoder); returns (the started
     processes, address). ``front="asyncio"`` / ``"asyncio-batched"``: the measurement of
     :mod:`benchmarks.asyncio_front` instead, inline / batched per loop turn (one search thread,
@@ -72,7 +72,8 @@ def start_service(model_base: str, index_base: str, kind: str, threads: int, sea
     ``front="compiled"``: the measurement of ``benchmarks/compiled_front.cc serve`` (one process,
     packed codes of a flat index only; no other argument applies). ``front="compiled-coalescing"``:
     ``benchmarks/compiled_front.cc coalesce`` in front of ``tfhash serve search`` (the address is
-    the front's)."""
+    the front's; ``coalescing``: its joined requests in flight per serving process and rows per
+    joined request, :data:`COALESCING_IN_FLIGHT` and :data:`COALESCING_ROWS` by default)."""
     from benchmarks.asyncio_front import READY
     from tests.serving_fixtures import start_cli
 
@@ -91,7 +92,7 @@ def start_service(model_base: str, index_base: str, kind: str, threads: int, sea
     if front == "threaded":
         return [process], address
     try:
-        fronts, address = start_coalescing_front(address, processes)
+        fronts, address = start_coalescing_front(address, processes, *(coalescing or ()))
     except BaseException:
         process.terminate()
         process.wait(60)
@@ -100,8 +101,10 @@ def start_service(model_base: str, index_base: str, kind: str, threads: int, sea
 
 
 #: The coalescing front's settings, per serving process behind it: its connections to the service
-#: and the joined requests of one kind in flight; and the rows of one joined request.
-COALESCING_CHANNELS, COALESCING_IN_FLIGHT, COALESCING_ROWS = 2, 2, 64
+#: and the joined requests of one kind in flight (1 of 1 / 2 / 4 gave the lowest p99 and the
+#: service's lowest CPU per request: results/serving_coalescing_in_flight.md); and the rows of one
+#: joined request.
+COALESCING_CHANNELS, COALESCING_IN_FLIGHT, COALESCING_ROWS = 2, 1, 64
 
 
 def start_compiled_front(directory: str):
@@ -110,16 +113,22 @@ def start_compiled_front(directory: str):
     from tfhash.index import load_index
 
     index = load_index(directory)
-    if not (index.exact and index.format_family == "binary"):
-        raise ValueError(f"the compiled front serves exact binary (flat) indexes only, not {index.format_tag}")
+    if not compiled_front_serves(index):
+        raise ValueError(f"the compiled front serves exact binary (flat) indexes of a multiple of 64 bits only, not {index.bits}-bit "
+                         f"{index.format_tag}")  # fmt: skip
     return launch_compiled_front(["serve", directory, "1", index.format_tag, "0"])
 
 
-def start_coalescing_front(backend: str, processes: int):
+def compiled_front_serves(index) -> bool:
+    """Whether ``compiled_front serve`` reads ``index``: exact, binary, 64-bit words."""
+    return index.exact and index.format_family == "binary" and index.bits % 64 == 0
+
+
+def start_coalescing_front(backend: str, processes: int, in_flight: int = COALESCING_IN_FLIGHT, rows: int = COALESCING_ROWS):
     """``benchmarks/compiled_front.cc coalesce`` in front of the search service at ``backend``
-    (``processes`` serving processes); returns ([process], address)."""
-    return launch_compiled_front(["coalesce", backend, "0", str(COALESCING_CHANNELS * processes), str(COALESCING_ROWS),
-                                  str(COALESCING_IN_FLIGHT * processes)])  # fmt: skip
+    (``processes`` serving processes; ``in_flight`` joined requests of a kind per process, of at
+    most ``rows`` rows); returns ([process], address)."""
+    return launch_compiled_front(["coalesce", backend, "0", str(COALESCING_CHANNELS * processes), str(rows), str(in_flight * processes)])
 
 
 def launch_compiled_front(arguments: list[str]):
@@ -129,10 +138,21 @@ def launch_compiled_front(arguments: list[str]):
     import subprocess
 
     process = subprocess.Popen([compiled_front_binary(), *arguments], stderr=subprocess.PIPE, text=True)
-    line = process.stderr.readline()
-    if COMPILED_READY not in line:
-        raise RuntimeError(f"the compiled front failed to start (exit code {process.wait(30)}): {line}{process.stderr.read()}")
-    process.log = [line]
+    watchdog = threading.Timer(60.0, process.kill)  # a front that never says it serves is stopped
+    watchdog.start()
+    log = []
+    try:
+        for line in process.stderr:  # gRPC's own logging may come first
+            log.append(line)
+            if COMPILED_READY in line:
+                break
+    finally:
+        watchdog.cancel()
+    if not log or COMPILED_READY not in log[-1]:
+        process.kill()
+        raise RuntimeError(f"the compiled front failed to start (exit code {process.wait(30)}): {''.join(log)}")
+    line = log[-1]
+    process.log = log
     process.drain = threading.Thread(target=lambda: process.log.extend(process.stderr), daemon=True)
     process.drain.start()
     return [process], line.split(COMPILED_READY)[1].split()[0]
@@ -246,7 +266,10 @@ def check_answers(address: str, requests: list[bytes], expected) -> None:
     with grpc.insecure_channel(address) as channel:
         search = channel.unary_unary(SEARCH_METHOD, response_deserializer=search_pb2.SearchResponse.FromString)
         for row, request in enumerate(requests):
-            found = search(request, timeout=30).results[0]
+            answer = search(request, timeout=30)
+            if len(answer.results) != 1 or answer.model_version != "1":
+                raise RuntimeError(f"{address} answered request {row} with {len(answer.results)} results of version {answer.model_version!r}")
+            found = answer.results[0]
             if list(found.ids) != expected.ids[row].tolist() or list(found.distances) != expected.distances[row].tolist():
                 raise RuntimeError(f"{address} answered request {row} with ids {list(found.ids)}, distances {list(found.distances)}; "
                                    f"the library's search gives {expected.ids[row].tolist()}, {expected.distances[row].tolist()}")
@@ -506,6 +529,9 @@ def main() -> None:
                         help="threaded: tfhash serve search; asyncio[-batched]: the design measurement of benchmarks.asyncio_front; "
                              "compiled: that of benchmarks/compiled_front.cc (one process, codes mode, exact flat indexes only; "
                              "needs g++ and libgrpc++-dev); compiled-coalescing: its coalescing proxy in front of tfhash serve search")
+    parser.add_argument("--coalescing-in-flight", nargs="+", type=int, default=[COALESCING_IN_FLIGHT],
+                        help="compiled-coalescing: joined requests of one kind in flight per serving process (each value a service)")
+    parser.add_argument("--coalescing-rows", type=int, default=COALESCING_ROWS, help="compiled-coalescing: rows of one joined request")
     parser.add_argument("--name", default="serving")
     args = parser.parse_args()
 
@@ -535,44 +561,48 @@ def main() -> None:
             index.save(os.path.join(index_base, "1", kind), model_version="1", signature_fingerprint=fingerprint)
             build_s = time.perf_counter() - build_start
             expected = index.search(query_pool[:CHECKED], K)
-            compiled_serves = index.exact and index.format_family == "binary"  # what compiled_front.cc reads
+            compiled_serves = compiled_front_serves(index)
             del index
             # every service of this index at once, and each repeat runs them in turn: a slow spell of
             # this shared machine then falls on all of them, not on one
             services = []
             try:
-                fronts = [(front, processes) for front in args.fronts if front != "compiled" or compiled_serves
-                          for processes in (args.processes if front != "compiled" else [1])]  # fmt: skip
-                for number, (front, processes) in enumerate(fronts):
+                fronts = [(front, processes, in_flight) for front in args.fronts if front != "compiled" or compiled_serves
+                          for processes in (args.processes if front != "compiled" else [1])
+                          for in_flight in (args.coalescing_in_flight if front == "compiled-coalescing" else [None])]  # fmt: skip
+                for number, (front, processes, in_flight) in enumerate(fronts):
                     # a copy of the index each: a service's mapped codes are then shared by its own processes only
                     own_index = os.path.join(work, f"indexes-{number}")
                     shutil.copytree(os.path.join(index_base, "1", kind), os.path.join(own_index, "1", kind))
                     started, address = start_service(model_base, own_index, kind, args.threads, args.search_threads,
-                                                     args.search_batch_size, processes, args.tf_threads, front)  # fmt: skip
-                    services.append((front, processes, started, address, [psutil.Process(process.pid) for process in started]))
+                                                     args.search_batch_size, processes, args.tf_threads, front,
+                                                     (in_flight, args.coalescing_rows))  # fmt: skip
+                    described = {"front": front, "processes": processes, **({"in_flight": in_flight} if in_flight else {})}
+                    services.append((described, started, address, [psutil.Process(process.pid) for process in started]))
                     check_answers(address, requests["codes"][:CHECKED], expected)
                 for mode, clients in itertools.product(args.modes, args.clients):
-                    turns = [(service, generator) for service in services if mode == "codes" or service[0] != "compiled"
+                    turns = [(service, generator) for service in services if mode == "codes" or service[0]["front"] != "compiled"
                              for generator in args.load_generators]  # fmt: skip
                     runs = [[] for _ in turns]
                     for _ in range(args.repeats):
-                        for runs_of, ((_, _, _, address, server), generator) in zip(runs, turns, strict=True):
+                        for runs_of, ((_, _, address, server), generator) in zip(runs, turns, strict=True):
                             runs_of.append(run_level(address, clients, args.seconds, requests[mode], server, args.load_processes, generator))
-                    for runs_of, ((front, processes, _, _, _), _) in zip(runs, turns, strict=True):
-                        row = {"index": kind, "n": args.size, "bits": args.bits, "front": front, "processes": processes, "mode": mode, "k": K,
+                    for runs_of, ((described, _, _, _), _) in zip(runs, turns, strict=True):
+                        row = {"index": kind, "n": args.size, "bits": args.bits, **described, "mode": mode, "k": K,
                                **summarise_runs(runs_of), "index_build_s": round(build_s, 1), "seed": args.seed}  # fmt: skip
                         print(row, flush=True)
                         rows.append(row)
-                for front, processes, _, _, server in services:
-                    memory = {"index": kind, "front": front, "processes": processes, **server_memory(server)}  # after the load
+                for described, _, _, server in services:
+                    memory = {"index": kind, **described, **server_memory(server)}  # after the load
                     print(memory, flush=True)
                     memory_rows.append(memory)
             finally:
-                for *_, started, _, _ in services:
+                for _, started, _, _ in services:
                     for process in started:  # a front before the service behind it
                         process.terminate()
                         process.wait(60)
-    columns = ["index", "n", "bits", *(["front"] if args.fronts != ["threaded"] else []), "processes", "mode", "clients", "load_generator", "load_processes", "repeats", "requests", "errors", "qps", "qps_min", "qps_max",
+    columns = ["index", "n", "bits", *(["front"] if args.fronts != ["threaded"] else []), "processes",
+               *(["in_flight"] if "compiled-coalescing" in args.fronts else []), "mode", "clients", "load_generator", "load_processes", "repeats", "requests", "errors", "qps", "qps_min", "qps_max",
                "p50_ms", "p99_ms", "p99_ms_max", "connections", "server_cpu_ms_per_request", "client_cpu_ms_per_request", "seed"]  # fmt: skip
     command = "python -m benchmarks.serving " + " ".join(sys.argv[1:])
     markdown = (
@@ -590,6 +620,9 @@ def main() -> None:
            "the Search RPC answered by compiled code, gRPC's C++ callback server in one process on its default threads, the "
            "exact scan in C++ (built with -O3 -march=native); packed codes of a flat index only, none of the service's "
            "encoding, health, drain, hot swap or metadata)" if "compiled" in args.fronts else "")
+        + (f"; front `compiled-coalescing`: `benchmarks/compiled_front.cc coalesce` in front of the service, joining concurrent "
+           f"searches that differ only in their rows into requests of up to {args.coalescing_rows} rows, "
+           "at most `in_flight` per serving process in flight for one kind of request" if "compiled-coalescing" in args.fronts else "")
         + f"; before any load, each service answered the first {CHECKED} code requests as the library's search of its index does"
         + ("; the clients are asyncio gRPC clients spread over the load-generator processes, one channel each, "
            if args.load_generators == ["python"] else
@@ -613,7 +646,7 @@ def main() -> None:
         "the same for the index's codes, mapped from `codes.npy` (flat indexes only; other types copy their data "
         "into each process). Each service maps its own copy of the index, so `codes_*` are its own; library pages "
         "(TensorFlow's, gRPC's) are shared with every process that maps them, the other services running at the same "
-        "time included, which lowers `pss` and `uss` when several services run.\n\n" + markdown_table(memory_rows, list(memory_rows[0])) + "\n"
+        "time included, which lowers `pss` and `uss` when several services run.\n\n" + markdown_table(memory_rows, list(dict.fromkeys(key for row in memory_rows for key in row))) + "\n"
     )
     write_results(args.name, {"command": command, "rows": rows, "memory": memory_rows, "seed": args.seed}, markdown)
 

@@ -33,7 +33,7 @@ def _front(tmp_path, bits: int, count: int, seed: int, kind: str = "BFlat"):
     codes[count // 2 :: 7] = codes[3]  # exact ties with an early item, and one another
     codes[:, : bits // 16] &= 0x0F  # nearby codes: many equal distances
     index = index_factory(bits, kind)
-    index.add(codes, ids=rng.permutation(10 * count)[:count] - 5)  # external ids in no order, some negative
+    index.add(codes, ids=rng.permutation(10 * count)[:count])  # external ids in no order
     directory = str(tmp_path / "1" / kind)
     index.save(directory, model_version="1")
     return index, codes, directory
@@ -41,29 +41,36 @@ def _front(tmp_path, bits: int, count: int, seed: int, kind: str = "BFlat"):
 
 @pytest.fixture
 def served(tmp_path):
-    fronts = []
+    fronts, channels = [], []
 
     def start(bits: int, count: int, seed: int = 0):
         index, codes, directory = _front(tmp_path / str(len(fronts)), bits, count, seed)
         (process,), address = start_compiled_front(directory)
         fronts.append(process)
-        channel = grpc.insecure_channel(address)
-        call = channel.unary_unary(SEARCH_METHOD, request_serializer=search_pb2.SearchRequest.SerializeToString,
-                                   response_deserializer=search_pb2.SearchResponse.FromString)  # fmt: skip
+        channel, call = _search(address)
+        channels.append(channel)
         return index, codes, address, call
 
     yield start
+    for channel in channels:
+        channel.close()
     for process in fronts:
         process.terminate()
         assert process.wait(30) == 0  # SIGTERM stops it cleanly
 
 
-@pytest.mark.parametrize(("bits", "count"), [(64, 5000), (128, 3001), (32 * 8, 700)])
+def _search(address: str):
+    channel = grpc.insecure_channel(address)
+    return channel, channel.unary_unary(SEARCH_METHOD, request_serializer=search_pb2.SearchRequest.SerializeToString,
+                                         response_deserializer=search_pb2.SearchResponse.FromString)  # fmt: skip
+
+
+@pytest.mark.parametrize(("bits", "count"), [(64, 5000), (128, 3001), (256, 700), (512, 1500)])
 def test_it_answers_as_the_library_flat_index(served, bits, count):
     index, codes, _, call = served(bits, count, seed=bits)
     rng = np.random.default_rng(1)
     queries = np.concatenate([codes[[3, 10, count - 1]], rng.integers(0, 256, (5, bits // 8), dtype=np.uint8)])
-    for k in (1, 10, 64, count):
+    for k in (1, 10, 64, min(count, 1000)):  # 1000: the limit the front shares with the service
         want = index.search(queries, k)
         found = call(search_request(codes=queries, k=k), timeout=30)  # several rows in one request
         assert found.model_version == "1" and found.index_kind == index.format_tag and found.exact
@@ -71,6 +78,17 @@ def test_it_answers_as_the_library_flat_index(served, bits, count):
         for row, neighbours in enumerate(found.results):
             np.testing.assert_array_equal(neighbours.ids, want.ids[row])
             np.testing.assert_array_equal(neighbours.distances, want.distances[row])
+
+
+def test_distances_of_256_bits_and_more_are_exact(served):
+    index, codes, _, call = served(512, 50)
+    far = np.bitwise_not(codes[7])  # 512 bits from codes[7]
+    for k in (1, 50):
+        want = index.search(far[None], k)
+        found = call(search_request(codes=far[None], k=k), timeout=30).results[0]
+        np.testing.assert_array_equal(found.ids, want.ids[0])
+        np.testing.assert_array_equal(found.distances, want.distances[0])
+    assert found.distances[-1] == 512
 
 
 def test_the_benchmark_checks_a_front_against_the_library(served):
@@ -87,6 +105,7 @@ def test_the_benchmark_checks_a_front_against_the_library(served):
     [
         (lambda codes: search_request(codes=codes[:1], k=0), grpc.StatusCode.INVALID_ARGUMENT, "k must be in"),
         (lambda codes: search_request(codes=codes[:1], k=len(codes) + 1), grpc.StatusCode.INVALID_ARGUMENT, "k must be in"),
+        (lambda codes: search_request(codes=np.repeat(codes[:1], 257, axis=0), k=3), grpc.StatusCode.INVALID_ARGUMENT, "1 to 256 rows"),
         (lambda codes: search_request(codes=np.zeros((1, 16), np.uint8), k=3), grpc.StatusCode.INVALID_ARGUMENT, "128; the index holds 64"),
         (lambda codes: search_pb2.SearchRequest(codes=search_pb2.Codes(bits=64, packed=b"\x01" * 12), k=3), grpc.StatusCode.INVALID_ARGUMENT,
          "rows of 8 bytes"),  # fmt: skip
@@ -103,7 +122,12 @@ def test_it_refuses_what_it_does_not_serve(served, request_of, code, words):
     assert refused.value.code() == code and words in refused.value.details()
 
 
-@pytest.mark.parametrize("raw", [b"\xff\xff\xff", b"\x1a\x05\x08", b"\x22\x01"])
+# a truncated varint; a truncated sub-message; a truncated length; field number 0; field number 2**32 + 4 (4, k, if cut to
+# 32 bits) holding 5
+OUT_OF_RANGE_FIELD = bytes([0xA0, 0x80, 0x80, 0x80, 0x80, 0x01, 0x05])
+
+
+@pytest.mark.parametrize("raw", [b"\xff\xff\xff", b"\x1a\x05\x08", b"\x22\x01", b"\x00\x03", OUT_OF_RANGE_FIELD])
 def test_malformed_bytes_are_refused(served, raw):
     _, _, address, _ = served(64, 100)
     with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as refused:
@@ -151,37 +175,53 @@ def coalescing(service):
         front.wait(30)
 
 
-def _search(address: str):
+def _raw(address: str):
+    """A channel to ``address`` and its Search call on bytes (answers parsed)."""
     channel = grpc.insecure_channel(address)
-    return channel, channel.unary_unary(SEARCH_METHOD, request_serializer=search_pb2.SearchRequest.SerializeToString,
-                                         response_deserializer=search_pb2.SearchResponse.FromString)  # fmt: skip
+    return channel, channel.unary_unary(SEARCH_METHOD, response_deserializer=search_pb2.SearchResponse.FromString)
 
 
-def _outcome(call, request):
+def _outcome(call, request: bytes):
     try:
         return "ok", call(request, timeout=30)
     except grpc.RpcError as err:
         return err.code(), err.details()
 
 
-def test_joined_searches_answer_each_caller_as_the_service_does(coalescing):
-    from concurrent.futures import ThreadPoolExecutor
-
-    server, vectors, address, front = coalescing
+def _mix(vectors) -> list[bytes]:
+    """Search requests in every joinable form, and some that are not joinable or are refused."""
     rng = np.random.default_rng(0)
     codes = rng.integers(0, 256, (40, 2), dtype=np.uint8)  # the fixture's 16-bit codes
     nan = vectors[:1].copy()
     nan[0, 3] = np.nan
     requests = []
-    for i in range(240):
+    for i in range(300):
         if i % 10 == 9:
-            requests.append(search_request(features=nan, k=5))  # refused by the service, joined or not
+            request = search_request(features=nan, k=5)  # refused by the service, joined or not
+        elif i % 10 == 8:
+            request = search_request(codes=codes[i % 40 : i % 40 + 1], k=5, radius=6)
+        elif i % 10 == 7:
+            request = search_request(features=vectors[i % 200 : i % 200 + 2], k=5, model_version="1")  # pinned
+        elif i % 10 == 6:
+            request = search_request(codes=codes[:1], k=5, model_version="7")  # a version not served
         elif i % 3 == 0:
-            requests.append(search_request(codes=codes[i % 40 : i % 40 + 1 + i % 2], k=4 + i % 2))
+            request = search_request(codes=codes[i % 40 : i % 40 + 1 + i % 2], k=4 + i % 2)
         else:
-            requests.append(search_request(features=vectors[i % 200 : i % 200 + 1 + i % 3], k=5))
-    direct_channel, direct = _search(server.address)
-    front_channel, through = _search(address)
+            request = search_request(features=vectors[i % 200 : i % 200 + 1 + i % 3], k=5)
+        raw = request.SerializeToString()
+        if i % 30 == 15:  # codes without k and a field that reads as k = 5 if cut to 32 bits: refused by the service, never joined
+            raw = search_request(codes=codes[i % 40 : i % 40 + 1], k=0).SerializeToString() + OUT_OF_RANGE_FIELD
+        requests.append(raw)
+    return requests
+
+
+def test_joined_searches_answer_each_caller_as_the_service_does(coalescing):
+    from concurrent.futures import ThreadPoolExecutor
+
+    server, vectors, address, front = coalescing
+    requests = _mix(vectors)
+    direct_channel, direct = _raw(server.address)
+    front_channel, through = _raw(address)
     with direct_channel, front_channel:
         want = [_outcome(direct, request) for request in requests]
         with ThreadPoolExecutor(24) as pool:
@@ -189,7 +229,7 @@ def test_joined_searches_answer_each_caller_as_the_service_does(coalescing):
     for request, (want_code, want_answer), (code, answer) in zip(requests, want, got, strict=True):
         assert code == want_code, request
         assert answer == want_answer  # the same messages: model version, every row's ids and distances, or the same error
-    assert sum(code == "ok" for code, _ in got) == 216
+    assert 150 < sum(code == "ok" for code, _ in got) < 300  # both kinds of outcome are there
     front.terminate()
     assert front.wait(30) == 0
     front.drain.join(30)
@@ -212,7 +252,20 @@ def test_other_calls_pass_through(coalescing):
         with pytest.raises(grpc.RpcError) as refused:
             next(iter(health.Watch(health_pb2.HealthCheckRequest(), timeout=30)))
         assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
-        _, through = _search(address)
+        through = channel.unary_unary(SEARCH_METHOD, response_deserializer=search_pb2.SearchResponse.FromString)
+        search = direct.unary_unary(SEARCH_METHOD, response_deserializer=search_pb2.SearchResponse.FromString)
+        padded = search_request(features=vectors[:1], k=3).SerializeToString() + b"\xfa\x3f" + _varint(5 << 20) + bytes(5 << 20)
         for request in (search_request(examples=[b"not an example"], k=3), search_pb2.SearchRequest(k=3),
                         search_request(codes=np.ones((1, 16), np.int8), k=3)):  # fmt: skip
-            assert _outcome(through, request) == _outcome(_search(server.address)[1], request)
+            assert _outcome(through, request.SerializeToString()) == _outcome(search, request.SerializeToString())
+        # 5 MB (an unknown field): above gRPC's default 4 MB, within the service's limit; the front passes it on
+        assert _outcome(through, padded) == _outcome(search, padded)
+        assert _outcome(through, padded)[0] == "ok"
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    return bytes(out + bytes([value]))
