@@ -65,7 +65,6 @@ const char kSearch[] = "/tfhash.serving.HashSearch/Search";
 constexpr size_t kBlock = 1024;  // items whose distances are computed before any is looked at
 constexpr int64_t kMaxK = 1000;  // the service's default limits (tfhash.serving.requests.Limits)
 constexpr size_t kMaxRows = 256;
-constexpr uint64_t kMaxField = (1u << 29) - 1;  // protobuf's largest field number
 constexpr int kMaxMessage = 64 << 20;  // above the service's own limit, which then answers for itself
 
 // A read-only mapping of a .npy file: its data, rows and bytes per row (2-d uint8 or 1-d int64).
@@ -195,12 +194,23 @@ void WriteBytes(std::string& out, int field, const std::string& bytes) {
 }
 
 // Skips a field of wire type `type`; false if malformed or of a type proto3 does not write.
+// A tag or a length: protobuf reads them as 32-bit varints of at most 5 bytes and refuses longer
+// encodings (a value's varint may take 10). A length must also fit in what is left.
+bool ReadTag(const uint8_t*& at, const uint8_t* end, uint64_t& value) {
+  const uint8_t* start = at;
+  return ReadVarint(at, end, value) && at - start <= 5 && value <= 0xFFFFFFFFu;
+}
+
+bool ReadLength(const uint8_t*& at, const uint8_t* end, uint64_t& value) {
+  return ReadTag(at, end, value) && value <= 0x7FFFFFFFu && value <= uint64_t(end - at);
+}
+
 bool Skip(const uint8_t*& at, const uint8_t* end, int type) {
   uint64_t value;
   switch (type) {
     case 0: return ReadVarint(at, end, value);
     case 1: if (end - at < 8) return false; at += 8; return true;
-    case 2: if (!ReadVarint(at, end, value) || value > uint64_t(end - at)) return false; at += value; return true;
+    case 2: if (!ReadLength(at, end, value)) return false; at += value; return true;
     case 5: if (end - at < 4) return false; at += 4; return true;
     default: return false;
   }
@@ -218,10 +228,10 @@ std::string Parse(const std::string& bytes, Request& request) {
   const uint8_t* end = at + bytes.size();
   while (at < end) {
     uint64_t tag, value;
-    if (!ReadVarint(at, end, tag) || (tag >> 3) == 0 || (tag >> 3) > kMaxField) return "malformed request";
+    if (!ReadTag(at, end, tag)) return "malformed request";
     int field = int(tag >> 3), type = int(tag & 7);
     if ((field == 3 || field == 6 || field == 1 || field == 2) && type == 2) {
-      if (!ReadVarint(at, end, value) || value > uint64_t(end - at)) return "malformed request";
+      if (!ReadLength(at, end, value)) return "malformed request";
       const uint8_t* inner = at;
       at += value;
       if (field == 6) request.version.assign(reinterpret_cast<const char*>(inner), value);
@@ -230,13 +240,13 @@ std::string Parse(const std::string& bytes, Request& request) {
         request.has_codes = true;
         while (inner < at) {
           uint64_t inner_tag, inner_value;
-          if (!ReadVarint(inner, at, inner_tag) || (inner_tag >> 3) == 0 || (inner_tag >> 3) > kMaxField) return "malformed codes";
+          if (!ReadTag(inner, at, inner_tag)) return "malformed codes";
           int inner_field = int(inner_tag >> 3), inner_type = int(inner_tag & 7);
           if (inner_field == 1 && inner_type == 0) {
             if (!ReadVarint(inner, at, inner_value)) return "malformed codes";
             request.bits = int32_t(uint32_t(inner_value));
           } else if (inner_field == 2 && inner_type == 2) {
-            if (!ReadVarint(inner, at, inner_value) || inner_value > uint64_t(at - inner)) return "malformed codes";
+            if (!ReadLength(inner, at, inner_value)) return "malformed codes";
             request.packed.assign(reinterpret_cast<const char*>(inner), inner_value);
             inner += inner_value;
           } else if (inner_field == 3) {
@@ -395,7 +405,7 @@ bool ReadInts(const uint8_t*& at, const uint8_t* end, int type, std::vector<int6
     values.push_back(int64_t(value));
     return true;
   }
-  if (type != 2 || !ReadVarint(at, end, value) || value > uint64_t(end - at)) return false;
+  if (type != 2 || !ReadLength(at, end, value)) return false;
   const uint8_t* stop = at + value;
   while (at < stop) {
     if (!ReadVarint(at, stop, value)) return false;
@@ -414,7 +424,7 @@ bool Joinable(const std::string& bytes, size_t max_rows, Part& part) {
   std::vector<int64_t> shape;
   while (at < end) {
     uint64_t tag, value;
-    if (!ReadVarint(at, end, tag) || (tag >> 3) > kMaxField) return false;
+    if (!ReadTag(at, end, tag)) return false;
     int field = int(tag >> 3), type = int(tag & 7);
     if (field < 2 || field > 6 || (seen & (1u << field)) || (field == 3 && (seen & 4)) || (field == 2 && (seen & 8))) return false;
     seen |= 1u << field;
@@ -424,7 +434,7 @@ bool Joinable(const std::string& bytes, size_t max_rows, Part& part) {
       part.has_radius |= field == 5;
       continue;
     }
-    if (type != 2 || !ReadVarint(at, end, value) || value > uint64_t(end - at)) return false;
+    if (type != 2 || !ReadLength(at, end, value)) return false;
     const uint8_t* inner = at;
     at += value;
     if (field == 6) {
@@ -435,7 +445,7 @@ bool Joinable(const std::string& bytes, size_t max_rows, Part& part) {
     uint32_t inner_seen = 0;
     while (inner < at) {
       uint64_t inner_tag;
-      if (!ReadVarint(inner, at, inner_tag) || (inner_tag >> 3) > kMaxField) return false;
+      if (!ReadTag(inner, at, inner_tag)) return false;
       int inner_field = int(inner_tag >> 3), inner_type = int(inner_tag & 7);
       if (inner_field < 1 || inner_field > 2 || (inner_seen & (1u << inner_field))) return false;
       inner_seen |= 1u << inner_field;
@@ -445,7 +455,7 @@ bool Joinable(const std::string& bytes, size_t max_rows, Part& part) {
       } else if (field == 2 && inner_field == 1) {
         if (!ReadInts(inner, at, inner_type, shape)) return false;
       } else {  // packed codes, or packed float values
-        if (inner_type != 2 || !ReadVarint(inner, at, value) || value > uint64_t(at - inner)) return false;
+        if (inner_type != 2 || !ReadLength(inner, at, value)) return false;
         part.rows.assign(reinterpret_cast<const char*>(inner), value);
         inner += value;
       }
@@ -516,7 +526,7 @@ bool SplitResponse(const std::string& bytes, std::string& head, std::vector<std:
   while (at < end) {
     const uint8_t* start = at;
     uint64_t tag;
-    if (!ReadVarint(at, end, tag) || !Skip(at, end, int(tag & 7))) return false;
+    if (!ReadTag(at, end, tag) || !Skip(at, end, int(tag & 7))) return false;
     std::string field(reinterpret_cast<const char*>(start), at - start);
     if ((tag >> 3) == 4) results.push_back(std::move(field));
     else head += field;
@@ -589,9 +599,12 @@ class Coalescer {
     int in_flight = 0;
   };
 
+  // Sends what waits under `key` while fewer than `in_flight_` of its calls are out. The queue is
+  // looked up again after each send: while the lock was released, a call's end may have erased it.
   void Dispatch(const std::string& key, std::unique_lock<std::mutex>& lock) {
-    Queue& queue = queues_[key];
-    while (queue.in_flight < in_flight_ && !queue.waiting.empty()) {
+    for (auto found = queues_.find(key); found != queues_.end(); found = queues_.find(key)) {
+      Queue& queue = found->second;
+      if (queue.in_flight >= in_flight_ || queue.waiting.empty()) return;
       auto batch = std::make_shared<std::vector<Waiting>>();
       size_t rows = 0;
       while (!queue.waiting.empty() && (batch->empty() || rows + queue.waiting.front().part.count <= max_rows_)) {
@@ -638,7 +651,7 @@ class Coalescer {
       resent_ += batch->size();
       {
         std::lock_guard<std::mutex> lock(mutex_);
-        queues_[key].in_flight += int(batch->size()) - 1;  // the joined call's place goes to the first
+        queues_.at(key).in_flight += int(batch->size()) - 1;  // the joined call's place goes to the first
       }
       for (Waiting& waiting : *batch) {
         Answered reply = waiting.reply;
@@ -653,7 +666,7 @@ class Coalescer {
   // A call of `key` ended: the next waiting ones go, and a key with nothing left is forgotten.
   void Done(const std::string& key) {
     std::unique_lock<std::mutex> lock(mutex_);
-    --queues_[key].in_flight;
+    --queues_.at(key).in_flight;  // a key with a call out is never erased
     Dispatch(key, lock);
     auto found = queues_.find(key);
     if (found != queues_.end() && found->second.in_flight == 0 && found->second.waiting.empty()) queues_.erase(found);
@@ -739,9 +752,13 @@ std::atomic<bool> stopping{false};
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "coalesce" && argc == 7) {
-    const size_t max_rows = std::stoul(argv[5]);
-    Backend backend(argv[2], std::stoi(argv[4]));
-    Coalescer coalescer(backend, max_rows, std::stoi(argv[6]));
+    const int channels = std::atoi(argv[4]), max_rows = std::atoi(argv[5]), in_flight = std::atoi(argv[6]);
+    if (channels < 1 || max_rows < 1 || in_flight < 1) {
+      std::fprintf(stderr, "compiled front: CHANNELS, MAX_ROWS and IN_FLIGHT must be at least 1\n");
+      return 2;
+    }
+    Backend backend(argv[2], channels);
+    Coalescer coalescer(backend, size_t(max_rows), in_flight);
     ProxyService service(backend, coalescer, max_rows);
     Serve(service, argv[3], std::string("joining for ") + argv[2], [&coalescer] { return coalescer.Summary(); });
   }

@@ -128,6 +128,8 @@ def start_coalescing_front(backend: str, processes: int, in_flight: int = COALES
     """``benchmarks/compiled_front.cc coalesce`` in front of the search service at ``backend``
     (``processes`` serving processes; ``in_flight`` joined requests of a kind per process, of at
     most ``rows`` rows); returns ([process], address)."""
+    if in_flight < 1 or rows < 1:
+        raise ValueError(f"the coalescing front needs at least 1 request in flight and 1 row, got {in_flight} and {rows}")
     return launch_compiled_front(["coalesce", backend, "0", str(COALESCING_CHANNELS * processes), str(rows), str(in_flight * processes)])
 
 
@@ -146,9 +148,12 @@ def launch_compiled_front(arguments: list[str]):
             log.append(line)
             if COMPILED_READY in line:
                 break
+    except BaseException:
+        process.kill()
+        raise
     finally:
         watchdog.cancel()
-    if not log or COMPILED_READY not in log[-1]:
+    if not log or COMPILED_READY not in log[-1] or process.poll() is not None:  # not ready, or killed by the watchdog
         process.kill()
         raise RuntimeError(f"the compiled front failed to start (exit code {process.wait(30)}): {''.join(log)}")
     line = log[-1]

@@ -122,12 +122,15 @@ def test_it_refuses_what_it_does_not_serve(served, request_of, code, words):
     assert refused.value.code() == code and words in refused.value.details()
 
 
-# a truncated varint; a truncated sub-message; a truncated length; field number 0; field number 2**32 + 4 (4, k, if cut to
-# 32 bits) holding 5
+# protobuf reads a tag as a 32-bit varint of at most 5 bytes: field number 2**32 + 4 (4, k, if cut to 32 bits) holding 5,
+# and k's tag written in 6 bytes, holding 5, are malformed
 OUT_OF_RANGE_FIELD = bytes([0xA0, 0x80, 0x80, 0x80, 0x80, 0x01, 0x05])
+OVERLONG_K = bytes([0xA0, 0x80, 0x80, 0x80, 0x80, 0x00, 0x05])
 
 
-@pytest.mark.parametrize("raw", [b"\xff\xff\xff", b"\x1a\x05\x08", b"\x22\x01", b"\x00\x03", OUT_OF_RANGE_FIELD])
+# a truncated varint, sub-message and length; a sub-message's length written in 6 bytes; the two above
+@pytest.mark.parametrize("raw", [b"\xff\xff\xff", b"\x1a\x05\x08", b"\x22\x01", b"\x1a\x86\x80\x80\x80\x00\x08\x40",
+                                 OUT_OF_RANGE_FIELD, OVERLONG_K])  # fmt: skip
 def test_malformed_bytes_are_refused(served, raw):
     _, _, address, _ = served(64, 100)
     with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as refused:
@@ -209,8 +212,8 @@ def _mix(vectors) -> list[bytes]:
         else:
             request = search_request(features=vectors[i % 200 : i % 200 + 1 + i % 3], k=5)
         raw = request.SerializeToString()
-        if i % 30 == 15:  # codes without k and a field that reads as k = 5 if cut to 32 bits: refused by the service, never joined
-            raw = search_request(codes=codes[i % 40 : i % 40 + 1], k=0).SerializeToString() + OUT_OF_RANGE_FIELD
+        if i % 30 in (15, 25):  # codes without k, and a k = 5 that the service refuses as malformed: never joined
+            raw = search_request(codes=codes[i % 40 : i % 40 + 1], k=0).SerializeToString() + (OUT_OF_RANGE_FIELD if i % 30 == 15 else OVERLONG_K)
         requests.append(raw)
     return requests
 
