@@ -3,7 +3,7 @@ clients over a 1M-code index, bounded in time, over gRPC on loopback.
 
     python -m benchmarks.serving [--seed 0] [--size 1000000] [--bits 64] [--kinds BFlat BIVF1024]
                                  [--clients 1 8 32] [--seconds 10] [--repeats 3] [--modes codes features]
-                                 [--processes 1 2] [--tf-threads 0] [--fronts threaded asyncio asyncio-batched compiled compiled-coalescing]
+                                 [--processes 1 2] [--tf-threads 0] [--fronts threaded compiled asyncio asyncio-batched]
                                  [--load-generators python cpp] [--load-processes 2]
 
 Set-up: a seeded, untrained SCDH model over 32-d feature vectors is exported as version 1 (the
@@ -21,24 +21,20 @@ service encodes with the model first. Client and server share the
 machine's cores; the CPU seconds per request of the server and of the load generator are measured
 apart, from the OS. Every service of an index (each ``--processes`` value and ``--fronts`` entry)
 runs at once on its own copy of the index, and the repeats take turns between them, so that a slow
-spell of this shared machine falls on all of them alike. ``--fronts`` adds measurements of design
-options for the service's front (``benchmarks/asyncio_front.py``; ``benchmarks/compiled_front.cc``,
-compiled here like the load generator, which answers packed codes itself or joins concurrent
-searches for the service behind it); before any load, each service must answer the first
+spell of this shared machine falls on all of them alike. ``--fronts compiled`` runs the service
+with ``--front compiled``; ``asyncio`` / ``asyncio-batched`` measure a design option for the front
+(``benchmarks/asyncio_front.py``). Before any load, each service must answer the first
 :data:`CHECKED` code requests as the library's search of its index does.
 """
 
 from __future__ import annotations
 
 import argparse
-import atexit
-import functools
 import itertools
 import os
 import shutil
 import sys
 import tempfile
-import threading
 import time
 
 import numpy as np
@@ -64,109 +60,30 @@ def export_model(path: str, bits: int, seed: int) -> None:
 
 
 def start_service(model_base: str, index_base: str, kind: str, threads: int, search_threads: int, search_batch_size: int,
-                  processes: int = 1, tf_threads: int = 0, front: str = "threaded", coalescing: tuple[int, int] | None = None):  # fmt: skip
+                  processes: int = 1, tf_threads: int = 0, front: str = "threaded"):  # fmt: skip
     """``tfhash serve search`` as its own process(es) (in-process encoder); returns (the started
-    processes, address). ``front="asyncio"`` / ``"asyncio-batched"``: the measurement of
-    :mod:`benchmarks.asyncio_front` instead, inline / batched per loop turn (one search thread,
-    TensorFlow's default threads; ``threads`` and ``search_batch_size`` do not apply).
-    ``front="compiled"``: the measurement of ``benchmarks/compiled_front.cc serve`` (one process,
-    packed codes of a flat index only; no other argument applies). ``front="compiled-coalescing"``:
-    ``benchmarks/compiled_front.cc coalesce`` in front of ``tfhash serve search`` (the address is
-    the front's; ``coalescing``: its joined requests in flight per serving process and rows per
-    joined request, :data:`COALESCING_IN_FLIGHT` and :data:`COALESCING_ROWS` by default)."""
+    process, address). ``front="compiled"``: with ``--front compiled``. ``front="asyncio"`` /
+    ``"asyncio-batched"``: the measurement of :mod:`benchmarks.asyncio_front` instead, inline /
+    batched per loop turn (one search thread, TensorFlow's default threads; ``threads`` and
+    ``search_batch_size`` do not apply)."""
     from benchmarks.asyncio_front import READY
     from tests.serving_fixtures import start_cli
 
-    if front == "compiled":
-        return start_compiled_front(os.path.join(index_base, "1", kind))
     if front.startswith("asyncio"):
-        process, address = start_cli([model_base, index_base, kind, "--processes", str(processes),
-                                      *(["--batched"] if front == "asyncio-batched" else [])], READY, module="benchmarks.asyncio_front")  # fmt: skip
-        return [process], address
-    if front not in ("threaded", "compiled-coalescing"):
+        return start_cli([model_base, index_base, kind, "--processes", str(processes),
+                          *(["--batched"] if front == "asyncio-batched" else [])], READY, module="benchmarks.asyncio_front")  # fmt: skip
+    if front not in ("threaded", "compiled"):
         raise ValueError(f"unknown front {front!r}")
-    process, address = start_cli(["serve", "search", "--model-base-dir", model_base, "--index-base-dir", index_base, "--kind", kind,
-                                  "--port", "0", "--threads", str(threads), "--search-threads", str(search_threads),
-                                  "--search-batch-size", str(search_batch_size), "--processes", str(processes),
-                                  "--tf-threads", str(tf_threads)], "search service on ")  # fmt: skip
-    if front == "threaded":
-        return [process], address
-    try:
-        fronts, address = start_coalescing_front(address, processes, *(coalescing or ()))
-    except BaseException:
-        process.terminate()
-        process.wait(60)
-        raise
-    return [*fronts, process], address
+    return start_cli(["serve", "search", "--model-base-dir", model_base, "--index-base-dir", index_base, "--kind", kind,
+                      "--port", "0", "--threads", str(threads), "--search-threads", str(search_threads),
+                      "--search-batch-size", str(search_batch_size), "--processes", str(processes), "--tf-threads", str(tf_threads),
+                      "--front", "compiled" if front == "compiled" else "python"], "search service on ")  # fmt: skip
 
 
-#: The coalescing front's settings, per serving process behind it: its connections to the service
-#: and the joined requests of one kind in flight (1 of 1 / 2 / 4 gave the lowest p99 and the
-#: service's lowest CPU per request: results/serving_coalescing_in_flight.md); and the rows of one
-#: joined request.
-COALESCING_CHANNELS, COALESCING_IN_FLIGHT, COALESCING_ROWS = 2, 1, 64
-
-
-def start_compiled_front(directory: str):
-    """``benchmarks/compiled_front.cc serve`` on the index version 1 in ``directory``; returns
-    ([process], address)."""
-    from tfhash.index import load_index
-
-    index = load_index(directory)
-    if not compiled_front_serves(index):
-        raise ValueError(f"the compiled front serves exact binary (flat) indexes of a multiple of 64 bits only, not {index.bits}-bit "
-                         f"{index.format_tag}")  # fmt: skip
-    return launch_compiled_front(["serve", directory, "1", index.format_tag, "0"])
-
-
-def compiled_front_serves(index) -> bool:
-    """Whether ``compiled_front serve`` reads ``index``: exact, binary, 64-bit words."""
-    return index.exact and index.format_family == "binary" and index.bits % 64 == 0
-
-
-def start_coalescing_front(backend: str, processes: int, in_flight: int = COALESCING_IN_FLIGHT, rows: int = COALESCING_ROWS):
-    """``benchmarks/compiled_front.cc coalesce`` in front of the search service at ``backend``
-    (``processes`` serving processes; ``in_flight`` joined requests of a kind per process, of at
-    most ``rows`` rows); returns ([process], address)."""
-    if in_flight < 1 or rows < 1:
-        raise ValueError(f"the coalescing front needs at least 1 request in flight and 1 row, got {in_flight} and {rows}")
-    return launch_compiled_front(["coalesce", backend, "0", str(COALESCING_CHANNELS * processes), str(rows), str(in_flight * processes)])
-
-
-def launch_compiled_front(arguments: list[str]):
-    """``benchmarks/compiled_front.cc`` with ``arguments``, once it serves; returns ([process],
-    address). Its stderr is drained into ``process.log`` (lines), complete once ``process.drain``
-    (the draining thread) has ended."""
-    import subprocess
-
-    process = subprocess.Popen([compiled_front_binary(), *arguments], stderr=subprocess.PIPE, text=True)
-    watchdog = threading.Timer(60.0, process.kill)  # a front that never says it serves is stopped
-    watchdog.start()
-    log = []
-    try:
-        for line in process.stderr:  # gRPC's own logging may come first
-            log.append(line)
-            if COMPILED_READY in line:
-                break
-    except BaseException:
-        process.kill()
-        raise
-    finally:
-        watchdog.cancel()
-    if not log or COMPILED_READY not in log[-1] or process.poll() is not None:  # not ready, or killed by the watchdog
-        process.kill()
-        raise RuntimeError(f"the compiled front failed to start (exit code {process.wait(30)}): {''.join(log)}")
-    line = log[-1]
-    process.log = log
-    process.drain = threading.Thread(target=lambda: process.log.extend(process.stderr), daemon=True)
-    process.drain.start()
-    return [process], line.split(COMPILED_READY)[1].split()[0]
-
-
-def family(server: psutil.Process | list[psutil.Process]) -> list[psutil.Process]:
-    """The service's processes: ``server`` (one process, or the list of a front and the service
-    behind it) and all their children."""
-    tops = server if isinstance(server, list) else [server]
+def family(processes: psutil.Process | list[psutil.Process]) -> list[psutil.Process]:
+    """``processes`` (a service's top process, or a load generator's processes) and all their
+    children (a service's serving processes and front)."""
+    tops = processes if isinstance(processes, list) else [processes]
     return [p for process in tops for p in [process, *process.children(recursive=True)]]
 
 
@@ -190,7 +107,6 @@ def server_memory(server) -> dict:
 
 
 SEARCH_METHOD = "/tfhash.serving.HashSearch/Search"
-COMPILED_READY = "compiled search front on "
 
 
 def load_process(address: str, clients: int, first_slot: int, requests: list[bytes], k: int, conn) -> None:
@@ -406,42 +322,11 @@ class CppLoad:
 LOAD_GENERATORS = {"python": PythonLoad, "cpp": CppLoad}
 
 
-def grpc_cpp_missing() -> bool:
-    """Whether g++, pkg-config or gRPC's C++ library is missing (what :func:`compiled` needs)."""
-    import subprocess
-
-    if shutil.which("g++") is None or shutil.which("pkg-config") is None:
-        return True
-    return subprocess.run(["pkg-config", "--exists", "grpc++"], check=False).returncode != 0
-
-
-@functools.cache
-def compiled(name: str, optimise: str = "-O2") -> str:
-    """Compiles ``benchmarks/<name>.cc`` once per benchmark run, against the system's gRPC C++
-    library (Debian: ``apt-get install g++ pkg-config libgrpc++-dev``); the binary's path."""
-    import subprocess
-
-    source = os.path.join(os.path.dirname(__file__), f"{name}.cc")
-    binary = os.path.join(tempfile.mkdtemp(prefix=f"tfhash-{name}-bin-"), name)
-    atexit.register(shutil.rmtree, os.path.dirname(binary), True)
-    try:
-        flags = subprocess.run(["pkg-config", "--cflags", "--libs", "grpc++"], capture_output=True, text=True, check=True).stdout.split()
-        subprocess.run(["g++", *optimise.split(), "-std=c++17", source, "-o", binary, *flags], capture_output=True, text=True, check=True)
-    except (OSError, subprocess.CalledProcessError) as err:
-        detail = getattr(err, "stderr", None) or err
-        raise RuntimeError(f"benchmarks/{name}.cc needs g++, pkg-config and gRPC's C++ library (apt-get install g++ pkg-config "
-                           f"libgrpc++-dev); building it failed: {detail}") from err  # fmt: skip
-    return binary
-
-
 def loadgen_binary() -> str:
-    """The compiled load generator (``--load-generators cpp``)."""
-    return compiled("loadgen")
+    """The compiled load generator (``--load-generators cpp``; :func:`tfhash.serving.native.build`)."""
+    from tfhash.serving import native
 
-
-def compiled_front_binary() -> str:
-    """The compiled front (``--fronts compiled``), for this machine's CPU (its popcount)."""
-    return compiled("compiled_front", "-O3 -march=native")
+    return native.build(os.path.join(os.path.dirname(os.path.abspath(__file__)), "loadgen.cc"))
 
 
 def run_level(address: str, clients: int, seconds: float, requests: list[bytes], server=None, processes: int = 2, generator: str = "python") -> dict:
@@ -530,13 +415,9 @@ def main() -> None:
     parser.add_argument("--load-processes", type=int, default=2, help="Python load-generator processes the clients are spread over")
     parser.add_argument("--processes", nargs="+", type=int, default=[1, 2], help="the service's serving processes (each value a run)")
     parser.add_argument("--tf-threads", type=int, default=0, help="TensorFlow threads per serving process (0: its default)")
-    parser.add_argument("--fronts", nargs="+", default=["threaded"], choices=["threaded", "asyncio", "asyncio-batched", "compiled", "compiled-coalescing"],
-                        help="threaded: tfhash serve search; asyncio[-batched]: the design measurement of benchmarks.asyncio_front; "
-                             "compiled: that of benchmarks/compiled_front.cc (one process, codes mode, exact flat indexes only; "
-                             "needs g++ and libgrpc++-dev); compiled-coalescing: its coalescing proxy in front of tfhash serve search")
-    parser.add_argument("--coalescing-in-flight", nargs="+", type=int, default=[COALESCING_IN_FLIGHT],
-                        help="compiled-coalescing: joined requests of one kind in flight per serving process (each value a service)")
-    parser.add_argument("--coalescing-rows", type=int, default=COALESCING_ROWS, help="compiled-coalescing: rows of one joined request")
+    parser.add_argument("--fronts", nargs="+", default=["threaded"], choices=["threaded", "compiled", "asyncio", "asyncio-batched"],
+                        help="threaded: tfhash serve search (its Python front); compiled: tfhash serve search --front compiled "
+                             "(needs g++ and libgrpc++-dev); asyncio[-batched]: the design measurement of benchmarks.asyncio_front")
     parser.add_argument("--name", default="serving")
     args = parser.parse_args()
 
@@ -566,28 +447,21 @@ def main() -> None:
             index.save(os.path.join(index_base, "1", kind), model_version="1", signature_fingerprint=fingerprint)
             build_s = time.perf_counter() - build_start
             expected = index.search(query_pool[:CHECKED], K)
-            compiled_serves = compiled_front_serves(index)
             del index
             # every service of this index at once, and each repeat runs them in turn: a slow spell of
             # this shared machine then falls on all of them, not on one
             services = []
             try:
-                fronts = [(front, processes, in_flight) for front in args.fronts if front != "compiled" or compiled_serves
-                          for processes in (args.processes if front != "compiled" else [1])
-                          for in_flight in (args.coalescing_in_flight if front == "compiled-coalescing" else [None])]  # fmt: skip
-                for number, (front, processes, in_flight) in enumerate(fronts):
+                for number, (front, processes) in enumerate(itertools.product(args.fronts, args.processes)):
                     # a copy of the index each: a service's mapped codes are then shared by its own processes only
                     own_index = os.path.join(work, f"indexes-{number}")
                     shutil.copytree(os.path.join(index_base, "1", kind), os.path.join(own_index, "1", kind))
                     started, address = start_service(model_base, own_index, kind, args.threads, args.search_threads,
-                                                     args.search_batch_size, processes, args.tf_threads, front,
-                                                     (in_flight, args.coalescing_rows))  # fmt: skip
-                    described = {"front": front, "processes": processes, **({"in_flight": in_flight} if in_flight else {})}
-                    services.append((described, started, address, [psutil.Process(process.pid) for process in started]))
+                                                     args.search_batch_size, processes, args.tf_threads, front)  # fmt: skip
+                    services.append(({"front": front, "processes": processes}, started, address, psutil.Process(started.pid)))
                     check_answers(address, requests["codes"][:CHECKED], expected)
                 for mode, clients in itertools.product(args.modes, args.clients):
-                    turns = [(service, generator) for service in services if mode == "codes" or service[0]["front"] != "compiled"
-                             for generator in args.load_generators]  # fmt: skip
+                    turns = list(itertools.product(services, args.load_generators))
                     runs = [[] for _ in turns]
                     for _ in range(args.repeats):
                         for runs_of, ((_, _, address, server), generator) in zip(runs, turns, strict=True):
@@ -603,11 +477,9 @@ def main() -> None:
                     memory_rows.append(memory)
             finally:
                 for _, started, _, _ in services:
-                    for process in started:  # a front before the service behind it
-                        process.terminate()
-                        process.wait(60)
-    columns = ["index", "n", "bits", *(["front"] if args.fronts != ["threaded"] else []), "processes",
-               *(["in_flight"] if "compiled-coalescing" in args.fronts else []), "mode", "clients", "load_generator", "load_processes", "repeats", "requests", "errors", "qps", "qps_min", "qps_max",
+                    started.terminate()
+                    started.wait(60)
+    columns = ["index", "n", "bits", *(["front"] if args.fronts != ["threaded"] else []), "processes", "mode", "clients", "load_generator", "load_processes", "repeats", "requests", "errors", "qps", "qps_min", "qps_max",
                "p50_ms", "p99_ms", "p99_ms_max", "connections", "server_cpu_ms_per_request", "client_cpu_ms_per_request", "seed"]  # fmt: skip
     command = "python -m benchmarks.serving " + " ".join(sys.argv[1:])
     markdown = (
@@ -621,13 +493,8 @@ def main() -> None:
            "(`benchmarks/asyncio_front.py`: the same servicer behind gRPC's asyncio server, searches on the event loop, inline "
            "or joined per loop turn; none of the service's checks, health, drain or hot swap; one search thread)"
            if any(f.startswith("asyncio") for f in args.fronts) else "")
-        + ("; front `compiled`: not the service but the measurement of a design option (`benchmarks/compiled_front.cc`: "
-           "the Search RPC answered by compiled code, gRPC's C++ callback server in one process on its default threads, the "
-           "exact scan in C++ (built with -O3 -march=native); packed codes of a flat index only, none of the service's "
-           "encoding, health, drain, hot swap or metadata)" if "compiled" in args.fronts else "")
-        + (f"; front `compiled-coalescing`: `benchmarks/compiled_front.cc coalesce` in front of the service, joining concurrent "
-           f"searches that differ only in their rows into requests of up to {args.coalescing_rows} rows, "
-           "at most `in_flight` per serving process in flight for one kind of request" if "compiled-coalescing" in args.fronts else "")
+        + ("; front `compiled`: the service with `--front compiled` (its compiled front serves the port and joins concurrent "
+           "searches that differ only in their rows into one request to the serving processes behind it)" if "compiled" in args.fronts else "")
         + f"; before any load, each service answered the first {CHECKED} code requests as the library's search of its index does"
         + ("; the clients are asyncio gRPC clients spread over the load-generator processes, one channel each, "
            if args.load_generators == ["python"] else

@@ -132,6 +132,10 @@ def model(model_config_file, model_name, model_base_path, host, port, poll_secon
 @click.option("--processes", default=1, show_default=True, type=click.IntRange(1),
               help="Serving processes on the one port (and REST port), supervised by this one; one process uses about one "
                    "core for its gRPC front. Needs a numeric --host. See the README's serving section.")
+@click.option("--front", type=click.Choice(["python", "compiled"]), default="python", show_default=True,
+              help="gRPC front: python (each serving process serves the port) or compiled (one C++ process serves it and joins "
+                   "concurrent searches into one request to the serving processes; built on first use, needs g++, pkg-config and "
+                   "libgrpc++-dev). See the README's serving section.")
 @click.option("--tf-threads", default=0, show_default=True, type=click.IntRange(0),
               help="In-process encoding: TensorFlow's threads in each process (0: TensorFlow's default, the cores).")
 @click.option("--rest-timeout", default=10.0, show_default=True, type=click.FloatRange(0.1),
@@ -140,9 +144,10 @@ def model(model_config_file, model_name, model_base_path, host, port, poll_secon
               help="On SIGTERM / Ctrl-C, how long in-flight requests may take to finish.")
 def search(config_path, index_base_dir, model_base_dir, model_server, model_name, kind, query_modality, items_file, host,
            port, rest_port, max_k, max_batch, max_request_mb, threads, poll_seconds, search_threads, encode_batch_size,
-           search_batch_size, processes, tf_threads, rest_timeout, grace_seconds) -> None:  # fmt: skip
+           search_batch_size, processes, front, tf_threads, rest_timeout, grace_seconds) -> None:  # fmt: skip
     """Run the search service until Ctrl-C / SIGTERM (then drain in-flight requests)."""
     from tfhash.serving.grpc_server import EXIT_SECONDS, run_until_signal
+    from tfhash.serving.native import BuildFailed
     from tfhash.serving.processes import ProcessFront, SearchSpec, ServiceFailed, build_server
 
     from tfhash.artifacts import ITEMS_FILE, read_items
@@ -164,16 +169,17 @@ def search(config_path, index_base_dir, model_base_dir, model_server, model_name
                       max_k, max_batch, max_request_mb, threads, poll_seconds, search_threads, tf_threads, encode_batch_size,
                       search_batch_size, rest_timeout)  # fmt: skip
     try:
-        server = ProcessFront(spec, processes, grace_seconds) if processes > 1 else build_server(spec)
+        several = processes > 1 or front == "compiled"
+        server = ProcessFront(spec, processes, grace_seconds, front=front) if several else build_server(spec)
     except ValueError as err:
         raise BadInput(str(err)) from err
-    except OSError as err:
+    except (OSError, BuildFailed) as err:
         raise click.ClickException(str(err)) from err
 
     def started(server) -> None:
         status = server.status()
         click.echo(f"search service on {server.address}" + (f", REST on {host}:{server.rest_port}" if server.rest_port is not None else "")
-                   + (f" ({processes} processes)" if processes > 1 else "")
+                   + (f" ({processes} processes)" if processes > 1 else "") + (" behind the compiled front" if front == "compiled" else "")
                    + ("; serving model version " + ", ".join(sorted(set(status["process_versions"]))) if status["ready"]
                       else "; waiting for a model version with its index")
                    + (f"; answers name files and classes from {items_file}" if items else ""), err=True)  # fmt: skip

@@ -1,5 +1,6 @@
 """The processes of a search service: one (:func:`build_server`) or several on one port
-(:class:`ProcessFront`, ``tfhash serve search --processes N``).
+(:class:`ProcessFront`, ``tfhash serve search --processes N``), optionally behind the compiled
+front (``--front compiled``).
 
 Why several: one Python process runs its gRPC front on one core at a time (the GIL), and gRPC's
 own serving loop costs about as much as an exact search of a million codes, so a second core is
@@ -30,6 +31,17 @@ used only by a second process.
   the grace period. A child gets SIGTERM from the kernel when the parent's thread that spawned it
   ends: the parent dying, or its supervisor stopping. A supervisor that fails (no process can be
   spawned) stops the service with an error.
+* The compiled front (``front="compiled"``, ``compiled_front.cc``, built on first use by
+  :mod:`tfhash.serving.native`): one more process, which serves the public gRPC port (joining the
+  parent's socket as the children do without it) while each serving process listens on a
+  private loopback port of its own that the parent holds the same way (a restarted process joins
+  it again), with the front's connections spread evenly over them. It joins concurrent searches that
+  differ only in their rows into one request (the Python front's per-call cost is then paid once
+  per joined request) and passes everything else through; the REST port stays the children's.
+  It is started once the children serve, supervised like them (its exits count towards
+  ``max_restarts``), and stopped first on SIGTERM: it ends the health Watch streams with
+  NOT_SERVING, finishes what it holds, then the children drain (their REST port answers until
+  then).
 * Memory: a flat index's codes are mapped from the index files (``load_index(mapped=True)``), one
   copy in the page cache for every process; an IVF index maps its codes and ids too but reads its
   inverted lists into each process, multi-hash and ScaNN indexes build theirs in each process, and
@@ -43,6 +55,7 @@ import dataclasses
 import ipaddress
 import json
 import logging
+import math
 import os
 import shutil
 import signal
@@ -56,6 +69,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from tfhash.serving import native
 from tfhash.serving.grpc_server import EXIT_SECONDS, LOOPBACK, run_until_signal
 from tfhash.serving.siblings import Siblings, service_status, slot_path, withdraw
 
@@ -68,6 +82,17 @@ logger = logging.getLogger(__name__)
 START_SECONDS = 600.0
 #: After the grace period, how long a child may take to exit before it is killed.
 EXIT_MARGIN_SECONDS = 5.0
+#: The service's gRPC fronts (``tfhash serve search --front``).
+FRONTS = ("python", "compiled")
+#: The compiled front's settings: per serving process behind it, its connections to the service
+#: and the joined requests of one kind in flight (1 of 1 / 2 / 4 gave the lowest p99 and CPU per
+#: request: benchmarks/results/serving_coalescing_in_flight.md); the rows of one joined request
+#: (at most the service's --max-batch); and how many requests of one kind may wait before more
+#: go to the service unjoined.
+FRONT_CHANNELS, FRONT_IN_FLIGHT, FRONT_ROWS, FRONT_WAITING = 2, 1, 64, 256
+#: What the compiled front prints once it serves, and how long it may take to (it starts in
+#: milliseconds; the supervisor holds its lock meanwhile).
+FRONT_READY, FRONT_START_SECONDS = "compiled search front on ", 30.0
 
 
 @dataclass(frozen=True)
@@ -148,41 +173,60 @@ class ServiceFailed(RuntimeError):
 
 
 class ProcessFront:
-    """``processes`` search-service processes on one gRPC port (and one REST port), supervised
-    (module docstring). Binds now (OSError for a port in use); :meth:`start` spawns the children
-    and returns once every one serves; :meth:`stop` drains them.
+    """``processes`` search-service processes on one gRPC port (and one REST port), supervised,
+    optionally behind the compiled front (module docstring). Binds now (OSError for a port in
+    use); :meth:`start` spawns the children (and the front) and returns once every one serves;
+    :meth:`stop` drains them.
 
     Args:
         spec: what each child serves; ``spec.host`` must be a numeric address.
-        grace: the children's grace period on stop.
+        processes: serving processes (2 or more; 1 or more behind the compiled front).
+        grace: the grace period on stop (the front's, then the children's).
         max_restarts, restart_window: more exits than ``max_restarts`` within
             ``restart_window`` seconds set :attr:`failed` (:attr:`failure` says why), on which
             :func:`~tfhash.serving.grpc_server.run_until_signal` stops the service.
+        front: ``"python"`` (each child serves the port) or ``"compiled"``.
+
+    Raises:
+        ValueError: an unknown front, too few processes, a host name instead of an address.
+        tfhash.serving.native.BuildFailed: the compiled front cannot be built here.
     """
 
     def __init__(self, spec: SearchSpec, processes: int, grace: float = 10.0, max_restarts: int = 5,
-                 restart_window: float = 60.0):  # fmt: skip
-        if processes < 2:
-            raise ValueError(f"a process front runs 2 or more processes, got {processes}; serve one with build_server")
+                 restart_window: float = 60.0, front: str = "python"):  # fmt: skip
+        if front not in FRONTS:
+            raise ValueError(f"front must be one of {', '.join(FRONTS)}; got {front!r}")
+        if processes < (1 if front == "compiled" else 2):
+            raise ValueError(f"a process front runs 2 or more processes (1 or more behind the compiled front), got {processes}; "
+                             "serve one with build_server")  # fmt: skip
         try:
             ipaddress.ip_address(spec.host)
         except ValueError as err:
-            raise ValueError(f"--processes needs a numeric bind address (e.g. 127.0.0.1 or 0.0.0.0), got {spec.host!r}") from err
+            raise ValueError(f"--processes above 1 and --front compiled need a numeric bind address (e.g. 127.0.0.1 or 0.0.0.0), got {spec.host!r}") from err
         import tornado.netutil
 
-        self.processes, self.grace = int(processes), float(grace)
+        self.processes, self.grace, self.front = int(processes), float(grace), front
         self.max_restarts, self.restart_window = int(max_restarts), float(restart_window)
+        self._front_binary = native.build(os.path.join(native.HERE, "compiled_front.cc")) if front == "compiled" else None
+        self.host = spec.host
         self._grpc_socket = reserve_port(spec.host, spec.port)
         self.port = self._grpc_socket.getsockname()[1]
-        self._rest_sockets = []
-        if spec.rest_port is not None:
-            try:
-                self._rest_sockets = tornado.netutil.bind_sockets(spec.rest_port, address=spec.host)
-            except OSError:
-                self._grpc_socket.close()
-                raise
+        self._sockets = [self._grpc_socket]
+        try:
+            if front == "compiled":  # each child's private port
+                self._sockets += [reserve_port(LOOPBACK, 0) for _ in range(self.processes)]
+            if spec.rest_port is not None:
+                self._sockets += tornado.netutil.bind_sockets(spec.rest_port, address=spec.host)
+        except OSError:
+            for sock in self._sockets:
+                sock.close()
+            raise
+        private = self._sockets[1 : 1 + self.processes] if front == "compiled" else []
+        self._backend_ports = [sock.getsockname()[1] for sock in private]
+        self._rest_sockets = self._sockets[1 + len(private) :]
         self.rest_port = self._rest_sockets[0].getsockname()[1] if self._rest_sockets else None
-        self.spec = dataclasses.replace(spec, port=self.port, rest_port=None)
+        self.spec = dataclasses.replace(spec, rest_port=None, port=self.port, **({"host": LOOPBACK} if front == "compiled" else {}))
+        self.front_process: subprocess.Popen | None = None
         self.status_dir = tempfile.mkdtemp(prefix="tfhash-search-")
         self.children: list[subprocess.Popen | None] = [None] * self.processes
         self.failure: str | None = None  # why the service stopped itself
@@ -194,8 +238,7 @@ class ProcessFront:
 
     @property
     def address(self) -> str:
-        host = self.spec.host
-        return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
+        return _address(self.host, self.port)
 
     def status(self) -> dict:
         """The service's status, as any child would answer GetStatus about every process."""
@@ -203,18 +246,20 @@ class ProcessFront:
 
     def _spawn(self, slot: int) -> subprocess.Popen:
         withdraw(self.status_dir, slot)
-        child = {"spec": dataclasses.asdict(self.spec), "slot": slot, "processes": self.processes, "status_dir": self.status_dir,
+        spec = dataclasses.replace(self.spec, port=self._backend_ports[slot]) if self._backend_ports else self.spec
+        child = {"spec": dataclasses.asdict(spec), "slot": slot, "processes": self.processes, "status_dir": self.status_dir,
                  "rest_fds": [s.fileno() for s in self._rest_sockets], "grace": self.grace, "parent": os.getpid()}  # fmt: skip
         # a session of its own: a terminal's Ctrl-C reaches the parent only, which stops the children in order
         return subprocess.Popen([sys.executable, "-m", "tfhash.serving.processes", json.dumps(child)],
                                 pass_fds=child["rest_fds"], start_new_session=True)  # fmt: skip
 
     def start(self) -> ProcessFront:
-        """Spawn every child and wait until each one has published its first status (it serves).
+        """Spawn every child, wait until each one has published its first status (it serves), then
+        start the compiled front (if any) and wait until it serves.
 
         Raises:
-            ServiceFailed: a child exited first (its exit code is named), or none served within
-                :data:`START_SECONDS`; the children already started are stopped.
+            ServiceFailed: a child or the front exited first (its exit code is named), or did not
+                serve within :data:`START_SECONDS`; what was started is stopped.
         """
         with self._lock:
             for slot in range(self.processes):
@@ -233,8 +278,42 @@ class ProcessFront:
                 self.stop(0.0)
                 raise ServiceFailed(f"search processes {sorted(waiting)} did not serve within {START_SECONDS:g} s")
             time.sleep(0.05)
+        if self.front == "compiled":
+            try:
+                self.front_process = self._start_front()
+            except BaseException:
+                self.stop(0.0)
+                raise
         self._supervisor.start()
         return self
+
+    def _start_front(self) -> subprocess.Popen:
+        """The compiled front, once it serves (ServiceFailed if it exits or is silent for
+        :data:`FRONT_START_SECONDS`); its log goes on to this process's stderr."""
+        backends = ",".join(_address(LOOPBACK, port) for port in self._backend_ports)
+        settings = [FRONT_CHANNELS, min(FRONT_ROWS, self.spec.max_batch), FRONT_IN_FLIGHT * self.processes, FRONT_WAITING,
+                    self.spec.max_request_mb << 20, math.ceil(self.grace), os.getpid()]  # fmt: skip
+        process = subprocess.Popen([self._front_binary, self.address, backends, *map(str, settings)], stderr=subprocess.PIPE,
+                                   text=True, errors="replace", start_new_session=True)  # fmt: skip
+        watchdog = threading.Timer(FRONT_START_SECONDS, process.kill)
+        watchdog.start()
+        log = []
+        try:
+            for line in process.stderr:  # gRPC's own logging may come first
+                log.append(line)
+                if FRONT_READY in line:
+                    break
+        except BaseException:
+            process.kill()
+            raise
+        finally:
+            watchdog.cancel()
+        if not log or FRONT_READY not in log[-1] or process.poll() is not None:
+            process.kill()
+            raise ServiceFailed(f"the compiled front exited with code {process.wait()} before it served: {''.join(log).strip()}")
+        process.log_thread = threading.Thread(target=lambda: sys.stderr.writelines(process.stderr), name="tfhash-front-log", daemon=True)
+        process.log_thread.start()
+        return process
 
     def _supervise(self) -> None:
         try:
@@ -252,24 +331,46 @@ class ProcessFront:
                     if code is None or self._stopping.is_set():
                         continue
                     withdraw(self.status_dir, slot)
-                    now = time.monotonic()
-                    self._exits.append(now)
-                    while self._exits and self._exits[0] < now - self.restart_window:
-                        self._exits.popleft()
-                    if len(self._exits) > self.max_restarts:
-                        self.failure = (f"search processes exited {len(self._exits)} times within {self.restart_window:g} s "
-                                        f"(the last: process {slot}, exit code {code}); stopping the service")  # fmt: skip
-                        logger.error(self.failure)
-                        self.failed.set()  # run_until_signal then stops every child
+                    if not self._may_restart(f"search process {slot} (pid {child.pid})", code):
                         return
-                    logger.error("search process %d (pid %d) exited with code %s; restarting it", slot, child.pid, code)
                     self.children[slot] = self._spawn(slot)
+                front = self.front_process
+                if front is not None and front.poll() is not None and not self._stopping.is_set():
+                    if not self._may_restart(f"the compiled front (pid {front.pid})", front.returncode):
+                        return
+                    self.front_process = self._start_front()
+
+    def _may_restart(self, what: str, code: int) -> bool:
+        """Counts an exit; False (and :attr:`failed` set) once there were too many."""
+        now = time.monotonic()
+        self._exits.append(now)
+        while self._exits and self._exits[0] < now - self.restart_window:
+            self._exits.popleft()
+        if len(self._exits) > self.max_restarts:
+            self.failure = (f"search processes exited {len(self._exits)} times within {self.restart_window:g} s "
+                            f"(the last: {what}, exit code {code}); stopping the service")  # fmt: skip
+            logger.error(self.failure)
+            self.failed.set()  # run_until_signal then stops every process
+            return False
+        logger.error("%s exited with code %s; restarting it", what, code)
+        return True
 
     def stop(self, grace: float | None = None) -> None:
-        """SIGTERM every child (each drains for ``grace`` seconds, default the front's), kill those
-        still running :data:`EXIT_MARGIN_SECONDS` later, release the ports."""
+        """SIGTERM the compiled front (if any) and, once it has exited, every child (each drains
+        for ``grace`` seconds, default the front's); kill what still runs
+        :data:`EXIT_MARGIN_SECONDS` after the grace period; release the ports."""
         grace = self.grace if grace is None else float(grace)
         self._stopping.set()
+        deadline = time.monotonic() + grace + EXIT_MARGIN_SECONDS
+        # the front drains first, while every child still serves: the supervisor's end would stop the
+        # children it restarted (the kernel signals what a thread spawned when that thread ends)
+        with self._lock:
+            front = self.front_process
+            if front is not None:
+                if front.poll() is None:
+                    front.send_signal(signal.SIGTERM)
+                _end(front, deadline, "the compiled front")
+                front.log_thread.join(1.0)  # its last lines (what it joined) reach the log
         if self._supervisor.is_alive() and threading.current_thread() is not self._supervisor:
             self._supervisor.join()
         with self._lock:
@@ -279,16 +380,26 @@ class ProcessFront:
                 child.send_signal(signal.SIGTERM)
         for sock in self._rest_sockets:  # new REST connections are refused now, not left in a backlog
             sock.close()
-        deadline = time.monotonic() + grace + EXIT_MARGIN_SECONDS
         for child in children:
-            try:
-                child.wait(max(deadline - time.monotonic(), 0.0))
-            except subprocess.TimeoutExpired:
-                logger.error("search process %d did not exit within the grace period; killing it", child.pid)
-                child.kill()
-                child.wait()
-        self._grpc_socket.close()
+            _end(child, deadline, f"search process {child.pid}")
+        for sock in self._sockets:
+            sock.close()
         shutil.rmtree(self.status_dir, ignore_errors=True)
+
+
+def _end(process: subprocess.Popen, deadline: float, what: str) -> None:
+    """Wait for ``process`` (sent SIGTERM) until ``deadline``; kill it then."""
+    try:
+        process.wait(max(deadline - time.monotonic(), 0.0))
+    except subprocess.TimeoutExpired:
+        logger.error("%s did not exit within the grace period; killing it", what)
+        process.kill()
+        process.wait()
+
+
+def _address(host: str, port: int) -> str:
+    """``host:port`` as gRPC takes it (an IPv6 host in brackets)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _die_with_parent(parent: int) -> None:

@@ -4,15 +4,18 @@ answered, and stop with a clear error on a wrong answer or an unreachable servic
 
 from __future__ import annotations
 
+import numpy as np
 import psutil
 import pytest
+from tfhash.serving import native
 from tfhash.serving.search_client import search_request
 from tfhash.serving.search_service import SearchServer, in_process_searcher
 
-from benchmarks.serving import K, grpc_cpp_missing, run_level
+from benchmarks.serving import K, check_answers, run_level
 from tests.serving_fixtures import database, push_version
+from tfhash.index import load_index
 
-GENERATORS = ["python", pytest.param("cpp", marks=pytest.mark.skipif(grpc_cpp_missing(), reason="no g++ / pkg-config / libgrpc++-dev"))]
+GENERATORS = ["python", pytest.param("cpp", marks=pytest.mark.skipif(native.missing() is not None, reason=f"{native.missing()}"))]
 
 
 @pytest.fixture(scope="module")
@@ -21,8 +24,20 @@ def service(tmp_path_factory):
     vectors, ids = database()
     push_version(str(root / "models"), str(root / "indexes"), 1, 0, vectors, ids)
     server = SearchServer(in_process_searcher(str(root / "models"), str(root / "indexes"))).start()
+    server.index_dir = str(root / "indexes" / "1" / "BFlat")
     yield server, vectors
     server.stop(0)
+
+
+def test_the_benchmark_checks_answers_against_the_library(service):
+    server, _ = service
+    index = load_index(server.index_dir)
+    codes = np.random.default_rng(0).integers(0, 256, (20, index.bits // 8), dtype=np.uint8)
+    requests = [search_request(codes=code[None], k=K).SerializeToString() for code in codes]
+    check_answers(server.address, requests, index.search(codes, K))
+    wrong = index.search(codes[::-1], K)  # each request checked against another row's answer
+    with pytest.raises(RuntimeError, match="answered request 0 with ids"):
+        check_answers(server.address, requests, wrong)
 
 
 @pytest.mark.parametrize("generator", GENERATORS)

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from google.protobuf.message import DecodeError
 from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
+from tfhash.serving import native
 from tfhash.serving.deployment import models_config, write_deployment
 from tfhash.serving.errors import ServingError
 from tfhash.serving.model_server import DevModelServer, tensor_value
@@ -40,6 +41,7 @@ from benchmarks.serving_robustness import fuzz as run_fuzz
 from tests.serving_fixtures import DIM, database, export_version, vector_example, wait_for
 
 POLL = 0.5
+COMPILED = pytest.mark.skipif(native.missing() is not None, reason=f"building the compiled front: {native.missing()}")
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +63,18 @@ def test_fuzz_every_front_answers_as_expected(stack):
             "http-415", "closed"} <= outcomes and not outcomes & FAULTS  # fmt: skip
     with SearchClient(target.search["in_process"]) as client:  # and the service still answers
         assert client.health() == "SERVING" and len(client.search(features=target.vectors[:1], k=3).ids[0]) == 3
+
+
+@COMPILED
+def test_fuzz_through_the_compiled_front(tmp_path):
+    """Both search services behind the compiled front (one serving process each): the fuzz finds
+    no failure, and the front passes on every outcome the services give."""
+    with serving_stack(str(tmp_path), poll=POLL, front="compiled") as (target, servers):
+        summary = run_fuzz(target, 1500, seed=1, allowed_root=servers["models"]).summary()
+    assert summary["failures"] == {}, summary["failure_examples"][:10]
+    outcomes = {code for key, value in summary["per_category"].items() if key.split("/")[0] in ("in_process", "remote")
+                for code in value["outcomes"]}  # fmt: skip
+    assert {"OK", "INVALID_ARGUMENT", "NOT_FOUND", "RESOURCE_EXHAUSTED"} <= outcomes and not outcomes & FAULTS
 
 
 def test_fuzz_oracle_sees_a_lenient_server():
@@ -85,12 +99,13 @@ def test_search_status_names_no_paths(stack):
         assert status.ready and status.index_path == "1/BFlat" and "/" not in status.encoder
 
 
-@pytest.mark.parametrize("mode", ["in_process", "remote"])
-def test_hot_swap_under_load_with_broken_and_non_atomic_pushes(tmp_path, mode):
+@pytest.mark.parametrize("mode, front", [("in_process", "python"), ("remote", "python"), pytest.param("in_process", "compiled", marks=COMPILED)])
+def test_hot_swap_under_load_with_broken_and_non_atomic_pushes(tmp_path, mode, front):
     """Broken versions 2 and 3 never disturb version 1; version 4, copied file by file, is served
     once complete, within two polls of the search service (remotely: of the config re-read, the
-    model server and the search service), and no valid request fails."""
-    result = hot_swap_trial(str(tmp_path), mode, poll=POLL)
+    model server and the search service), and no valid request fails; also behind the compiled
+    front, where requests of both versions' times are joined."""
+    result = hot_swap_trial(str(tmp_path), mode, poll=POLL, front=front)
     assert result["failed"] == 0, result["failures"]
     assert result["stayed_on_1_while_broken"] and result["versions_answering"] == ["1", "4"]
     assert not result["flapped_back"] and result["inconsistent_answers"] == 0 and result["versions_differ"]
@@ -153,9 +168,10 @@ def test_withdrawn_version_reports_not_serving_and_recovers(tmp_path):
             assert client.search(features=target.vectors[:1], k=3).model_version == "1"
 
 
-@pytest.mark.parametrize("kind, processes", [("search", 1), ("model", 1), ("search", 2)])
-def test_sigterm_under_load_drains_and_exits(tmp_path, kind, processes):
-    result = sigterm_trial(str(tmp_path), kind, grace=10.0, processes=processes)
+@pytest.mark.parametrize("kind, processes, front", [("search", 1, "python"), ("model", 1, "python"), ("search", 2, "python"),
+                                                    pytest.param("search", 1, "compiled", marks=COMPILED)])  # fmt: skip
+def test_sigterm_under_load_drains_and_exits(tmp_path, kind, processes, front):
+    result = sigterm_trial(str(tmp_path), kind, grace=10.0, processes=processes, front=front)
     assert result["exit_code"] == 0 and result["exit_after_s"] <= result["grace_s"], result
     assert result["answered_before"] > 0 and result["failed_before"] == 0
     assert set(result["in_flight_refused"]) <= {"UNAVAILABLE"}  # in flight: answered, or refused before it ran
