@@ -38,7 +38,6 @@
 // The messages are read and written in protobuf's wire format by hand (protoc and libprotobuf-dev
 // are not needed): the front reads only the few fields of serving/search.proto it joins on.
 
-#include <grpcpp/alarm.h>
 #include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
@@ -637,7 +636,6 @@ class WatchProxy : public grpc::ServerGenericBidiReactor {
       else Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no request message"));
       return;
     }
-    started_ = true;
     ++refs_;  // the service's side
     lock.unlock();
     backend_.Watch(&context_, &upstream_);
@@ -749,7 +747,7 @@ class WatchProxy : public grpc::ServerGenericBidiReactor {
   grpc::ClientContext context_;
   grpc::ByteBuffer request_, response_, out_;
   std::mutex mutex_;
-  bool read_ = false, started_ = false, writing_ = false, finished_ = false, ending_ = false;
+  bool read_ = false, writing_ = false, finished_ = false, ending_ = false;
   std::atomic<bool> held_{true};
   std::atomic<int> refs_{1};  // the caller's side
   static std::mutex registry_mutex_;

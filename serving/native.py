@@ -12,6 +12,7 @@ may write it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -48,9 +49,10 @@ def cache_dir() -> str:
     return os.path.join(root, "bin")
 
 
+@functools.cache
 def build(source: str, optimise: str = "-O2") -> str:
     """The path of ``source`` (a ``.cc`` file) built with ``optimise``, building it if it is not
-    in :func:`cache_dir` yet.
+    in :func:`cache_dir` yet (looked up once per process: each benchmark run asks again).
 
     Raises:
         BuildFailed: a tool or the library is missing, or the compiler failed (its output is in
