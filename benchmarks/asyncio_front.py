@@ -150,7 +150,7 @@ def main() -> None:
     if args.processes == 1:
         serve(args.model_base_dir, args.index_base_dir, args.kind, args.port, args.batched)
         return
-    from tfhash.serving.processes import reserve_port
+    from tfhash.serving.processes import START_SECONDS, read_until, reserve_port
 
     held = reserve_port("127.0.0.1", args.port)
     port = held.getsockname()[1]
@@ -160,10 +160,7 @@ def main() -> None:
                 for _ in range(args.processes)]
     signal.signal(signal.SIGTERM, lambda *_: [child.terminate() for child in children])
     for child in children:
-        for line in child.stderr:
-            if READY in line:
-                break
-        else:
+        if READY not in "".join(read_until(child, READY, START_SECONDS)[-1:]):
             raise SystemExit(f"a serving process exited with code {child.wait()} before it served")
         threading.Thread(target=child.stderr.read, daemon=True).start()  # drained from now on
     print(f"{READY}127.0.0.1:{port} ({args.processes} processes)", file=sys.stderr, flush=True)

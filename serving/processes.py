@@ -168,6 +168,26 @@ def reserve_port(host: str, port: int) -> socket.socket:
     return sock
 
 
+def read_until(process: subprocess.Popen, marker: str, seconds: float) -> list[str]:
+    """The lines of ``process``'s text stderr up to the first that holds ``marker`` (the last line
+    returned); all it wrote when it exits first, or is killed ``seconds`` after the call without
+    writing it. The rest of stderr stays for the caller to drain."""
+    watchdog = threading.Timer(seconds, process.kill)
+    watchdog.start()
+    lines = []
+    try:
+        for line in process.stderr:
+            lines.append(line)
+            if marker in line:
+                break
+    except BaseException:
+        process.kill()
+        raise
+    finally:
+        watchdog.cancel()
+    return lines
+
+
 class ServiceFailed(RuntimeError):
     """The service's processes could not start or kept dying."""
 
@@ -211,19 +231,17 @@ class ProcessFront:
         self.host = spec.host
         self._grpc_socket = reserve_port(spec.host, spec.port)
         self.port = self._grpc_socket.getsockname()[1]
-        self._sockets = [self._grpc_socket]
+        self._backend_sockets: list[socket.socket] = []  # behind the compiled front: each child's private port
+        self._rest_sockets: list[socket.socket] = []
         try:
-            if front == "compiled":  # each child's private port
-                self._sockets += [reserve_port(LOOPBACK, 0) for _ in range(self.processes)]
+            for _ in range(self.processes if front == "compiled" else 0):
+                self._backend_sockets.append(reserve_port(LOOPBACK, 0))
             if spec.rest_port is not None:
-                self._sockets += tornado.netutil.bind_sockets(spec.rest_port, address=spec.host)
+                self._rest_sockets = tornado.netutil.bind_sockets(spec.rest_port, address=spec.host)
         except OSError:
-            for sock in self._sockets:
-                sock.close()
+            self._close_sockets()
             raise
-        private = self._sockets[1 : 1 + self.processes] if front == "compiled" else []
-        self._backend_ports = [sock.getsockname()[1] for sock in private]
-        self._rest_sockets = self._sockets[1 + len(private) :]
+        self._backend_ports = [sock.getsockname()[1] for sock in self._backend_sockets]
         self.rest_port = self._rest_sockets[0].getsockname()[1] if self._rest_sockets else None
         self.spec = dataclasses.replace(spec, rest_port=None, port=self.port, **({"host": LOOPBACK} if front == "compiled" else {}))
         self.front_process: subprocess.Popen | None = None
@@ -295,19 +313,7 @@ class ProcessFront:
                     self.spec.max_request_mb << 20, math.ceil(self.grace), os.getpid()]  # fmt: skip
         process = subprocess.Popen([self._front_binary, self.address, backends, *map(str, settings)], stderr=subprocess.PIPE,
                                    text=True, errors="replace", start_new_session=True)  # fmt: skip
-        watchdog = threading.Timer(FRONT_START_SECONDS, process.kill)
-        watchdog.start()
-        log = []
-        try:
-            for line in process.stderr:  # gRPC's own logging may come first
-                log.append(line)
-                if FRONT_READY in line:
-                    break
-        except BaseException:
-            process.kill()
-            raise
-        finally:
-            watchdog.cancel()
+        log = read_until(process, FRONT_READY, FRONT_START_SECONDS)  # gRPC's own logging may come first
         if not log or FRONT_READY not in log[-1] or process.poll() is not None:
             process.kill()
             raise ServiceFailed(f"the compiled front exited with code {process.wait()} before it served: {''.join(log).strip()}")
@@ -382,9 +388,12 @@ class ProcessFront:
             sock.close()
         for child in children:
             _end(child, deadline, f"search process {child.pid}")
-        for sock in self._sockets:
-            sock.close()
+        self._close_sockets()
         shutil.rmtree(self.status_dir, ignore_errors=True)
+
+    def _close_sockets(self) -> None:
+        for sock in (self._grpc_socket, *self._backend_sockets, *self._rest_sockets):
+            sock.close()
 
 
 def _end(process: subprocess.Popen, deadline: float, what: str) -> None:

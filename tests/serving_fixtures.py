@@ -124,16 +124,16 @@ def start_cli(args: list[str], ready: str, module: str = "tfhash.cli") -> tuple[
     """Start ``tfhash <args>`` (``python -m <module> <args>``) and wait for the line holding
     ``ready``; returns the process (the line as its ``ready_line``, the last 400 lines of its stderr
     in ``log``) and the address that follows ``ready`` on that line (stderr keeps being drained)."""
+    from tfhash.serving.processes import START_SECONDS, read_until
+
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     process = subprocess.Popen([sys.executable, "-m", module, *args], stderr=subprocess.PIPE, text=True, env=env)
-    process.log = collections.deque(maxlen=400)
-    for line in process.stderr:
-        process.log.append(line)
-        if ready in line:
-            process.ready_line = line
-            threading.Thread(target=process.log.extend, args=(process.stderr,), daemon=True).start()
-            return process, line.split(ready, 1)[1].split()[0].rstrip(",;")
-    raise RuntimeError(f"tfhash {' '.join(args)} did not start (exit code {process.wait(10)}):\n{''.join(process.log)}")
+    process.log = collections.deque(read_until(process, ready, START_SECONDS), maxlen=400)
+    if not process.log or ready not in process.log[-1]:
+        raise RuntimeError(f"tfhash {' '.join(args)} did not start (exit code {process.wait(10)}):\n{''.join(process.log)}")
+    process.ready_line = process.log[-1]
+    threading.Thread(target=process.log.extend, args=(process.stderr,), daemon=True).start()
+    return process, process.ready_line.split(ready, 1)[1].split()[0].rstrip(",;")
 
 
 def stop_cli(process, limit: float = 60.0) -> None:

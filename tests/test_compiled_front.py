@@ -220,17 +220,15 @@ class SlowService:
 @pytest.fixture
 def by_hand():
     """The compiled front started by hand before a :class:`SlowService` (1 request in flight)."""
-    from tfhash.serving.processes import FRONT_READY, reserve_port
+    from tfhash.serving.processes import FRONT_READY, FRONT_START_SECONDS, read_until, reserve_port
 
-    backend = SlowService(delay=1.0)
+    backend = SlowService(delay=2.0)
     public = reserve_port("127.0.0.1", 0)
     address = f"127.0.0.1:{public.getsockname()[1]}"
     binary = native.build(os.path.join(native.HERE, "compiled_front.cc"))
     front = subprocess.Popen([binary, address, backend.address, "1", "64", "1", "256", str(8 << 20), "10", "0"], stderr=subprocess.PIPE, text=True)
-    log = [front.stderr.readline()]
-    while FRONT_READY not in log[-1] and front.poll() is None:
-        log.append(front.stderr.readline())
-    front.log = log
+    started = read_until(front, FRONT_READY, FRONT_START_SECONDS)
+    assert started and FRONT_READY in started[-1], f"the front did not start: {''.join(started)}"
     yield backend, address, front
     if front.poll() is None:
         front.kill()
@@ -249,18 +247,18 @@ def test_callers_keep_their_deadlines_and_a_late_one_is_never_sent(by_hand):
     backend, address, front = by_hand
     channel, through = _raw(address)
     with channel, ThreadPoolExecutor(4) as pool:
-        first = pool.submit(_outcome_after, through, _features(1), 10.0)  # holds the one request in flight for 1 s
-        time.sleep(0.3)
+        first = pool.submit(_outcome_after, through, _features(1), 10.0)  # holds the one request in flight for 2 s
+        assert wait_for(lambda: backend.calls, 5)
         late = pool.submit(_outcome_after, through, _features(2), 0.4)  # its deadline passes while it waits
-        short = pool.submit(_outcome_after, through, _features(3), 4.0)
-        long = pool.submit(_outcome_after, through, _features(4), 8.0)
+        short = pool.submit(_outcome_after, through, _features(3), 6.0)
+        long = pool.submit(_outcome_after, through, _features(4), 10.0)
         assert first.result()[0] == "ok" and [r.ids[0] for r in first.result()[1].results] == [1]
         assert late.result()[0] == grpc.StatusCode.DEADLINE_EXCEEDED
         for outcome, own in ((short.result(), 3), (long.result(), 4)):  # joined, each with its own row
             assert outcome[0] == "ok" and [r.ids[0] for r in outcome[1].results] == [own]
     rows = [sorted(call[0]) for call in backend.calls]
     assert rows == [[1], [3, 4]]  # the late request never reached the service
-    assert 6.0 < backend.calls[1][1] <= 8.0  # the joined request carried its latest caller's deadline
+    assert 7.0 < backend.calls[1][1] <= 10.0  # the joined request carried its latest caller's deadline (short's: < 4.5)
     front.terminate()
     assert front.wait(30) == 0
     assert "1 never sent" in front.stderr.read()
@@ -281,11 +279,10 @@ def test_health_while_the_front_drains(by_hand):
         health = health_pb2_grpc.HealthStub(channel)
         before = health.Watch(health_pb2.HealthCheckRequest(), timeout=30)
         assert name(next(before).status) == "SERVING"
-        held = pool.submit(_outcome_after, through, _features(7), 10.0)  # holds the drain open for about 1 s
-        time.sleep(0.3)
+        held = pool.submit(_outcome_after, through, _features(7), 10.0)  # holds the drain open for about 2 s
+        assert wait_for(lambda: backend.calls, 5)
         front.send_signal(signal.SIGTERM)
-        time.sleep(0.3)
-        assert name(health.Check(health_pb2.HealthCheckRequest(), timeout=5).status) == "NOT_SERVING"
+        assert wait_for(lambda: name(health.Check(health_pb2.HealthCheckRequest(), timeout=5).status) == "NOT_SERVING", 1)
         with pytest.raises(grpc.RpcError) as unknown:  # another name: the service's own answer
             health.Check(health_pb2.HealthCheckRequest(service="no.such.Service"), timeout=5)
         assert unknown.value.code() == grpc.StatusCode.NOT_FOUND

@@ -305,6 +305,12 @@ def test_automatic_ids_and_duplicates_for_every_index_type(name, tmp_path):
         index.add(codes[204:206], [7, 7])
     with pytest.raises(HashIndexError, match="expected 2 ids"):
         index.add(codes[204:206], [1])
+    # -1 marks "nothing found" in a result, so a negative id would vanish from every answer
+    with pytest.raises(HashIndexError, match=r"ids must be >= 0 .*got \[-1\]"):
+        index.upsert(codes[204:206], [250, -1])
+    with pytest.raises(HashIndexError):
+        index.upsert(codes[204:206, :2], [250, 600])  # codes of the wrong width
+    assert 250 in index.ids().tolist()  # a refused upsert removed nothing
     assert index.ntotal == 204  # a refused add leaves the index as it was
     assert index.remove([502, 501]) == 2
     index.add(codes[204:205])

@@ -128,13 +128,16 @@ def validate_radius(radius) -> int:
 
 
 def validate_ids(ids, count: int) -> np.ndarray:
-    """Return ``int64`` ids of length ``count``; refuse duplicates within the batch."""
+    """Return ``int64`` ids of length ``count``; refuse negative ids (``-1`` marks "nothing found" in
+    a search result, as in FAISS) and duplicates within the batch."""
     ids = np.asarray(ids)
     if ids.shape != (count,):
         raise HashIndexError(f"expected {count} ids (one per code), got shape {ids.shape}")
     if not np.issubdtype(ids.dtype, np.integer):
         raise HashIndexError(f"ids must be integers, got {ids.dtype}; pass int64 ids")
     ids = ids.astype(np.int64)
+    if ids.size and ids.min() < 0:
+        raise HashIndexError(f"ids must be >= 0 (-1 marks 'nothing found' in a search result); got {ids[ids < 0][:5].tolist()}")
     values, counts = np.unique(ids, return_counts=True)
     if values.size != ids.size:
         raise HashIndexError(f"ids must be unique; repeated: {values[counts > 1][:5].tolist()}")
@@ -149,7 +152,10 @@ def next_ids(existing: np.ndarray, count: int) -> np.ndarray:
 
 def packed_rows(codes, bits: int, name: str) -> np.ndarray:
     """``codes`` (+-1 or packed ``uint8``) as packed ``uint8`` rows of ``bits`` bits."""
-    packed = as_packed(codes, name)
+    try:
+        packed = as_packed(codes, name)
+    except (ValueError, TypeError) as err:
+        raise HashIndexError(f"{err}; the index holds {bits}-bit codes") from err
     if packed.shape[1] * 8 != bits:
         raise HashIndexError(
             f"{name} have {packed.shape[1] * 8} bits, the index holds {bits}-bit codes; "
@@ -319,10 +325,12 @@ class HashIndex(abc.ABC):
         return self._delete(ids) if ids.size and self.ntotal else 0
 
     def upsert(self, codes, ids) -> None:
-        """Replace the items with these ids (or add them when new)."""
-        ids = np.asarray(ids, dtype=np.int64)
-        self.remove(self._existing(ids))
-        self.add(codes, ids)
+        """Replace the items with these ids (or add them when new); refused input changes nothing."""
+        rows = self._read_rows(codes, "codes")
+        ids = validate_ids(ids, rows.shape[0])
+        if self.ntotal:
+            self._delete(ids)
+        self._insert(rows, ids)
 
     # --- queries -----------------------------------------------------------------------------
 
