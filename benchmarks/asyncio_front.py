@@ -160,7 +160,7 @@ def main() -> None:
                 for _ in range(args.processes)]
     signal.signal(signal.SIGTERM, lambda *_: [child.terminate() for child in children])
     for child in children:
-        if READY not in "".join(read_until(child, READY, START_SECONDS)[-1:]):
+        if not read_until(child, READY, START_SECONDS)[1]:
             raise SystemExit(f"a serving process exited with code {child.wait()} before it served")
         threading.Thread(target=child.stderr.read, daemon=True).start()  # drained from now on
     print(f"{READY}127.0.0.1:{port} ({args.processes} processes)", file=sys.stderr, flush=True)

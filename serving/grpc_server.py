@@ -103,6 +103,11 @@ class _Handlers(grpc.ServerInterceptor):
         return grpc.unary_unary_rpc_method_handler(wrapped, None, handler.response_serializer)
 
 
+def grpc_address(host: str, port: int) -> str:
+    """``host:port`` as gRPC takes and prints it (an IPv6 host in brackets)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 class GrpcServer:
     """A ``grpc.Server`` bound to ``host:port`` now (port 0: any free port; OSError when the
     address cannot be bound), served after :meth:`start`; add servicers to :attr:`server`.
@@ -125,7 +130,7 @@ class GrpcServer:
         self._gate = _Gate()
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=options,
                                   interceptors=[_Handlers(self._gate)], maximum_concurrent_rpcs=max_concurrent_rpcs)  # fmt: skip
-        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        address = grpc_address(host, port)
         try:
             self.port = self.server.add_insecure_port(address)
         except RuntimeError as err:  # grpcio >= 1.50 raises instead of returning 0

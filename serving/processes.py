@@ -70,7 +70,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tfhash.serving import native
-from tfhash.serving.grpc_server import EXIT_SECONDS, LOOPBACK, run_until_signal
+from tfhash.serving.grpc_server import EXIT_SECONDS, LOOPBACK, grpc_address, run_until_signal
 from tfhash.serving.siblings import Siblings, service_status, slot_path, withdraw
 
 if TYPE_CHECKING:
@@ -168,10 +168,10 @@ def reserve_port(host: str, port: int) -> socket.socket:
     return sock
 
 
-def read_until(process: subprocess.Popen, marker: str, seconds: float) -> list[str]:
-    """The lines of ``process``'s text stderr up to the first that holds ``marker`` (the last line
-    returned); all it wrote when it exits first, or is killed ``seconds`` after the call without
-    writing it. The rest of stderr stays for the caller to drain."""
+def read_until(process: subprocess.Popen, marker: str, seconds: float) -> tuple[list[str], bool]:
+    """The lines of ``process``'s text stderr up to the first that holds ``marker`` (then the last
+    line) and whether it came; without it, all it wrote until it exited or was killed ``seconds``
+    after the call. The rest of stderr stays for the caller to drain."""
     watchdog = threading.Timer(seconds, process.kill)
     watchdog.start()
     lines = []
@@ -179,13 +179,13 @@ def read_until(process: subprocess.Popen, marker: str, seconds: float) -> list[s
         for line in process.stderr:
             lines.append(line)
             if marker in line:
-                break
+                return lines, True
     except BaseException:
         process.kill()
         raise
     finally:
         watchdog.cancel()
-    return lines
+    return lines, False
 
 
 class ServiceFailed(RuntimeError):
@@ -256,7 +256,7 @@ class ProcessFront:
 
     @property
     def address(self) -> str:
-        return _address(self.host, self.port)
+        return grpc_address(self.host, self.port)
 
     def status(self) -> dict:
         """The service's status, as any child would answer GetStatus about every process."""
@@ -308,13 +308,13 @@ class ProcessFront:
     def _start_front(self) -> subprocess.Popen:
         """The compiled front, once it serves (ServiceFailed if it exits or is silent for
         :data:`FRONT_START_SECONDS`); its log goes on to this process's stderr."""
-        backends = ",".join(_address(LOOPBACK, port) for port in self._backend_ports)
+        backends = ",".join(grpc_address(LOOPBACK, port) for port in self._backend_ports)
         settings = [FRONT_CHANNELS, min(FRONT_ROWS, self.spec.max_batch), FRONT_IN_FLIGHT * self.processes, FRONT_WAITING,
                     self.spec.max_request_mb << 20, math.ceil(self.grace), os.getpid()]  # fmt: skip
         process = subprocess.Popen([self._front_binary, self.address, backends, *map(str, settings)], stderr=subprocess.PIPE,
                                    text=True, errors="replace", start_new_session=True)  # fmt: skip
-        log = read_until(process, FRONT_READY, FRONT_START_SECONDS)  # gRPC's own logging may come first
-        if not log or FRONT_READY not in log[-1] or process.poll() is not None:
+        log, ready = read_until(process, FRONT_READY, FRONT_START_SECONDS)  # gRPC's own logging may come first
+        if not ready or process.poll() is not None:
             process.kill()
             raise ServiceFailed(f"the compiled front exited with code {process.wait()} before it served: {''.join(log).strip()}")
         process.log_thread = threading.Thread(target=lambda: sys.stderr.writelines(process.stderr), name="tfhash-front-log", daemon=True)
@@ -404,11 +404,6 @@ def _end(process: subprocess.Popen, deadline: float, what: str) -> None:
         logger.error("%s did not exit within the grace period; killing it", what)
         process.kill()
         process.wait()
-
-
-def _address(host: str, port: int) -> str:
-    """``host:port`` as gRPC takes it (an IPv6 host in brackets)."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _die_with_parent(parent: int) -> None:

@@ -128,8 +128,9 @@ def start_cli(args: list[str], ready: str, module: str = "tfhash.cli") -> tuple[
 
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     process = subprocess.Popen([sys.executable, "-m", module, *args], stderr=subprocess.PIPE, text=True, env=env)
-    process.log = collections.deque(read_until(process, ready, START_SECONDS), maxlen=400)
-    if not process.log or ready not in process.log[-1]:
+    lines, started = read_until(process, ready, START_SECONDS)
+    process.log = collections.deque(lines, maxlen=400)
+    if not started:
         raise RuntimeError(f"tfhash {' '.join(args)} did not start (exit code {process.wait(10)}):\n{''.join(process.log)}")
     process.ready_line = process.log[-1]
     threading.Thread(target=process.log.extend, args=(process.stderr,), daemon=True).start()

@@ -67,12 +67,16 @@ def front_of(process) -> psutil.Process:
 def _raw(address: str):
     """A channel to ``address`` and its Search call on bytes (answers parsed)."""
     channel = grpc.insecure_channel(address)
-    return channel, channel.unary_unary(SEARCH_METHOD, response_deserializer=search_pb2.SearchResponse.FromString)
+    return channel, _search(channel)
 
 
-def _outcome(call, request: bytes):
+def _search(channel):
+    return channel.unary_unary(SEARCH_METHOD, response_deserializer=search_pb2.SearchResponse.FromString)
+
+
+def _outcome(call, request: bytes, timeout: float = 30.0):
     try:
-        return "ok", call(request, timeout=30)
+        return "ok", call(request, timeout=timeout)
     except grpc.RpcError as err:
         return err.code(), err.details()
 
@@ -165,8 +169,7 @@ def test_other_calls_go_through(versions, plain, fronted):
         with pytest.raises(grpc.RpcError) as refused:
             health.Check(health_pb2.HealthCheckRequest(service="no.such.Service"), timeout=30)
         assert refused.value.code() == grpc.StatusCode.NOT_FOUND
-        through = channel.unary_unary(SEARCH_METHOD, response_deserializer=search_pb2.SearchResponse.FromString)
-        search = direct.unary_unary(SEARCH_METHOD, response_deserializer=search_pb2.SearchResponse.FromString)
+        through, search = _search(channel), _search(direct)
         padded = search_request(features=vectors[:1], k=3).SerializeToString() + b"\xfa\x3f" + _varint(5 << 20) + bytes(5 << 20)
         too_large = search_request(features=vectors[:1], k=3).SerializeToString() + b"\xfa\x3f" + _varint(9 << 20) + bytes(9 << 20)
         for request in (search_request(examples=[b"not an example"], k=3), search_pb2.SearchRequest(k=3),
@@ -227,8 +230,8 @@ def by_hand():
     address = f"127.0.0.1:{public.getsockname()[1]}"
     binary = native.build(os.path.join(native.HERE, "compiled_front.cc"))
     front = subprocess.Popen([binary, address, backend.address, "1", "64", "1", "256", str(8 << 20), "10", "0"], stderr=subprocess.PIPE, text=True)
-    started = read_until(front, FRONT_READY, FRONT_START_SECONDS)
-    assert started and FRONT_READY in started[-1], f"the front did not start: {''.join(started)}"
+    log, started = read_until(front, FRONT_READY, FRONT_START_SECONDS)
+    assert started, f"the front did not start: {''.join(log)}"
     yield backend, address, front
     if front.poll() is None:
         front.kill()
@@ -247,11 +250,11 @@ def test_callers_keep_their_deadlines_and_a_late_one_is_never_sent(by_hand):
     backend, address, front = by_hand
     channel, through = _raw(address)
     with channel, ThreadPoolExecutor(4) as pool:
-        first = pool.submit(_outcome_after, through, _features(1), 10.0)  # holds the one request in flight for 2 s
+        first = pool.submit(_outcome, through, _features(1), 10.0)  # holds the one request in flight for 2 s
         assert wait_for(lambda: backend.calls, 5)
-        late = pool.submit(_outcome_after, through, _features(2), 0.4)  # its deadline passes while it waits
-        short = pool.submit(_outcome_after, through, _features(3), 6.0)
-        long = pool.submit(_outcome_after, through, _features(4), 10.0)
+        late = pool.submit(_outcome, through, _features(2), 0.4)  # its deadline passes while it waits
+        short = pool.submit(_outcome, through, _features(3), 6.0)
+        long = pool.submit(_outcome, through, _features(4), 10.0)
         assert first.result()[0] == "ok" and [r.ids[0] for r in first.result()[1].results] == [1]
         assert late.result()[0] == grpc.StatusCode.DEADLINE_EXCEEDED
         for outcome, own in ((short.result(), 3), (long.result(), 4)):  # joined, each with its own row
@@ -264,13 +267,6 @@ def test_callers_keep_their_deadlines_and_a_late_one_is_never_sent(by_hand):
     assert "1 never sent" in front.stderr.read()
 
 
-def _outcome_after(call, request: bytes, timeout: float):
-    try:
-        return "ok", call(request, timeout=timeout)
-    except grpc.RpcError as err:
-        return err.code(), err.details()
-
-
 def test_health_while_the_front_drains(by_hand):
     backend, address, front = by_hand
     name = health_pb2.HealthCheckResponse.ServingStatus.Name
@@ -279,7 +275,7 @@ def test_health_while_the_front_drains(by_hand):
         health = health_pb2_grpc.HealthStub(channel)
         before = health.Watch(health_pb2.HealthCheckRequest(), timeout=30)
         assert name(next(before).status) == "SERVING"
-        held = pool.submit(_outcome_after, through, _features(7), 10.0)  # holds the drain open for about 2 s
+        held = pool.submit(_outcome, through, _features(7), 10.0)  # holds the drain open for about 2 s
         assert wait_for(lambda: backend.calls, 5)
         front.send_signal(signal.SIGTERM)
         assert wait_for(lambda: name(health.Check(health_pb2.HealthCheckRequest(), timeout=5).status) == "NOT_SERVING", 1)
@@ -288,7 +284,7 @@ def test_health_while_the_front_drains(by_hand):
         assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
         assert [name(r.status) for r in health.Watch(health_pb2.HealthCheckRequest(), timeout=5)] == ["NOT_SERVING"]  # then OK
         assert [name(r.status) for r in before] == ["NOT_SERVING"]  # the open stream said it too, then ended OK
-        assert _outcome_after(through, _features(8), 5.0)[0] == grpc.StatusCode.UNAVAILABLE  # new searches are refused
+        assert _outcome(through, _features(8), 5.0)[0] == grpc.StatusCode.UNAVAILABLE  # new searches are refused
         assert held.result()[0] == "ok"  # what it held was answered
     assert front.wait(30) == 0 and [call[0] for call in backend.calls] == [[7]]
 

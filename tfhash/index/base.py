@@ -328,8 +328,7 @@ class HashIndex(abc.ABC):
         """Replace the items with these ids (or add them when new); refused input changes nothing."""
         rows = self._read_rows(codes, "codes")
         ids = validate_ids(ids, rows.shape[0])
-        if self.ntotal:
-            self._delete(ids)
+        self.remove(ids)
         self._insert(rows, ids)
 
     # --- queries -----------------------------------------------------------------------------
