@@ -420,10 +420,7 @@ class Coalescer {
     for (auto found = queues_.find(key); found != queues_.end(); found = queues_.find(key)) {
       Queue& queue = found->second;
       const auto now = Clock::now();
-      while (!queue.waiting.empty() && (*queue.waiting.front().cancelled || queue.waiting.front().deadline <= now)) {
-        dropped.push_back(std::move(queue.waiting.front()));
-        queue.waiting.pop_front();
-      }
+      DropGone(queue, now, dropped);
       if (queue.waiting.empty() || queue.in_flight >= limits_.in_flight + (queue.waiting.front().alone ? kResends : 0)) return;
       auto batch = std::make_shared<std::vector<Waiting>>();
       size_t rows = 0, bytes = 0;
@@ -432,13 +429,22 @@ class Coalescer {
         bytes += queue.waiting.front().part.rows.size();
         batch->push_back(std::move(queue.waiting.front()));
         queue.waiting.pop_front();
-      } while (!batch->front().alone && !queue.waiting.empty() && !queue.waiting.front().alone && !*queue.waiting.front().cancelled &&
-               queue.waiting.front().deadline > now && rows + queue.waiting.front().part.count <= limits_.max_rows &&
+        DropGone(queue, now, dropped);  // one that is gone never splits the requests around it
+      } while (!batch->front().alone && !queue.waiting.empty() && !queue.waiting.front().alone &&
+               rows + queue.waiting.front().part.count <= limits_.max_rows &&
                bytes + queue.waiting.front().part.rows.size() + 1024 <= limits_.max_bytes);  // 1 kB: the request's other fields
       ++queue.in_flight;
       lock.unlock();
       Send(key, batch);
       lock.lock();
+    }
+  }
+
+  // Moves the requests first in line whose caller cancelled or whose deadline passed to `dropped`.
+  static void DropGone(Queue& queue, Clock::time_point now, std::vector<Waiting>& dropped) {
+    while (!queue.waiting.empty() && (*queue.waiting.front().cancelled || queue.waiting.front().deadline <= now)) {
+      dropped.push_back(std::move(queue.waiting.front()));
+      queue.waiting.pop_front();
     }
   }
 

@@ -252,8 +252,8 @@ def test_callers_keep_their_deadlines_and_a_late_one_is_never_sent(by_hand):
     with channel, ThreadPoolExecutor(4) as pool:
         first = pool.submit(_outcome, through, _features(1), 10.0)  # holds the one request in flight for 2 s
         assert wait_for(lambda: backend.calls, 5)
-        late = pool.submit(_outcome, through, _features(2), 0.4)  # its deadline passes while it waits
         short = pool.submit(_outcome, through, _features(3), 6.0)
+        late = pool.submit(_outcome, through, _features(2), 0.4)  # its deadline passes while it waits (between the others)
         long = pool.submit(_outcome, through, _features(4), 10.0)
         assert first.result()[0] == "ok" and [r.ids[0] for r in first.result()[1].results] == [1]
         assert late.result()[0] == grpc.StatusCode.DEADLINE_EXCEEDED
