@@ -129,6 +129,7 @@ class Load:
     def __init__(self, address: str, queries: np.ndarray, clients: int = 4, k: int = 5, examples: bool = False):
         self.address, self.queries, self.k, self.examples = address, queries, k, examples
         self.answers, self.failures = [], []
+        self._answered = threading.Condition()
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(clients)]
 
@@ -147,7 +148,10 @@ class Load:
                         answer = client.search(examples=[vector_example(self.queries[q])], k=self.k)
                     else:
                         answer = client.search(features=self.queries[q : q + 1], k=self.k)
-                    self.answers.append((started, time.monotonic(), q, answer.model_version, answer.ids[0].tolist(), answer.distances[0].tolist()))
+                    with self._answered:
+                        self.answers.append((started, time.monotonic(), q, answer.model_version, answer.ids[0].tolist(),
+                                             answer.distances[0].tolist()))  # fmt: skip
+                        self._answered.notify_all()
                 except ServingError as err:
                     self.failures.append((started, time.monotonic(), err.code.name, err.message))
 
@@ -160,6 +164,13 @@ class Load:
         self._stop.set()
         for thread in self._threads:
             thread.join(30)
+
+    def wait_for_answers(self, count: int, version: str | None = None, seconds: float = 60.0) -> None:
+        """Until ``count`` answers (of ``version``, if given) came back; an error after ``seconds``."""
+        with self._answered:
+            if not self._answered.wait_for(lambda: sum(version is None or a[3] == version for a in self.answers) >= count, seconds):
+                raise TimeoutError(f"fewer than {count} answers{f' of version {version}' if version else ''} in {seconds:g} s; "
+                                   f"failures: {self.failures[-3:]}")  # fmt: skip
 
     def first_answer_of(self, version: str) -> float | None:
         times = [a[1] for a in self.answers if a[3] == version]
@@ -243,7 +254,7 @@ def hot_swap_trial(root: str, mode: str, poll: float = 0.5, clients: int = 4, pr
                                 processes, poll, front)  # fmt: skip
     load = Load(server.address, vectors[:8], clients, examples=mode == "remote").start()
     try:
-        time.sleep(1.0)
+        load.wait_for_answers(20)  # the load runs on version 1
         push_broken_versions(models, indexes, vectors, ids)
         if model_server is not None:
             write_deployment(models, MODEL, tfs, index_base_dir=indexes)  # pins the pairs only: still [1]
@@ -253,9 +264,8 @@ def hot_swap_trial(root: str, mode: str, poll: float = 0.5, clients: int = 4, pr
                                          (os.path.join(staging, "indexes", "4"), os.path.join(indexes, "4"))], 1.5 * poll)  # fmt: skip
         if model_server is not None:
             write_deployment(models, MODEL, tfs, index_base_dir=indexes)  # publish: [1, 4]
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and sum(a[3] == "4" for a in load.answers) < 50:
-            time.sleep(0.05)
+        with contextlib.suppress(TimeoutError):  # a version 4 that never answers is reported below
+            load.wait_for_answers(50, "4")
     finally:
         load.stop()
         server.stop(0)

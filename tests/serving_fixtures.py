@@ -133,13 +133,15 @@ def start_cli(args: list[str], ready: str, module: str = "tfhash.cli") -> tuple[
     if not started:
         raise RuntimeError(f"tfhash {' '.join(args)} did not start (exit code {process.wait(10)}):\n{''.join(process.log)}")
     process.ready_line = process.log[-1]
-    threading.Thread(target=process.log.extend, args=(process.stderr,), daemon=True).start()
+    process.drain = threading.Thread(target=process.log.extend, args=(process.stderr,), daemon=True)
+    process.drain.start()
     return process, process.ready_line.split(ready, 1)[1].split()[0].rstrip(",;")
 
 
 def stop_cli(process, limit: float = 60.0) -> None:
-    """SIGTERM a :func:`start_cli` process and wait for exit code 0; any other code, or a process
-    still running ``limit`` seconds later (then killed), fails the test with the end of its log."""
+    """SIGTERM a :func:`start_cli` process and wait for exit code 0 and the end of its log; any
+    other code, or a process still running ``limit`` seconds later (then killed), fails the test
+    with the end of its log."""
     process.send_signal(signal.SIGTERM)
     try:
         code = process.wait(limit)
@@ -147,8 +149,8 @@ def stop_cli(process, limit: float = 60.0) -> None:
         process.kill()
         process.wait()
         code = f"still running {limit:g} s after SIGTERM"
+    process.drain.join(10)  # its stderr is read to the end
     if code != 0:
-        time.sleep(0.2)  # the drain thread's last lines
         raise AssertionError(f"tfhash stopped with {code}; its log ends:\n{''.join(process.log)}")
 
 

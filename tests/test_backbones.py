@@ -3,10 +3,12 @@ weights: CI downloads nothing)."""
 
 from __future__ import annotations
 
+import inspect
 import io
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 
@@ -62,7 +64,7 @@ def user_encoder(folder, kind: str, pooled: bool = True) -> str:
     return path
 
 
-def one_step_model(backbone_name: str, tmp_path, seed: int = 0):
+def one_step_model(backbone_name: str, seed: int = 0):
     keras.utils.set_random_seed(seed)
     size = None if backbone_name.startswith("/") else 32  # an encoder runs at the size it declares
     backbone = image_backbone(backbone_name, SHAPE, size=size, weights=None, augment=True, dropout=0.5)
@@ -73,52 +75,115 @@ def one_step_model(backbone_name: str, tmp_path, seed: int = 0):
     return model
 
 
+#: One real round trip each: the cheapest ImageNet network of the catalogue and both kinds of a
+#: user's encoder (every other network name: the structural checks below).
+ROUND_TRIPS = ("squeezenet", "encoder.keras", "encoder-savedmodel")
+
 FRESH_PROCESS = """
 import json, sys, numpy as np, tensorflow as tf
-model = tf.saved_model.load(sys.argv[1])
-images = np.load(sys.argv[2])
-out = model.signatures["encode_pixels"](pixels=tf.constant(images))
-print(json.dumps(out["packed_codes"].numpy().tolist()))
+images = np.load(sys.argv[1])
+codes = {path: tf.saved_model.load(path).signatures["encode_pixels"](pixels=tf.constant(images))["packed_codes"].numpy().tolist()
+         for path in sys.argv[2:]}
+print(json.dumps(codes))
 """
 
 
-@pytest.mark.parametrize("name", [*sorted(IMAGE_NETWORKS), "encoder.keras", "encoder-savedmodel"])
-def test_backbone_round_trip(name, tmp_path):
-    """Every backbone name and both encoder kinds: build (with augmentation and feature dropout),
-    train one step, export, load in a fresh process and in the development model server: the same
-    image gets the same code everywhere."""
-    backbone_name = {"encoder.keras": lambda: user_encoder(tmp_path, "keras"),
-                     "encoder-savedmodel": lambda: user_encoder(tmp_path, "savedmodel")}.get(name, lambda: name)()  # fmt: skip
-    model = one_step_model(backbone_name, tmp_path)
-    images = pixels(6, seed=1)
-    base = tmp_path / "models"
-    export_image_model(model, str(base / "1"), SHAPE, BITS)
-    keras_codes = np.asarray(model(images.astype("float32"), training=False)["codes"])
-    loaded = tf.saved_model.load(str(base / "1"))
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """Each of :data:`ROUND_TRIPS` built (with augmentation and feature dropout), trained one step
+    and exported as version 1 of its own model base directory; with its Keras codes of six images."""
+    root = tmp_path_factory.mktemp("backbones")
+    images, found = pixels(6, seed=1), {}
+    for name in ROUND_TRIPS:
+        folder = root / name
+        folder.mkdir()
+        encoder = {"encoder.keras": "keras", "encoder-savedmodel": "savedmodel"}.get(name)
+        backbone_name = user_encoder(folder, encoder) if encoder else name
+        model = one_step_model(backbone_name)
+        export_image_model(model, str(folder / "models" / "1"), SHAPE, BITS)
+        found[name] = {"base": str(folder / "models"), "keras_codes": np.asarray(model(images.astype("float32"), training=False)["codes"])}
+    return images, found
+
+
+@pytest.mark.parametrize("name", ROUND_TRIPS)
+def test_the_export_encodes_as_the_trained_model(name, exported):
+    """Pixels and serialized examples get the Keras model's codes from the SavedModel."""
+    images, found = exported
+    loaded = tf.saved_model.load(os.path.join(found[name]["base"], "1"))
     by_pixels = loaded.signatures["encode_pixels"](pixels=tf.constant(images))
     by_examples = loaded.signatures["serving_default"](examples=tf.constant([png_example(i) for i in images]))
-    np.testing.assert_allclose(by_pixels["codes"].numpy(), keras_codes, atol=1e-4)
+    np.testing.assert_allclose(by_pixels["codes"].numpy(), found[name]["keras_codes"], atol=1e-4)
     np.testing.assert_array_equal(by_examples["packed_codes"].numpy(), by_pixels["packed_codes"].numpy())
+
+
+def _packed(base: str, images) -> np.ndarray:
+    return tf.saved_model.load(os.path.join(base, "1")).signatures["encode_pixels"](pixels=tf.constant(images))["packed_codes"].numpy()
+
+
+@pytest.mark.process
+def test_a_fresh_process_loads_each_export_and_gets_the_same_codes(exported, tmp_path):
+    images, found = exported
     np.save(tmp_path / "images.npy", images)
-    fresh = subprocess.run([sys.executable, "-c", FRESH_PROCESS, str(base / "1"), str(tmp_path / "images.npy")],
+    paths = [os.path.join(entry["base"], "1") for entry in found.values()]
+    fresh = subprocess.run([sys.executable, "-c", FRESH_PROCESS, str(tmp_path / "images.npy"), *paths],
                            capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}, check=True)  # fmt: skip
-    np.testing.assert_array_equal(np.asarray(json.loads(fresh.stdout.strip().splitlines()[-1]), np.uint8),
-                                  by_pixels["packed_codes"].numpy())  # fmt: skip
-    server = DevModelServer(models_config([model_config("images", str(base))]), poll_seconds=0.2).start()
+    codes = json.loads(fresh.stdout.strip().splitlines()[-1])
+    for name, entry in found.items():
+        np.testing.assert_array_equal(np.asarray(codes[os.path.join(entry["base"], "1")], np.uint8), _packed(entry["base"], images), name)
+
+
+@pytest.mark.server
+def test_the_development_model_server_serves_each_export(exported):
+    images, found = exported
+    server = DevModelServer(models_config([model_config(name, entry["base"]) for name, entry in found.items()]),
+                            poll_seconds=0.2).start()  # fmt: skip
     try:
-        with ModelClient(server.address, "images") as client:
-            served = client.encode_pixels(images)
-            with pytest.raises(ServingError, match="uint8"):
-                client.encode_pixels(images.astype("float32"))
+        for name, entry in found.items():
+            with ModelClient(server.address, name) as client:
+                np.testing.assert_array_equal(client.encode_pixels(images).packed_codes, _packed(entry["base"], images), name)
+                with pytest.raises(ServingError, match="uint8"):
+                    client.encode_pixels(images.astype("float32"))
     finally:
         server.stop(0)
-    np.testing.assert_array_equal(served.packed_codes, by_pixels["packed_codes"].numpy())
 
 
-def test_images_of_another_size_are_refused_by_the_export(tmp_path):
-    model = one_step_model("squeezenet", tmp_path)
-    export_image_model(model, str(tmp_path / "m"), SHAPE, BITS)
-    loaded = tf.saved_model.load(str(tmp_path / "m"))
+def family(name: str) -> str:
+    """The network's family: names that differ only in their scale (efficientnetb0-b7, the two
+    mobilenetv3) build from the same code."""
+    return re.sub(r"(b\d|small|large)$", "", name)
+
+
+#: One network of each family is built; the others are checked against their constructor.
+BUILT = sorted({family(name): name for name in sorted(IMAGE_NETWORKS, reverse=True)}.values())
+
+
+@pytest.mark.parametrize("name", sorted(IMAGE_NETWORKS))
+def test_every_network_name_names_a_constructor_that_takes_its_options(name):
+    """The cheap structural check of every network name (one real round trip: squeezenet, above;
+    one build per family: below): its constructor exists and takes what the backbone passes."""
+    network = IMAGE_NETWORKS[name]
+    if network.constructor is None:  # tfhash's own SqueezeNet
+        return
+    accepted = inspect.signature(getattr(keras.applications, network.constructor)).parameters
+    assert {"include_top", "weights", "input_shape", "pooling", "name", *network.options} <= set(accepted)
+
+
+@pytest.mark.parametrize("name", BUILT)
+def test_a_network_of_each_family_builds_as_the_catalogue_says(name):
+    """Built from its constructor and options with augmentation and feature dropout, at a small
+    side, it maps a batch of raw pixels to one finite feature vector per image, inside the
+    backbone's "network" layer, with the preprocessing the catalogue names."""
+    network = IMAGE_NETWORKS[name]
+    backbone = image_backbone(name, SHAPE, size=32, weights=None, augment=True, dropout=0.5)
+    features = backbone(pixels(2).astype("float32"), training=False).numpy()
+    assert features.ndim == 2 and features.shape[0] == 2 and np.isfinite(features).all()
+    assert backbone.get_layer("network").output.shape[-1] == features.shape[1]
+    layers = {layer.name for layer in backbone.layers}
+    assert ("caffe_preprocess" in layers) == (network.preprocess == "caffe") and {"augmentation", "feature_dropout"} <= layers
+
+
+def test_images_of_another_size_are_refused_by_the_export(exported):
+    loaded = tf.saved_model.load(os.path.join(exported[1]["squeezenet"]["base"], "1"))
     with pytest.raises(tf.errors.InvalidArgumentError, match="not 32x32x3, the size the model takes"):
         loaded.signatures["serving_default"](examples=tf.constant([png_example(pixels(1, shape=(40, 32, 3))[0])]))
     with pytest.raises((tf.errors.InvalidArgumentError, ValueError)):

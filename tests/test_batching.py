@@ -70,9 +70,11 @@ def test_a_failing_request_fails_alone():
 
 
 def test_timeout_and_worker_ends_with_its_batcher():
-    batcher = Batcher(lambda key, values: (time.sleep(0.5), values)[1])
+    release = threading.Event()
+    batcher = Batcher(lambda key, values: (release.wait(10), values)[1])  # a call that outlasts its caller's timeout
     with pytest.raises(TimeoutError):
         batcher.submit("sig", np.zeros((1, 1)), timeout=0.01)
+    release.set()
     workers = batcher._workers
     del batcher
     gc.collect()

@@ -105,7 +105,6 @@ def test_quickstart_refuses_a_code_length_before_loading_anything(tmp_path):
     assert "SCDH" not in result.output and not out.exists()  # no banner: the command never started
 
 
-@pytest.mark.slow
 def test_quickstart_end_to_end_on_mnist(tmp_path):
     """README command 1 in small: one epoch at 16 bits on the real MNIST files."""
     out = tmp_path / "run"
@@ -157,6 +156,7 @@ def test_index_build_search_info(tmp_path):
     assert unchecked.exit_code == 2 and "records no SavedModel signature fingerprint" in unchecked.output
 
 
+@pytest.mark.process
 def test_index_build_and_search_in_milvus(tmp_path):
     import pymilvus  # noqa: F401  # imported here first: its log handler keeps the stderr of its first import, which CliRunner closes
 
@@ -191,12 +191,14 @@ def output_then_heavy_modules(code: str) -> list[str]:
     return result.stdout.splitlines()
 
 
+@pytest.mark.process
 def test_the_command_line_imports_tensorflow_only_inside_commands():
     """``TF_CPP_MIN_LOG_LEVEL`` works only when set before TensorFlow's first import: the entry
     point sets it in its group callback, so importing the command line must not import TensorFlow."""
     assert output_then_heavy_modules("import sys, tfhash.cli") == ["[]"]
 
 
+@pytest.mark.process
 def test_tfhash_methods_lists_the_methods_without_tensorflow():
     """``tfhash methods`` reads :mod:`tfhash.registry`, which imports no TensorFlow: it starts as
     fast as ``tfhash --help`` (importing TensorFlow made it take seconds)."""
@@ -204,6 +206,7 @@ def test_tfhash_methods_lists_the_methods_without_tensorflow():
     assert lines[0].startswith("scdh ") and lines[-1] == "[]", lines
 
 
+@pytest.mark.process
 def test_console_is_quiet_by_default_and_full_with_verbose(tmp_path):
     """A command that imports TensorFlow and TFX (compiling a pipeline) writes nothing to stderr
     by default: no TensorFlow C++ log (CUDA plugin registration, TensorRT, CPU features), no

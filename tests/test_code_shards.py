@@ -42,7 +42,8 @@ def split(tmp_path_factory):
     return files, export_version(str(root / "models"), 1, seed=0), export_version(str(root / "models"), 2, seed=5)
 
 
-@pytest.mark.parametrize("args", [IN_MEMORY, TWO_PROCESSES], ids=["in-memory", "two-processes"])
+@pytest.mark.parametrize("args", [IN_MEMORY, pytest.param(TWO_PROCESSES, marks=pytest.mark.process)], ids=["in-memory", "two-processes"])
+@pytest.mark.beam
 def test_shards_hold_the_in_process_codes_in_record_order(split, tmp_path, args):
     files, model, _ = split
     codes, labels, ids = encoding.encode_split(model, sorted(files), 3, batch_size=SMALL["batch_size"])
@@ -64,6 +65,7 @@ def test_shards_hold_the_in_process_codes_in_record_order(split, tmp_path, args)
     assert streamed.mean_average_precision() == expected.mean_average_precision()
 
 
+@pytest.mark.beam
 def test_a_corrupt_or_foreign_or_unfinished_shard_directory_is_refused(split, tmp_path):
     files, model, other = split
     directory = str(tmp_path / "shards")
@@ -90,6 +92,8 @@ def test_a_corrupt_or_foreign_or_unfinished_shard_directory_is_refused(split, tm
         CodeShards.open(directory)
 
 
+@pytest.mark.beam
+@pytest.mark.process  # the rerun runs on two worker processes
 def test_a_bad_record_fails_the_job_by_name_and_a_rerun_writes_every_id_once(split, tmp_path):
     files, model, _ = split
     vectors, ids = database(n=300)
@@ -109,6 +113,7 @@ def test_a_bad_record_fails_the_job_by_name_and_a_rerun_writes_every_id_once(spl
     assert sorted(os.listdir(directory)) == sorted([*(e["name"] for e in shards.manifest["shards"]), MANIFEST])
 
 
+@pytest.mark.beam
 def test_a_split_without_records_and_a_stale_manifest_end_nothing_silently(split, tmp_path):
     files, model, other = split
     with pytest.raises(Exception, match=r"hold no records to encode"):
@@ -130,6 +135,7 @@ def test_parts_must_be_whole_batches(split, tmp_path):
         encoding.EncodeToShards(model, files, 3, str(tmp_path), batch_size=64, part_records=100)
 
 
+@pytest.mark.beam
 def test_a_finished_job_is_read_back_by_a_model_of_the_same_fingerprint_only(split, tmp_path):
     files, model, other = split
     cache = str(tmp_path / "cache")

@@ -27,7 +27,8 @@ from tfhash.serving.search_client import search_request
 from benchmarks.serving import SEARCH_METHOD
 from tests.serving_fixtures import database, push_version, start_cli, stop_cli, wait_for
 
-pytestmark = pytest.mark.skipif(native.missing() is not None, reason=f"building the compiled front: {native.missing()}")
+pytestmark = [pytest.mark.skipif(native.missing() is not None, reason=f"building the compiled front: {native.missing()}"),
+              pytest.mark.process, pytest.mark.server]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +131,6 @@ def test_joined_searches_answer_each_caller_as_the_service_does(versions, plain,
         assert answer == want_answer  # the same messages: model version, every row's ids and distances, or the same error
     assert 150 < sum(code == "ok" for code, _ in got) < 300  # both kinds of outcome are there
     stop_cli(process)
-    time.sleep(0.2)  # the log's last lines
     log = "".join(process.log)
     joined, calls, resent = (int(x) for x in re.search(r"(\d+) of them joined into (\d+) calls, (\d+) resent", log).groups())
     assert calls > 0 and joined > calls, log  # some calls carried several callers' rows
@@ -145,7 +145,6 @@ def test_joining_keeps_the_services_batch_limit(versions):
     with channel, ThreadPoolExecutor(24) as pool:
         assert set(pool.map(lambda request: _outcome(through, request)[0], requests)) == {"ok"}
     stop_cli(process)
-    time.sleep(0.2)
     log = "".join(process.log)
     joined, calls, resent = (int(x) for x in re.search(r"(\d+) of them joined into (\d+) calls, (\d+) resent", log).groups())
     assert joined == 2 * calls and resent == 0, log  # pairs, never more: the service refused none

@@ -40,6 +40,7 @@ def test_a_bad_config_is_refused_naming_the_file(tmp_path, case):
     assert str(refused.value).startswith(f"{path}: ")
 
 
+@pytest.mark.process
 def test_a_typo_is_reported_before_tensorflow_or_tfx_load(tmp_path):
     path = tmp_path / "run.json"
     path.write_text(json.dumps({"name": "x", "training": {"backbone": "squeezenet", "backbone_weights": "imagnet"}}))

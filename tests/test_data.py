@@ -43,7 +43,6 @@ def test_splits_are_deterministic_and_shuffled():
     assert np.mean(np.diff(labels[a.database]) == 0) < 0.5
 
 
-@pytest.mark.slow
 def test_cifar10_shapes_counts_and_protocol():
     ds = data.load_cifar10(seed=0)
     assert ds.inputs["image"].shape == (60000, 32, 32, 3) and ds.inputs["image"].dtype == np.uint8

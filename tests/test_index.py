@@ -30,6 +30,9 @@ from tfhash.index.base import BACKEND_EXTRA, BACKEND_PACKAGES
 from tfhash.index.factory import FORMAT_TAGS
 from tfhash.index.tf_search import HammingTopK, export_hamming_search
 
+#: Every index type; Milvus's (Milvus Lite) starts its server process.
+EVERY_INDEX_TYPE = [pytest.param(name, marks=pytest.mark.process) if name == "Milvus" else name for name in INDEX_TYPES]
+
 
 def _codes(rng, n, bits, centres=None, flip=0.2):
     if centres is None:
@@ -236,6 +239,7 @@ FORMAT_1 = {"BFlat": ("binary-flat", "kind"), "BIVF": ("binary-ivf", "kind"), "B
             "ScaNN": ("scann-ah", "mode"), "ScaNNBrute": ("scann-brute", "mode"), "Milvus": ("milvus-flat", "method")}  # fmt: skip
 
 
+@pytest.mark.process
 def test_one_type_table_for_factory_and_loader(tmp_path):
     assert set(INDEX_TYPES) == set(FORMAT_1)
     assert len(FORMAT_TAGS) == len(INDEX_TYPES)  # one format tag per index type
@@ -290,7 +294,7 @@ def test_capabilities_are_declared_and_refused_clearly():
         binary.range_search(codes[:2], -1)
 
 
-@pytest.mark.parametrize("name", list(INDEX_TYPES))
+@pytest.mark.parametrize("name", EVERY_INDEX_TYPE)
 def test_automatic_ids_and_duplicates_for_every_index_type(name, tmp_path):
     codes = _codes(np.random.default_rng(10), 300, 32)  # enough for the ScaNN tree's training
     index = _make(32, INDEX_TYPES[name], tmp_path)
@@ -320,7 +324,7 @@ def test_automatic_ids_and_duplicates_for_every_index_type(name, tmp_path):
     index.close()
 
 
-@pytest.mark.parametrize("name", list(INDEX_TYPES))
+@pytest.mark.parametrize("name", EVERY_INDEX_TYPE)
 def test_search_unpacks_like_faiss_and_len_counts_for_every_index_type(name, tmp_path):
     codes = _codes(np.random.default_rng(11), 300, 32)  # enough for the ScaNN tree's training
     index = _make(32, INDEX_TYPES[name], tmp_path)
@@ -342,6 +346,7 @@ def test_search_unpacks_like_faiss_and_len_counts_for_every_index_type(name, tmp
         index.close()
 
 
+@pytest.mark.process
 def test_missing_backend_names_the_extra(monkeypatch):
     extras = Path(__file__).resolve().parents[1].joinpath("pyproject.toml").read_text()
     line = next(x for x in extras.splitlines() if x.startswith(f"{BACKEND_EXTRA} = ["))

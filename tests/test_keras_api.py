@@ -268,7 +268,7 @@ def test_compile_metrics_per_tower_and_clear_refusals():
 # --- saving ------------------------------------------------------------------------------------
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_every_method_saved_as_keras_loads_after_importing_tfhash_models_alone(tmp_path):
     """Each registered method, compiled with its recipe's optimizer and a compile metric, saved
     as ``.keras`` and loaded in a new process that imports only ``tfhash.models`` (and Keras):
@@ -345,7 +345,7 @@ def test_mean_teacher_rows_keep_a_labelled_share_and_mark_unlabelled_rows():
     assert np.all(rows[~labelled] == 0) and np.all(rows[labelled] == 1)
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_the_replay_of_reported_mistakes_gets_what_the_library_promises():
     """``scripts/replay_keras_mistakes.py`` exits 1 when a case does not behave as promised."""
     from pathlib import Path

@@ -44,7 +44,7 @@ def _run(labels: np.ndarray, num_anchors: int):
     return ids, np.array([r["q"] for r in rows]), np.array([r["u"] for r in rows])
 
 
-@pytest.mark.slow
+@pytest.mark.beam
 def test_transform_coefficients_equal_numpy_reference_all_anchors():
     rng = np.random.default_rng(0)
     labels = (rng.random((60, C)) < 0.35).astype(np.float32)
@@ -55,7 +55,7 @@ def test_transform_coefficients_equal_numpy_reference_all_anchors():
     np.testing.assert_allclose(u, expected_u, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.slow
+@pytest.mark.beam
 def test_transform_coefficients_with_sampled_anchors():
     rng = np.random.default_rng(1)
     labels = (rng.random((80, C)) < 0.35).astype(np.float32)
@@ -71,7 +71,7 @@ def test_transform_coefficients_with_sampled_anchors():
     assert error < 0.5  # an approximation, not the exact values
 
 
-@pytest.mark.slow
+@pytest.mark.beam
 def test_transform_tag_statistics_equal_numpy_counts(tmp_path):
     from tfhash.components.label_statistics import tag_statistic_vocabularies
     from tfhash.components.trainer import read_transform_tag_statistics

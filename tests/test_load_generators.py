@@ -15,6 +15,7 @@ from benchmarks.serving import K, check_answers, run_level
 from tests.serving_fixtures import database, push_version
 from tfhash.index import load_index
 
+pytestmark = [pytest.mark.server, pytest.mark.process]  # a search service in this process; the generators' own processes
 GENERATORS = ["python", pytest.param("cpp", marks=pytest.mark.skipif(native.missing() is not None, reason=f"{native.missing()}"))]
 
 

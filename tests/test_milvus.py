@@ -12,6 +12,7 @@ import sys
 import numpy as np
 import pytest
 
+from tests.tiers import starts
 from tfhash.codes import pack_codes
 from tfhash.index import (
     HashIndexError,
@@ -35,6 +36,7 @@ def _clustered(rng, n, bits, clusters=20, flip=0.15, centres=None):
 
 
 @pytest.fixture
+@starts("process")
 def lite(tmp_path):
     """A Milvus Lite file; every index opened through ``open_`` is closed after the test."""
     opened = []
@@ -222,6 +224,7 @@ def test_milvus_result_limits_are_refused_not_truncated(lite):
     assert index.search(np.ones((1, 16), np.int8), MAX_RESULTS).ids.shape == (1, MAX_RESULTS)
 
 
+@pytest.mark.process
 def test_closing_frees_the_lite_file_for_another_process(lite, tmp_path):
     index = lite(16, "items")
     index.add(np.ones((3, 16), np.int8))

@@ -31,7 +31,7 @@ def _free_ports(count: int) -> list[int]:
             s.close()
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_two_workers_train_one_model(tmp_path):
     workers = [f"localhost:{port}" for port in _free_ports(2)]
     serving = tmp_path / "serving"

@@ -43,7 +43,7 @@ def test_the_readme_lists_every_config_key_as_the_config_does():
     assert key_table() in readme_section("Your own images")
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_the_own_images_journey_runs_as_the_readme_writes_it(tmp_path):
     block = re.search(r"```bash\n(.*?)```", readme_section("Your own images"), re.S).group(1)
     make_photos(tmp_path / "photos")

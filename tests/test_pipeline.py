@@ -1,11 +1,12 @@
-"""The TFX pipeline: a small real local run (LocalDagRunner, Beam in memory, and again with the
-multi-process direct runner), Kubeflow compile, and the multi-worker chief logic."""
+"""The TFX pipeline around one small real local run of MNIST (LocalDagRunner, Beam in memory) that
+several tests read (its outputs, its ML Metadata, its artifacts served), the same run on the
+multi-process direct runner, Kubeflow compile, the config, and the multi-worker chief logic. The
+other datasets' runs: test_pipeline_runs.py."""
 
 from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import keras
 import numpy as np
@@ -14,11 +15,35 @@ from tfhash.components import trainer
 from tfhash.pipelines.config import PipelineConfig, TrainingConfig
 
 from tests.pipeline_fixtures import small_config
+from tests.tiers import starts
 
-CONFIGS = Path(__file__).resolve().parents[1] / "pipelines" / "configs"
+
+@pytest.fixture(scope="session")
+@starts("beam", "process")
+def small_pipeline_run(tmp_path_factory):
+    """One real local run of the MNIST pipeline (LocalDagRunner, Beam in memory): SCDH trained with
+    the JCCH coefficients computed by Transform (50 anchors), on exported data with three bad
+    records added (policy "drop"), indexed by BFlat and by Milvus (the run's Milvus Lite file).
+    Returns ``(config, summary)``."""
+    import tensorflow as tf
+    from tfhash.pipelines.runner import export_data, run_local
+
+    from tfhash.cli import write_serving_config
+
+    root = tmp_path_factory.mktemp("pipeline")
+    config = small_config(root, jcch_anchors=50, bad_records="drop", index_kinds=["BFlat", "Milvus"],
+                          training={"method": "scdh", "bits": 16, "epochs": 3, "batch_size": 64, "label_coefficients": True})  # fmt: skip
+    export_data(config, log=lambda message: None)
+    image = tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"not a png"]))
+    no_label = tf.train.Example(features=tf.train.Features(feature={
+        "id": tf.train.Feature(int64_list=tf.train.Int64List(value=[10**6])), "image": image}))  # fmt: skip
+    for split, records in {"train": [no_label.SerializeToString(), b"garbage"], "query": [b"\xff\xfe not a proto"]}.items():
+        with tf.io.TFRecordWriter(f"{config.layout.data}/{split}/zz-bad.tfrecord.gz", options="GZIP") as writer:
+            for record in records:
+                writer.write(record)
+    return config, run_local(config, log=lambda message: None, after_push=write_serving_config)
 
 
-@pytest.mark.slow
 def test_small_pipeline_end_to_end(small_pipeline_run):
     from tfhash.index import load_index
 
@@ -64,7 +89,8 @@ def _transformed_records(config) -> dict:
     return records
 
 
-@pytest.mark.slow
+@pytest.mark.beam
+@pytest.mark.process
 def test_beam_components_on_the_multi_process_runner(small_pipeline_run, tmp_path):
     """The same run with Beam's direct runner in multi-process mode (2 worker processes per Beam
     job): worker processes do the work, and the Beam components give the same answers as in
@@ -78,8 +104,9 @@ def test_beam_components_on_the_multi_process_runner(small_pipeline_run, tmp_pat
 
     in_memory, expected = small_pipeline_run
     config = small_config(tmp_path, jcch_anchors=50, bad_records="drop",
-                          beam_args=["--direct_running_mode=multi_processing", "--direct_num_workers=2"],
-                          training={"method": "scdh", "bits": 16, "epochs": 3, "batch_size": 64, "label_coefficients": True})  # fmt: skip
+                          beam_args=["--direct_running_mode=multi_processing", "--direct_num_workers=2"], map_threshold=0.0,
+                          training={"method": "scdh", "bits": 16, "epochs": 1, "batch_size": 64, "label_coefficients": True})  # fmt: skip
+    # one epoch: the Trainer is no Beam component; what is compared does not depend on training
     shutil.copytree(in_memory.layout.data, config.layout.data)  # the same records, bad ones included
     workers, running = set(), [True]
 
@@ -107,7 +134,6 @@ def test_beam_components_on_the_multi_process_runner(small_pipeline_run, tmp_pat
     assert len(records) == 1200 and records == _transformed_records(in_memory)
 
 
-@pytest.mark.slow
 def test_summary_reads_the_run_from_ml_metadata(small_pipeline_run):
     """The summary is the run's own: newer output files of another execution under the pipeline
     root (what a concurrent run, or a run after a cached one, leaves there) do not change it."""
@@ -376,94 +402,52 @@ def test_shipped_configs_load(name):
     assert config.dataset == name.removesuffix("-gpu") and config.inputs
 
 
-@pytest.mark.slow
-def test_cross_modal_wiki_pipeline_and_search(tmp_path):
-    """JCCH on Wiki through the whole pipeline: both directions evaluated, one index per database
-    modality, per-modality signatures; the search service answers image -> text like the library."""
-    import numpy as np
+@pytest.mark.server
+def test_pipeline_artifacts_served_end_to_end(small_pipeline_run):
+    """The MNIST pipeline's pushed model behind the development model server (with the generated
+    models.local.config), the search service encoding through it: answers equal the library's."""
+    import glob
+
     import tensorflow as tf
-    from tfhash.pipelines.runner import run_local
+    from tfhash.serving.client import ModelClient
+    from tfhash.serving.deployment import read_models_config
+    from tfhash.serving.model_server import DevModelServer
     from tfhash.serving.search_client import SearchClient
-    from tfhash.serving.search_service import SearchServer, in_process_searcher
+    from tfhash.serving.search_service import SearchServer, remote_searcher
 
+    from tests.serving_fixtures import graph_mode_outputs
     from tfhash.index import load_index
 
-    config = small_config(tmp_path, name="tiny-wiki", dataset="wiki", limit=200, modalities=["image", "text"],
-                          map_threshold=0.0, training={"method": "jcch", "bits": 16, "backbone": "mlp", "hidden": [64],
-                                                       "epochs": 2, "batch_size": 64})  # fmt: skip
-    summary = run_local(config, log=lambda message: None)
-    assert {"image->text", "text->image"} <= set(summary["metrics"]) and summary["blessed"] is True
-    assert set(summary["indexes"]) == {"BFlat-image", "BFlat-text"}
-    loaded = tf.saved_model.load(summary["model_dir"])
-    assert {"serving_image", "serving_text", "encode_image", "encode_text"} <= set(loaded.signatures)
-    files = sorted(tf.io.gfile.glob(os.path.join(config.layout.data, "query", "*")))
-    queries = [r.numpy() for r in tf.data.TFRecordDataset(files, compression_type="GZIP").take(8)]
-    packed = loaded.signatures["serving_image"](examples=tf.constant(queries))["packed_codes"].numpy()
-    expected = load_index(summary["indexes"]["BFlat-text"]).search(packed, 5)
-    server = SearchServer(in_process_searcher(config.layout.serving, config.layout.indexes, "BFlat-text",
-                                              query_modality="image")).start()  # fmt: skip
+    config, summary = small_pipeline_run
+    version = summary["model_version"]
+    files = sorted(glob.glob(os.path.join(config.layout.data, "query", "*")))
+    queries = [r.numpy() for r in tf.data.TFRecordDataset(files, compression_type="GZIP").take(16)]
+    packed = tf.saved_model.load(summary["model_dir"]).signatures["serving_default"](examples=tf.constant(queries))["packed_codes"].numpy()
+    expected = load_index(summary["indexes"]["BFlat"], expected_model_version=version).search(packed, 10)
+
+    model_server = DevModelServer(read_models_config(os.path.join(summary["tf_serving_config"], "models.local.config"))).start()
+    search_server = SearchServer(remote_searcher(model_server.address, config.name, config.layout.indexes,
+                                                 model_base_dir=config.layout.serving)).start()  # fmt: skip
+    # the graph-mode loader of tensorflow_model_server restores the Transform graph and the model too
+    np.testing.assert_array_equal(graph_mode_outputs(summary["model_dir"], "serving_default", {"examples": np.array(queries, dtype=object)}), packed)
     try:
-        with SearchClient(server.address) as client:
-            answer = client.search(examples=queries, k=5)
+        with ModelClient(model_server.address, config.name, version=int(version)) as client:
+            np.testing.assert_array_equal(client.encode_examples(queries).packed_codes, packed)
+        with SearchClient(search_server.address) as client:
+            answer = client.search(examples=queries, k=10)
+        assert answer.model_version == version and answer.exact
+        np.testing.assert_array_equal(np.stack(answer.ids), expected.ids)
+        np.testing.assert_array_equal(np.stack(answer.distances), expected.distances)
+        # the same pipeline's Milvus index behind the same service: the same distances
+        milvus_server = SearchServer(remote_searcher(model_server.address, config.name, config.layout.indexes, kind="Milvus",
+                                                     model_base_dir=config.layout.serving)).start()  # fmt: skip
+        try:
+            with SearchClient(milvus_server.address) as client:
+                from_milvus = client.search(examples=queries, k=10)
+        finally:
+            milvus_server.stop(0)
+        assert from_milvus.model_version == version and from_milvus.index_kind == "milvus-flat"
+        np.testing.assert_array_equal(np.stack(from_milvus.distances), expected.distances)
     finally:
-        server.stop(0)
-    np.testing.assert_array_equal(np.stack(answer.ids), expected.ids)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("shipped", ["cifar10", "cifar10-gpu"])
-def test_pretrained_image_pipeline(tmp_path, shipped):
-    """The shipped CIFAR-10 configs' code paths on 200 images: JPEGs through ExampleGen, SqueezeNet
-    with the shared ImageNet weights trained one epoch at 32x32 (``cifar10``: above its cached
-    trunk, in its precision; ``cifar10-gpu``: every layer, the papers' schedule), exported with both
-    image signatures, indexed; a query's encoded example and its raw pixels get the same code, and
-    the index answers it."""
-    import numpy as np
-    import tensorflow as tf
-    from tfhash.pipelines.runner import run_local
-
-    from tfhash.index import load_index
-
-    training = json.loads((CONFIGS / f"{shipped}.json").read_text())["training"]
-    config = small_config(tmp_path, name=f"tiny-{shipped}", dataset="cifar10", limit=200, map_threshold=0.0,
-                          training={**training, "bits": 16, "image_size": 32, "epochs": 1, "batch_size": 32})  # fmt: skip
-    summary = run_local(config, log=lambda message: None)
-    assert summary["blessed"] is True and summary["metrics"]["bits"] == 16
-    cached = os.listdir(config.layout.trunk_cache) if os.path.isdir(config.layout.trunk_cache) else []
-    assert len(cached) == (1 if "trunk_cache" in training.get("fine_tuning", {}) else 0)
-    loaded = tf.saved_model.load(summary["model_dir"])
-    assert {"serving_default", "encode_pixels"} <= set(loaded.signatures)
-    files = sorted(tf.io.gfile.glob(os.path.join(config.layout.data, "query", "*")))
-    queries = [r.numpy() for r in tf.data.TFRecordDataset(files, compression_type="GZIP").take(4)]
-    pixels = np.stack([tf.io.decode_image(tf.train.Example.FromString(q).features.feature["image"].bytes_list.value[0]).numpy()
-                       for q in queries])  # fmt: skip
-    by_example = loaded.signatures["serving_default"](examples=tf.constant(queries))["packed_codes"].numpy()
-    by_pixels = loaded.signatures["encode_pixels"](pixels=tf.constant(pixels))["packed_codes"].numpy()
-    np.testing.assert_array_equal(by_example, by_pixels)
-    assert load_index(summary["indexes"]["BFlat"]).search(by_pixels, 5).ids.shape == (4, 5)
-
-
-def test_tuner_chooses_the_recipe_the_trainer_trains(tmp_path):
-    """The stock Tuner component searches tfhash.tuning's space on the training rows; the Trainer
-    trains exactly the recipe it chose; the summary records the choice and the trials."""
-    from tfhash.components.trainer import tuned_training
-    from tfhash.pipelines.runner import run_local, run_outputs
-
-    from tfhash.artifacts import TUNER_CHOICE_FILE
-
-    config = small_config(tmp_path, name="tiny-tuned", dataset="mirflickr25k", modality="text", limit=400, map_threshold=0.0,
-                          training={"recipe": "multi-label", "bits": 16}, tuner={"max_units": 3, "trials": 3})  # fmt: skip
-    summary = run_local(config, log=lambda message: None)
-    tuning = summary["tuning"]
-    from tfhash.tuning import SEARCH_SPACES
-
-    assert tuning["chosen"]["kind"] == "multi-label" and tuning["chosen"]["variant"] in SEARCH_SPACES["multi-label"].methods
-    assert 1 <= len(tuning["trials"]) <= 3 and all(0 <= t["score"] <= 1 for t in tuning["trials"])
-    chosen = json.loads(open(os.path.join(run_outputs(config)[("Tuner", "best_hyperparameters")].uri, TUNER_CHOICE_FILE)).read())
-    expected = tuned_training(config.to_dict()["training"], chosen, ["text"])
-    assert summary["training"] == json.loads(json.dumps(expected)) and summary["blessed"] is True
-    with pytest.raises(ValueError, match="tuner chooses among recipes for feature vectors"):
-        small_config(tmp_path, tuner={"trials": 2})
-    with pytest.raises(ValueError, match="tuner.trials must be a positive integer"):
-        small_config(tmp_path, name="t", dataset="mirflickr25k", modality="text", training={"recipe": "multi-label"},
-                     tuner={"trials": 0})  # fmt: skip
+        search_server.stop(0)
+        model_server.stop(0)

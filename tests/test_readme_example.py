@@ -21,7 +21,7 @@ def test_the_example_is_short():
     assert len(own_data_example().splitlines()) <= 35
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_the_own_data_example_runs_as_written(tmp_path):
     run = subprocess.run([sys.executable, "-c", own_data_example()], cwd=tmp_path, capture_output=True, text=True, check=False)
     assert run.returncode == 0, run.stderr[-3000:]

@@ -61,7 +61,7 @@ def _write(path, records):
             writer.write(record)
 
 
-@pytest.mark.slow
+@pytest.mark.beam
 def test_filter_drops_and_counts_with_real_beam(tmp_path):
     good = [make_record(example_id=i) for i in range(5)]
     _write(str(tmp_path / "in" / "Split-train" / "data.gz"), good[:3] + [BAD["missing label"], BAD["undecodable image"]])

@@ -230,6 +230,7 @@ for a, b in zip(one, two):
 """
 
 
+@pytest.mark.process
 def test_two_replicas_train_as_one_device():
     """compute_loss divides by the replicas in sync, as Keras's losses do, so two mirrored
     replicas (their gradients summed) train exactly like one device on the same global batch."""

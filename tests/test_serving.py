@@ -14,7 +14,6 @@ import logging
 import os
 import shutil
 import threading
-import time
 
 import grpc
 import numpy as np
@@ -43,14 +42,15 @@ from tests.serving_fixtures import (
     build_index,
     database,
     export_version,
-    graph_mode_outputs,
     push_version,
     queued_behind,
     reference,
     start_cli,
     stop_cli,
     vector_example,
+    wait_for,
 )
+from tests.tiers import starts
 from tfhash.index import load_index
 
 MODEL = "vectors"
@@ -67,6 +67,7 @@ def artifacts(tmp_path_factory):
 
 
 @pytest.fixture()
+@starts("server")
 def model_server(artifacts):
     server = DevModelServer(models_config([model_config(MODEL, artifacts["models"])]), poll_seconds=0.2).start()
     yield server
@@ -74,6 +75,7 @@ def model_server(artifacts):
 
 
 @pytest.fixture(params=["in_process", "remote"])
+@starts("server")
 def search_server(request, artifacts, model_server):
     if request.param == "in_process":
         searcher = in_process_searcher(artifacts["models"], artifacts["indexes"], limits=Limits(max_batch=64, max_k=1000))
@@ -156,6 +158,7 @@ def test_model_server_refuses_bad_predict_requests(model_server, inputs, signatu
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
+@pytest.mark.server
 def test_model_server_follows_versions_labels_and_reports_broken_ones(artifacts, tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="tfhash.serving.model_server")
     base = tmp_path / "models"
@@ -166,22 +169,20 @@ def test_model_server_follows_versions_labels_and_reports_broken_ones(artifacts,
     def available(client):
         return [v for v, state, _ in client.status() if state == "AVAILABLE"]
 
-    def wait_for(client, versions):
-        deadline = time.time() + 30
-        while time.time() < deadline and available(client) != versions:
-            time.sleep(0.1)
+    def until(client, versions):
+        wait_for(lambda: available(client) == versions, 30)
         return available(client)
 
     try:
         with ModelClient(server.address, MODEL, version_label="stable") as stable, ModelClient(server.address, MODEL) as newest:
             assert stable.encode_features(artifacts["vectors"][:1]).model_version == 1
             shutil.copytree(base / "1", base / "2")
-            assert wait_for(newest, [1, 2]) == [1, 2]
+            assert until(newest, [1, 2]) == [1, 2]
             assert newest.encode_features(artifacts["vectors"][:1]).model_version == 2
             (base / "3").mkdir()
             (base / "3" / "saved_model.pb").write_bytes(b"corrupt")
             shutil.copytree(base / "1", base / "4")
-            assert wait_for(newest, [4]) == [4]  # latest 2 = {3, 4}; 3 does not load
+            assert until(newest, [4]) == [4]  # latest 2 = {3, 4}; 3 does not load
             states = {v: (state, error) for v, state, error in newest.status()}
             assert states[3][0] == "END" and states[3][1]  # reported with its error, not fatal
             assert newest.encode_features(artifacts["vectors"][:1]).model_version == 4
@@ -307,6 +308,7 @@ def test_search_refuses_bad_input_with_clear_codes(artifacts, search_server):
         assert err.value.code() == INVALID
 
 
+@pytest.mark.server
 def test_mismatched_or_corrupt_pairs_are_never_served(artifacts, tmp_path):
     models, indexes = str(tmp_path / "models"), str(tmp_path / "indexes")
     vectors, ids = artifacts["vectors"], artifacts["ids"]
@@ -352,6 +354,8 @@ def milvus_connections() -> int:
     return sum(alias.startswith("tfhash-") for alias, _ in connections.list_connections())
 
 
+@pytest.mark.process
+@pytest.mark.server
 def test_milvus_pairs_swap_and_an_unreachable_store_keeps_the_old_pair(artifacts, tmp_path):
     """Versions whose index lives in Milvus (Lite) pair and swap like file indexes: answers equal
     BFlat's distances; a new version whose Milvus cannot be reached is not served (the old pair
@@ -464,6 +468,7 @@ def test_rest_front_refuses_what_it_would_misread(artifacts, search_server):
     assert rest_call(port, "GET", "/readyz") == (200, {"ready": True})  # and the front still serves
 
 
+@pytest.mark.server
 def test_shutdown_drains_in_flight_requests(artifacts):
     searcher = in_process_searcher(artifacts["models"], artifacts["indexes"])
     started, release = threading.Semaphore(0), threading.Event()
@@ -483,7 +488,7 @@ def test_shutdown_drains_in_flight_requests(artifacts):
         assert started.acquire(timeout=20)  # all four are being handled
     stopper = threading.Thread(target=server.stop, kwargs={"grace": 20})
     stopper.start()
-    time.sleep(0.5)
+    assert wait_for(lambda: server._grpc._gate.closed, 20)  # the stop has begun: new requests are turned away
     with pytest.raises(grpc.RpcError) as err:  # a new request during shutdown is refused
         stub.Search(request, timeout=5)
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
@@ -492,6 +497,7 @@ def test_shutdown_drains_in_flight_requests(artifacts):
     stopper.join(30)
 
 
+@pytest.mark.process
 def test_cli_serves_models_and_search_and_stops_on_sigterm(artifacts, tmp_path):
     write_deployment(artifacts["models"], MODEL, str(tmp_path / "tfs"))
     models, address = start_cli(["serve", "model", "--model-config-file", str(tmp_path / "tfs" / "models.local.config"),
@@ -514,45 +520,3 @@ def test_models_config_round_trips_through_text_format():
     assert parsed == config
     with pytest.raises(ValueError):
         model_config("a/b", "/x")
-
-
-@pytest.mark.slow
-def test_pipeline_artifacts_served_end_to_end(small_pipeline_run):
-    """The MNIST pipeline's pushed model behind the development model server (with the generated
-    models.local.config), the search service encoding through it: answers equal the library's."""
-    import glob
-
-
-    config, summary = small_pipeline_run
-    version = summary["model_version"]
-    files = sorted(glob.glob(os.path.join(config.layout.data, "query", "*")))
-    queries = [r.numpy() for r in tf.data.TFRecordDataset(files, compression_type="GZIP").take(16)]
-    packed = tf.saved_model.load(summary["model_dir"]).signatures["serving_default"](examples=tf.constant(queries))["packed_codes"].numpy()
-    expected = load_index(summary["indexes"]["BFlat"], expected_model_version=version).search(packed, 10)
-
-    model_server = DevModelServer(read_models_config(os.path.join(summary["tf_serving_config"], "models.local.config"))).start()
-    search_server = SearchServer(remote_searcher(model_server.address, config.name, config.layout.indexes,
-                                                 model_base_dir=config.layout.serving)).start()  # fmt: skip
-    # the graph-mode loader of tensorflow_model_server restores the Transform graph and the model too
-    np.testing.assert_array_equal(graph_mode_outputs(summary["model_dir"], "serving_default", {"examples": np.array(queries, dtype=object)}), packed)
-    try:
-        with ModelClient(model_server.address, config.name, version=int(version)) as client:
-            np.testing.assert_array_equal(client.encode_examples(queries).packed_codes, packed)
-        with SearchClient(search_server.address) as client:
-            answer = client.search(examples=queries, k=10)
-        assert answer.model_version == version and answer.exact
-        np.testing.assert_array_equal(np.stack(answer.ids), expected.ids)
-        np.testing.assert_array_equal(np.stack(answer.distances), expected.distances)
-        # the same pipeline's Milvus index behind the same service: the same distances
-        milvus_server = SearchServer(remote_searcher(model_server.address, config.name, config.layout.indexes, kind="Milvus",
-                                                     model_base_dir=config.layout.serving)).start()  # fmt: skip
-        try:
-            with SearchClient(milvus_server.address) as client:
-                from_milvus = client.search(examples=queries, k=10)
-        finally:
-            milvus_server.stop(0)
-        assert from_milvus.model_version == version and from_milvus.index_kind == "milvus-flat"
-        np.testing.assert_array_equal(np.stack(from_milvus.distances), expected.distances)
-    finally:
-        search_server.stop(0)
-        model_server.stop(0)

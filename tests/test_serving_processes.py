@@ -30,6 +30,7 @@ from tests.serving_fixtures import (
     stop_cli,
     wait_for,
 )
+from tests.tiers import starts
 from tfhash.index import index_factory, load_index
 from tfhash.index.persistence import verify_files
 
@@ -60,35 +61,42 @@ def children(process) -> list[psutil.Process]:
     return psutil.Process(process.pid).children()
 
 
-def test_processes_share_the_port_answer_alike_and_report_every_process(versions):
+@pytest.fixture(scope="module")
+@starts("process")
+def two_processes(versions):
+    """``tfhash serve search --processes 2 --rest-port 0``, for the tests that only ask it; every
+    serving process is gone once it stopped."""
     process, address = serve(versions, "--processes", "2", "--rest-port", "0")
-    try:
-        kids = children(process)
-        assert len(kids) == 2
-        port = int(address.rsplit(":", 1)[1])
-        assert wait_for(lambda: status(address).processes_ready == 2)
-        state = status(address)
-        assert state.ready and state.processes == 2 and list(state.process_versions) == ["1", "1"]
-        _, expected = reference(versions["model_dir"], versions["index_dir"], versions["vectors"][:4], 5)
-        clients = [SearchClient(address, own_connection=True) for _ in range(16)]  # the kernel spreads connections
-        try:
-            for client in clients:
-                answer = client.search(features=versions["vectors"][:4], k=5)
-                assert answer.model_version == "1"
-                np.testing.assert_array_equal(np.stack(answer.ids), expected.ids)
-                # health follows the other processes within a poll (GetStatus reads them at once)
-                assert wait_for(lambda c=client: c.health() == "SERVING", 10)
-
-            def connections(kid):
-                return sum(1 for c in kid.net_connections("tcp") if c.laddr.port == port and c.status == psutil.CONN_ESTABLISHED)
-
-            assert all(connections(kid) > 0 for kid in kids)  # both processes accepted connections
-        finally:
-            for client in clients:
-                client.close()
-    finally:
-        stop_cli(process)
+    kids = children(process)
+    yield process, address, kids
+    stop_cli(process)
     assert not any(kid.is_running() and kid.status() != psutil.STATUS_ZOMBIE for kid in kids)
+
+
+def test_processes_share_the_port_answer_alike_and_report_every_process(versions, two_processes):
+    process, address, kids = two_processes
+    assert len(kids) == 2
+    port = int(address.rsplit(":", 1)[1])
+    assert wait_for(lambda: status(address).processes_ready == 2)
+    state = status(address)
+    assert state.ready and state.processes == 2 and list(state.process_versions) == ["1", "1"]
+    _, expected = reference(versions["model_dir"], versions["index_dir"], versions["vectors"][:4], 5)
+    clients = [SearchClient(address, own_connection=True) for _ in range(16)]  # the kernel spreads connections
+    try:
+        for client in clients:
+            answer = client.search(features=versions["vectors"][:4], k=5)
+            assert answer.model_version == "1"
+            np.testing.assert_array_equal(np.stack(answer.ids), expected.ids)
+            # health follows the other processes within a poll (GetStatus reads them at once)
+            assert wait_for(lambda c=client: c.health() == "SERVING", 10)
+
+        def connections(kid):
+            return sum(1 for c in kid.net_connections("tcp") if c.laddr.port == port and c.status == psutil.CONN_ESTABLISHED)
+
+        assert all(connections(kid) > 0 for kid in kids)  # both processes accepted connections
+    finally:
+        for client in clients:
+            client.close()
 
 
 def get(port: int, path: str) -> tuple[int, dict]:
@@ -101,24 +109,22 @@ def get(port: int, path: str) -> tuple[int, dict]:
         connection.close()
 
 
-def test_rest_port_is_shared_and_reports_every_process(versions):
-    process, address = serve(versions, "--processes", "2", "--rest-port", "0")
-    try:
-        port = cli_rest_port(process)
-        assert wait_for(lambda: get(port, "/readyz")[0] == 200)
-        for _ in range(8):  # a connection each: the children accept from the one listening socket
-            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-            connection.request("POST", "/v1/search", body=json.dumps({"features": versions["vectors"][:1].tolist(), "k": 3}),
-                               headers={"Content-Type": "application/json"})  # fmt: skip
-            response = connection.getresponse()
-            assert response.status == 200 and json.loads(response.read())["model_version"] == "1"
-            connection.close()
-        code, body = get(port, "/v1/status")
-        assert code == 200 and body["processes"] == 2 and body["processes_ready"] == 2 and body["process_versions"] == ["1", "1"]
-    finally:
-        stop_cli(process)
+def test_rest_port_is_shared_and_reports_every_process(versions, two_processes):
+    process, _, _ = two_processes
+    port = cli_rest_port(process)
+    assert wait_for(lambda: get(port, "/readyz")[0] == 200)
+    for _ in range(8):  # a connection each: the children accept from the one listening socket
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        connection.request("POST", "/v1/search", body=json.dumps({"features": versions["vectors"][:1].tolist(), "k": 3}),
+                           headers={"Content-Type": "application/json"})  # fmt: skip
+        response = connection.getresponse()
+        assert response.status == 200 and json.loads(response.read())["model_version"] == "1"
+        connection.close()
+    code, body = get(port, "/v1/status")
+    assert code == 200 and body["processes"] == 2 and body["processes_ready"] == 2 and body["process_versions"] == ["1", "1"]
 
 
+@pytest.mark.process
 def test_a_dead_process_is_restarted_and_readiness_follows_it(versions):
     process, address = serve(versions, "--processes", "2")
     try:
@@ -142,6 +148,7 @@ def test_a_dead_process_is_restarted_and_readiness_follows_it(versions):
         stop_cli(process)
 
 
+@pytest.mark.process
 def test_processes_that_keep_dying_stop_the_service_loudly(versions):
     process, _ = serve(versions, "--processes", "2")
     killed = set()
@@ -156,6 +163,7 @@ def test_processes_that_keep_dying_stop_the_service_loudly(versions):
     assert len(killed) >= 6
 
 
+@pytest.mark.process
 def test_hot_swap_moves_every_process_together_and_no_answer_mixes_versions(versions, tmp_path):
     import shutil
     import threading
@@ -184,7 +192,7 @@ def test_hot_swap_moves_every_process_together_and_no_answer_mixes_versions(vers
             thread.start()
         push_version(models, indexes, 2, 1, versions["vectors"], versions["ids"])
         assert wait_for(lambda: list(status(address).process_versions) == ["2", "2"], 60)
-        time.sleep(0.5)
+        assert wait_for(lambda: sum(answer[2] == "2" for answer in answers) >= 20, 30)  # the load goes on under version 2
         done.set()
         for thread in threads:
             thread.join(30)
@@ -253,7 +261,8 @@ def test_a_following_searcher_serves_a_newer_pair_only_once_agreed(versions, tmp
     assert searcher.refresh() and searcher.pair_for().version == 3 and searcher.held_versions() == [3]
 
 
-def test_a_port_in_use_is_refused_either_way(versions):
+@pytest.mark.process
+def test_a_port_in_use_is_refused_either_way(versions, two_processes):
     single, address = serve(versions)
     try:
         taken = address.rsplit(":", 1)[1]
@@ -263,19 +272,16 @@ def test_a_port_in_use_is_refused_either_way(versions):
         assert refused.returncode == 1 and "Address already in use" in refused.stderr
     finally:
         stop_cli(single)
-    multi, address = serve(versions, "--processes", "2")
-    try:
-        taken = address.rsplit(":", 1)[1]
-        refused = subprocess.run([sys.executable, "-m", "tfhash.cli", "serve", "search", "--model-base-dir", versions["models"],
-                                  "--index-base-dir", versions["indexes"], "--port", taken],
-                                 capture_output=True, text=True, timeout=120)  # fmt: skip
-        assert refused.returncode == 1 and "cannot bind" in refused.stderr
-        with pytest.raises(OSError):  # nor may any other socket bind it
-            socket.create_server(("127.0.0.1", int(taken)))
-    finally:
-        stop_cli(multi)
+    taken = two_processes[1].rsplit(":", 1)[1]  # a port that several processes share
+    refused = subprocess.run([sys.executable, "-m", "tfhash.cli", "serve", "search", "--model-base-dir", versions["models"],
+                              "--index-base-dir", versions["indexes"], "--port", taken],
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert refused.returncode == 1 and "cannot bind" in refused.stderr
+    with pytest.raises(OSError):  # nor may any other socket bind it
+        socket.create_server(("127.0.0.1", int(taken)))
 
 
+@pytest.mark.process
 def test_processes_need_a_numeric_address(versions):
     result = subprocess.run([sys.executable, "-m", "tfhash.cli", "serve", "search", "--model-base-dir", versions["models"],
                              "--index-base-dir", versions["indexes"], "--host", "localhost", "--processes", "2"],
@@ -324,6 +330,7 @@ def test_a_flat_index_whose_files_disagree_with_its_manifest_is_refused(tmp_path
 
 
 @pytest.mark.parametrize("batched", [False, True])
+@pytest.mark.process
 def test_the_asyncio_front_measured_by_the_load_benchmark_answers_as_the_library(versions, batched):
     from benchmarks.asyncio_front import READY
 

@@ -1,4 +1,5 @@
-"""tfhash.tuning: the search space, the budget, the validation split and the failures."""
+"""tfhash.tuning: the search space, the budget, the validation split, the rule that keeps the
+recommended recipe, the failures and the command (the searches themselves: test_tuning_search.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from tests.tuning_fixtures import SMALL, chosen_row, clusters
 from tfhash.recipes import RECOMMENDED, Recipe
 from tfhash.registry import Method, register_method, unregister_method
 from tfhash.tuning import (
@@ -17,7 +19,6 @@ from tfhash.tuning import (
     SEARCH_SPACES,
     Budget,
     SearchSpace,
-    TuneResult,
     TuningError,
     beats,
     carve_validation,
@@ -25,16 +26,6 @@ from tfhash.tuning import (
     prepare,
     tune,
 )
-
-SMALL = Budget(max_units=3, trials=3)
-
-
-def clusters(n_per_class: int = 60, classes: int = 5, dim: int = 24, seed: int = 0):
-    """Gaussian clusters: separable enough that a short training ranks the right method well."""
-    rng = np.random.default_rng(seed)
-    centres = rng.normal(size=(classes, dim))
-    y = np.repeat(np.arange(classes), n_per_class)
-    return (centres[y] + rng.normal(scale=1.5, size=(len(y), dim))).astype("float32"), y
 
 
 @pytest.mark.parametrize("kind", sorted(SEARCH_SPACES))
@@ -64,47 +55,6 @@ def test_the_space_keeps_only_the_methods_the_caller_can_train():
         SearchSpace(methods={}).restricted()
     with pytest.raises(TuningError, match="has no values"):
         SearchSpace(methods={"scdh": ("scdh", {})}, dropout=()).hyperparameters()
-
-
-def test_only_semi_supervised_variants_train_on_the_unlabelled_rows():
-    x, y = clusters()
-    extra = clusters(seed=1)[0][:40]
-    mt = {"consistency": 0.0, "noise": 1.0}
-    space = SearchSpace(methods={"mt": ("mt-scdh", mt), "mt semi": ("mt-scdh", {**mt, "consistency": 5.0})},
-                        semi_supervised=("mt semi",))  # fmt: skip
-    task, _ = prepare(x, y, bits=16, budget=SMALL, space=space, unlabelled=extra)
-    train = len(task.split.train)
-    assert len(task.training_rows("mt")[0]) == train and len(task.training_rows("mt semi")[0]) == train + len(extra)
-    assert list(prepare(x, y, bits=16, budget=SMALL, space=space)[0].space.methods) == ["mt"]  # no unlabelled rows
-    # each trial trains on the rows its variant takes
-    fitted = []
-    original = Recipe.fit
-
-    def spy(self, x, labels, *args, **kwargs):
-        fitted.append((self.options["consistency"], len(x)))
-        return original(self, x, labels, *args, **kwargs)
-
-    small = replace(space, epochs=(3,), hidden=((16,),))
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(Recipe, "fit", spy)
-        searched = tune(x, y, bits=16, budget=Budget(max_units=3, trials=4), space=small, unlabelled=extra)
-    assert all(rows == train + (len(extra) if consistency == 5 else 0) for consistency, rows in fitted)
-    assert {consistency for consistency, _ in fitted} == {0.0, 5.0}  # both variants were tried (seeded)
-    assert searched.unlabelled == (searched.recipe.options["consistency"] == 5.0)
-    recipe = Recipe(method="mt-scdh", options=mt, hidden=(16,), epochs=1)
-    result = TuneResult(recipe=recipe, trials=[], score=0.5, kind="single-label", validation="", budget=SMALL, seconds=0.0, bits=16)
-    assert result.fit(x, y).encode(x[:3]).shape == (3, 16)  # the labelled rows alone, as its trials
-    assert replace(result, unlabelled=True).fit(x, y, unlabelled=extra).encode(x[:3]).shape == (3, 16)
-    with pytest.raises(ValueError, match="trained on labelled rows only: drop unlabelled"):
-        result.fit(x, y, unlabelled=extra)
-    with pytest.raises(ValueError, match="trained with unlabelled rows: pass them"):
-        replace(result, unlabelled=True).fit(x, y)
-    with pytest.raises(TuningError, match="no variant of the single-label search space trains on them"):
-        prepare(x, y, bits=16, budget=SMALL, space=SearchSpace(methods={"scdh": ("scdh", {})}), unlabelled=extra)
-    with pytest.raises(TuningError, match=r"semi_supervised names \['typo'\]"):
-        SearchSpace(methods={"mt": ("mt-scdh", mt)}, semi_supervised=("typo",))
-    with pytest.raises(TuningError, match="take no unlabelled rows"):
-        SearchSpace(methods={"scdh": ("scdh", {})}, semi_supervised=("scdh",)).restricted(semi_supervised=True)
 
 
 def test_budget_states_its_cost_and_refuses_a_budget_without_a_trial():
@@ -150,18 +100,6 @@ def test_validation_split_is_carved_from_the_rows_and_refuses_too_few_labels():
         carve_validation(multi, seed=0)
 
 
-def scores(row: dict) -> dict:
-    """A trial row's validation scores as the search compares them."""
-    return {OBJECTIVE: row["score"], **{k: v for k, v in row.items() if k == "mAP@1000" or "->" in k}}
-
-
-def chosen_row(trials: list[dict], margin: float) -> dict:
-    """The trial the search should choose: the recommended recipe (the first trial) unless a trial
-    of its fidelity beats it (the best such)."""
-    first, rivals = trials[0], [t for t in trials[1:] if t["status"] == "ok" and t["units"] == trials[0]["units"]]
-    return max([t for t in rivals if beats(scores(t), scores(first), margin)], key=lambda t: t["score"], default=first)
-
-
 def test_a_trial_replaces_the_recommended_recipe_only_by_a_gain_that_loses_no_score():
     incumbent = {OBJECTIVE: 0.50, "image->text": 0.30, "text->image": 0.70}
     assert beats({OBJECTIVE: 0.51, "image->text": 0.30, "text->image": 0.72}, incumbent, 0.005)
@@ -173,30 +111,13 @@ def test_a_trial_replaces_the_recommended_recipe_only_by_a_gain_that_loses_no_sc
     x, y = clusters()
     paired = {"image": x, "text": x[:, :8] + np.random.default_rng(2).normal(size=(len(x), 8)).astype("float32")}
     cross = replace(SEARCH_SPACES["cross-modal"], epochs=(6,))
-    for margin in (0.0, KEEP_RECOMMENDED_WITHIN):  # the search applies the same rule to its trials
-        # Hyperband at 3 units: the recommended recipe, 3 trials of 1 unit, 1 promoted and 2 new ones of 3 units
-        result = tune(paired, y, bits=16, budget=Budget(max_units=3), space=cross, margin=margin)
-        assert sum(t["units"] == 3 for t in result.trials) == 4
-        assert result.score == pytest.approx(chosen_row(result.trials, margin)["score"])
+    # the search applies the same rule to its trials (margin 0: test_tuning_search.py)
+    # Hyperband at 3 units: the recommended recipe, 3 trials of 1 unit, 1 promoted and 2 new ones of 3 units
+    result = tune(paired, y, bits=16, budget=Budget(max_units=3), space=cross)
+    assert sum(t["units"] == 3 for t in result.trials) == 4
+    assert result.score == pytest.approx(chosen_row(result.trials, KEEP_RECOMMENDED_WITHIN)["score"])
     with pytest.raises(TuningError, match="margin must be >= 0.*got -1"):
         tune(x, y, bits=16, budget=SMALL, margin=-1.0)
-
-
-def test_tune_starts_from_the_recommended_recipe_and_returns_a_trainable_recipe():
-    x, y = clusters()
-    result = tune(x, y, bits=16, seed=0, budget=SMALL)
-    first = result.trials[0]
-    assert first["variant"].startswith("recommended") and first["units"] == 3 and first["status"] == "ok"  # full fidelity
-    assert len(result.trials) == 3 and all(t["status"] == "ok" and 0 <= t["score"] <= 1 for t in result.trials)
-    best = max((t for t in result.trials if t["units"] == 3), key=lambda t: t["score"])
-    assert result.score == pytest.approx(chosen_row(result.trials, KEEP_RECOMMENDED_WITHIN)["score"])
-    strict = tune(x, y, bits=16, seed=0, budget=SMALL, margin=0.0)  # any gain of the top fidelity wins
-    assert strict.score == pytest.approx(max(t["score"] for t in strict.trials if t["units"] == 3))
-    assert isinstance(result.recipe, Recipe) and result.recipe.method == SEARCH_SPACES["single-label"].methods[best["variant"]][0]
-    assert "validation mAP@all" in result.recipe.chosen and result.kind == "single-label"
-    model = result.recipe.fit(x, y, bits=16, seed=0, epochs=2)
-    assert model.encode(x[:4]).shape == (4, 16)
-    assert "| trial |" in result.table() and json.dumps(result.summary())
 
 
 def test_a_failing_trial_is_recorded_and_skipped_and_all_failing_is_an_error():
@@ -257,32 +178,6 @@ def test_cli_tune_writes_the_recipe_and_trials(tmp_path):
     assert refused.exit_code == 2 and "needs 'labels' and 'x'" in refused.output
 
 
-def test_unlabelled_rows_bring_mt_scdh_and_cross_modal_data_scores_both_directions():
-    x, y = clusters()
-    rest, _ = clusters(n_per_class=20, seed=1)
-    mean_teacher = SearchSpace(methods={"mt": ("mt-scdh", {"consistency": 5.0, "noise": 0.1})}, epochs=(6,), semi_supervised=("mt",))
-    result = tune(x, y, bits=16, budget=Budget(max_units=3, trials=1), space=mean_teacher, unlabelled=rest)
-    assert result.recipe.method == "mt-scdh" and result.trials[0]["status"] == "ok" and result.unlabelled
-    with pytest.raises(TuningError, match="no method to train"):  # a semi-supervised variant needs the unlabelled rows
-        tune(x, y, bits=16, budget=Budget(max_units=3, trials=1), space=mean_teacher)
-    paired = {"image": x, "text": x[:, :8] + np.random.default_rng(2).normal(size=(len(x), 8)).astype("float32")}
-    cross = replace(SEARCH_SPACES["cross-modal"], epochs=(6,), input_dropout=(0.2,))
-    result = tune(paired, y, bits=16, budget=Budget(max_units=3, trials=1), space=cross)
-    assert result.kind == "cross-modal" and 0 < result.score <= 1
-    trial = result.trials[0]  # both directions recorded, the score their mean
-    assert trial["score"] == pytest.approx((trial["image->text"] + trial["text->image"]) / 2)
-    assert "| image->text | text->image |" in result.table()
-    assert result.recipe.method == "jcch" and result.recipe.input_dropout == {"image": 0.2}
-
-
-def test_the_search_is_determined_by_its_seed():
-    x, y = clusters()
-    space = SearchSpace(methods={"scdh": ("scdh", {}), "hclm": ("hclm", {})}, epochs=(3,))
-    runs = [[(t["variant"], t["dropout"], t["learning_rate"], t["units"]) for t in tune(x, y, bits=16, seed=0, space=space,
-             budget=Budget(max_units=3, trials=4)).trials] for _ in range(2)]  # fmt: skip
-    assert runs[0] == runs[1]
-
-
 def test_uneven_classes_are_held_out_at_random_and_a_wrong_kind_is_refused():
     x, y = clusters(n_per_class=200, classes=3)
     keep = np.concatenate([np.flatnonzero(y == 0), np.flatnonzero(y == 1), np.flatnonzero(y == 2)[:25]])
@@ -297,11 +192,3 @@ def test_uneven_classes_are_held_out_at_random_and_a_wrong_kind_is_refused():
         tune({"a": x, "b": x, "c": x}, y, bits=16, budget=SMALL)
 
 
-def test_multi_label_trials_record_map_at_1000_of_the_validation_database():
-    x, y = clusters(n_per_class=80, classes=4)
-    labels = np.eye(4, dtype="float32")[y]
-    labels[::3, (y[::3] + 1) % 4] = 1  # a third of the rows carry a second label
-    space = SearchSpace(methods={"scdh": ("scdh", {})}, epochs=(4,))
-    trial = tune(x, labels, bits=16, space=space, budget=Budget(max_units=3, trials=1)).trials[0]
-    # the validation database is under 1,000 rows: mAP@1000 ranks all of it, as mAP@all does
-    assert trial["status"] == "ok" and trial["mAP@1000"] == pytest.approx(trial["score"])
