@@ -16,7 +16,7 @@ counts), and a ``coverage json`` report (per file: covered lines and branches), 
 commit. ``reach`` records which modules of ``tfhash/`` a run (the fast tier) executes beyond what
 importing them executes. ``render`` writes ``results/test_durations.md``: each run's totals, the
 time per test file, the slowest 40 tests, coverage per package with every module that covers
-fewer lines or branches than in the first run named, and the reach.
+fewer lines or branches than in the run labelled ``before`` (else the first recorded), and the reach.
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ from benchmarks.common import RESULTS_DIR, cpu_model, markdown_table
 
 NAME = "test_durations"
 SLOWEST = 40
+#: The run every other run's coverage is compared with, module by module.
+BASELINE = "before"
 PACKAGES = ("tfhash", "components", "pipelines", "serving")
 DURATION = re.compile(r"^(\d+\.\d+)s (setup|call|teardown)\s+(\S.*)$")
 COUNTS = re.compile(r"(\d+) (passed|failed|skipped|deselected|errors?|xfailed|xpassed)")
@@ -117,7 +119,7 @@ def percent(covered: int, total: int) -> str:
 
 def coverage_rows(runs: dict) -> tuple[list[dict], list[str]]:
     """Coverage per package of every run that has it, and the modules that cover less than in the
-    first such run."""
+    :data:`BASELINE` run."""
     with_coverage = {label: run["coverage"] for label, run in runs.items() if "coverage" in run}
     rows, losses = [], []
     for label, files in with_coverage.items():
@@ -127,7 +129,7 @@ def coverage_rows(runs: dict) -> tuple[list[dict], list[str]]:
             rows.append({"run": label, "package": package, "modules": len(own), "lines covered": f"{lines} / {statements}",
                          "line coverage": percent(lines, statements), "branches covered": f"{branches} / {all_branches}",
                          "branch coverage": percent(branches, all_branches)})  # fmt: skip
-    labels = list(with_coverage)
+    labels = sorted(with_coverage, key=lambda label: label != BASELINE)  # the baseline first, then in recorded order
     for label in labels[1:]:
         first, now = with_coverage[labels[0]], with_coverage[label]
         for name, (lines, _, branches, _) in sorted(first.items()):
@@ -192,7 +194,7 @@ def render() -> Path:
     if rows:
         parts += ["", "## Coverage per package", "", "`coverage run` with `patch = subprocess` (pyproject.toml): the processes "
                   "the tests start are measured too.", "", markdown_table(rows, list(rows[0])), "",
-                  "Modules that cover fewer lines or branches than in the first run: " + ("; ".join(losses) if losses else "none.")]  # fmt: skip
+                  f"Modules that cover fewer lines or branches than in the run {BASELINE!r}: " + ("; ".join(losses) if losses else "none.")]  # fmt: skip
     for label, rows in load().get("reach", {}).items():
         untested = sorted(name for name, (_, beyond) in rows.items() if beyond == 0)
         parts += ["", f"## Modules of tfhash/ the {label} run runs beyond their import", "",

@@ -1,4 +1,5 @@
-"""CIFAR-10 through SqueezeNet v1.1 fine-tuned above a cached frozen trunk (:mod:`tfhash.trunk_cache`).
+"""CIFAR-10 through an ImageNet network (``--backbone``: SqueezeNet v1.1, EfficientNet-Lite0/1/2)
+fine-tuned above a cached frozen trunk (:mod:`tfhash.trunk_cache`).
 
 Protocol as :mod:`benchmarks.fine_tuning` (1,000 queries, 59,000 database, 5,000 of it train; mAP
 over the whole ranking). Three modes:
@@ -41,6 +42,7 @@ from tfhash.data.splits import validation_split  # noqa: E402
 from tfhash.fine_tuning import FineTuning, compile_fine_tuning  # noqa: E402
 from tfhash.metrics import evaluate_retrieval  # noqa: E402
 from tfhash.models import build_hclm, build_hyp2, build_scdh, image_backbone  # noqa: E402
+from tfhash.networks import EFFICIENTNET_LITE  # noqa: E402
 from tfhash.trunk_cache import fit_on_cache  # noqa: E402
 
 BATCH = 64
@@ -52,8 +54,8 @@ def peak_rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
 
 
-def make_backbone(size: int, recipe: FineTuning):
-    return lambda: image_backbone("squeezenet", (32, 32, 3), size=size, **recipe.backbone_options())
+def make_backbone(backbone: str, size: int, recipe: FineTuning):
+    return lambda: image_backbone(backbone, (32, 32, 3), size=size, **recipe.backbone_options())
 
 
 def build(method: str, bits: int, seed: int):
@@ -73,7 +75,7 @@ def build(method: str, bits: int, seed: int):
 def cached_recipe(args, cache_dir: str) -> FineTuning:
     """The benchmark's recipe: BASE with ``--recipe`` over it, trained on a trunk cache in ``cache_dir``."""
     cache = {"cut": args.cut, "views": args.views, "directory": cache_dir, "mixup": args.mixup}
-    return FineTuning.for_backbone("squeezenet", **{**BASE, **args.recipe, "trunk_cache": cache})
+    return FineTuning.for_backbone(args.backbone, **{**BASE, **args.recipe, "trunk_cache": cache})
 
 
 def run(args, images, labels, split) -> dict:
@@ -168,15 +170,15 @@ def run(args, images, labels, split) -> dict:
     policy = {"float32": "float32", "bfloat16": "mixed_bfloat16"}[args.precision]
     compile_model = lambda model, steps: compile_fine_tuning(model, recipe, args.epochs, steps)  # noqa: E731
     start = time.perf_counter()
-    model, history, cache = fit_on_cache(build(args.method, args.bits, args.seed), make_backbone(args.size, recipe), x_train, y_train,
-                                         recipe, compile_model, args.epochs, BATCH, args.seed,
-                                         "squeezenet", policy, callbacks)  # fmt: skip
+    model, history, cache = fit_on_cache(build(args.method, args.bits, args.seed), make_backbone(args.backbone, args.size, recipe), x_train,
+                                         y_train, recipe, compile_model, args.epochs, BATCH, args.seed,
+                                         args.backbone, policy, callbacks)  # fmt: skip
     seconds = time.perf_counter() - start - sum(c.seconds for c in curve)
     history = history.history
     points = [{"epoch": args.eval_every * (i + 1), "mAP@all": value, "loss": history["loss"][args.eval_every * (i + 1) - 1],
                **{f"mAP@all ema {m}": history[f"curve_map_ema{m}"][i] for m in args.ema}}
               for i, value in enumerate(history.get("curve_map", []))]  # fmt: skip
-    row = {"label": args.label, "mode": "validation" if args.validation else "test", "method": args.method, "bits": args.bits, "size": args.size,
+    row = {"label": args.label, "backbone": args.backbone, "mode": "validation" if args.validation else "test", "method": args.method, "bits": args.bits, "size": args.size,
            "cut": args.cut, "views": args.views, "mixup": args.mixup, "precision": args.precision, "epochs": args.epochs, "seed": args.seed,
            "train images": int(len(train)), "curve": points, "recipe": {**BASE, **args.recipe},
            "cache + train seconds": round(seconds, 1), "cache GB": round(cache.activations.nbytes / 1e9, 2),
@@ -218,8 +220,8 @@ def timing(args, images, labels, split) -> dict:
         cached_times = EpochTimes()
         start = time.perf_counter()
         compile_model = lambda model, steps: compile_fine_tuning(model, recipe, measured + 1, steps)  # noqa: E731
-        _, _, cache = fit_on_cache(build(args.method, args.bits, args.seed), make_backbone(args.size, recipe), x_train, y_train, recipe,
-                                   compile_model, measured + 1, BATCH, args.seed, "squeezenet",
+        _, _, cache = fit_on_cache(build(args.method, args.bits, args.seed), make_backbone(args.backbone, args.size, recipe), x_train, y_train,
+                                   recipe, compile_model, measured + 1, BATCH, args.seed, args.backbone,
                                    policy, [cached_times])  # fmt: skip
         cached_total = time.perf_counter() - start
         build_seconds = cached_total - sum(cached_times.times)
@@ -227,7 +229,7 @@ def timing(args, images, labels, split) -> dict:
         full_times = EpochTimes()
         keras.mixed_precision.set_global_policy(policy)
         try:
-            model = build(args.method, args.bits, args.seed)(make_backbone(args.size, recipe)())
+            model = build(args.method, args.bits, args.seed)(make_backbone(args.backbone, args.size, recipe)())
             compile_fine_tuning(model, recipe, measured + 1, -(-len(y_train) // BATCH))
             model.fit(x_train, y_train, batch_size=BATCH, epochs=measured + 1, verbose=0, callbacks=[full_times])
         finally:
@@ -235,7 +237,7 @@ def timing(args, images, labels, split) -> dict:
     finally:
         shutil.rmtree(cache_dir, ignore_errors=True)
     cached_epoch, full_epoch = float(np.median(cached_times.times[1:])), float(np.median(full_times.times[1:]))
-    return {"label": args.label, "mode": "timing", "method": args.method, "bits": args.bits, "size": args.size, "cut": args.cut, "views": args.views,
+    return {"label": args.label, "backbone": args.backbone, "mode": "timing", "method": args.method, "bits": args.bits, "size": args.size, "cut": args.cut, "views": args.views,
             "precision": args.precision, "measured epochs": measured, "seed": args.seed, "train images": int(len(y_train)),
             "cached seconds per epoch": round(cached_epoch, 2), "full seconds per epoch": round(full_epoch, 2),
             "speed-up": round(full_epoch / cached_epoch, 2), "cache build seconds": round(build_seconds, 1),
@@ -246,6 +248,7 @@ def timing(args, images, labels, split) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--backbone", choices=("squeezenet", *EFFICIENTNET_LITE), default="squeezenet")
     parser.add_argument("--method", choices=("SCDH", "HCLM", "HyP2"), default="SCDH")
     parser.add_argument("--bits", type=int, default=48)
     parser.add_argument("--size", type=int, default=224)
@@ -271,27 +274,28 @@ def main() -> None:
     print(json.dumps({k: v for k, v in row.items() if k not in ("recipe",)}), flush=True)
     path = RESULTS_DIR / "trunk_cache.json"
     rows = json.loads(path.read_text())["rows"] if path.is_file() else []
-    key = ("label", "mode", "method", "bits", "size", "seed")
-    rows = [r for r in rows if tuple(r.get(k) for k in key) != tuple(row[k] for k in key)] + [row]
+    key = ("label", "backbone", "mode", "method", "bits", "size", "seed")
+    rows = [r for r in rows if tuple(r.get(k, "squeezenet") for k in key) != tuple(row[k] for k in key)] + [row]
     write_results("trunk_cache", {"rows": rows, "scdh_table_i_alexnet": SCDH_TABLE_I_ALEXNET}, markdown(rows))
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["# CIFAR-10, SqueezeNet v1.1 trained above a cached frozen trunk (python -m benchmarks.trunk_cache)", "",
+    rows = [{"backbone": "squeezenet", **r} for r in rows]
+    lines = ["# CIFAR-10, an ImageNet network trained above a cached frozen trunk (python -m benchmarks.trunk_cache)", "",
              "SCDH Table I, AlexNet fine-tuned, mAP@all: " + ", ".join(f"{b} bits {v}" for b, v in SCDH_TABLE_I_ALEXNET.items()),
              "", "## Test protocol (last epoch)", "",
              markdown_table([r for r in rows if r["mode"] == "test"],
-                            ["label", "method", "bits", "size", "cut", "views", "mixup", "precision", "epochs", "mAP@all", "P@H<=2",
+                            ["label", "backbone", "method", "bits", "size", "cut", "views", "mixup", "precision", "epochs", "mAP@all", "P@H<=2",
                              "mAP@all mirrored", "P@H<=2 mirrored",
                              "cache + train seconds", "cache GB", "peak RSS GB", "seed", "note"]), "",
              "## Validation (500 held-out training images against the other 500; 4,000 train)", "",
              markdown_table([{**r, "last mAP@all": r["curve"][-1]["mAP@all"] if r["curve"] else None, "settings": json.dumps(r["recipe"])}
                              for r in rows if r["mode"] == "validation"],
-                            ["label", "method", "bits", "size", "cut", "views", "mixup", "precision", "epochs", "last mAP@all",
+                            ["label", "backbone", "method", "bits", "size", "cut", "views", "mixup", "precision", "epochs", "last mAP@all",
                              "curve mAP@all with flips", "settings", "cache + train seconds", "seed", "note"]), "",
              "## Seconds per epoch: cache against full fine-tuning (5,000 images, batch 64)", "",
              markdown_table([r for r in rows if r["mode"] == "timing"],
-                            ["label", "size", "cut", "views", "precision", "measured epochs", "cached seconds per epoch",
+                            ["label", "backbone", "size", "cut", "views", "precision", "measured epochs", "cached seconds per epoch",
                              "full seconds per epoch", "speed-up", "cache build seconds", "cache disk GB", "peak RSS GB"]), "",
              "## Curves (mAP@all by epoch)", ""]  # fmt: skip
     for r in rows:
@@ -299,7 +303,7 @@ def markdown(rows: list[dict]) -> str:
             points = ", ".join(f"{p['epoch']}: {p['mAP@all']:.3f}" for p in r["curve"])
             averages = [key for key in r["curve"][0] if key.startswith("mAP@all ema")]
             points += "".join(f"; weights averaged at {key.split()[-1]}: " + ", ".join(f"{p[key]:.3f}" for p in r["curve"]) for key in averages)
-            lines.append(f"- {r['mode']} {r['label']} {r.get('method', 'SCDH')} {r['bits']} bits {r['size']}px {r['precision']}, seed {r['seed']}: {points}")
+            lines.append(f"- {r['mode']} {r['label']} {r['backbone']} {r.get('method', 'SCDH')} {r['bits']} bits {r['size']}px {r['precision']}, seed {r['seed']}: {points}")
     return "\n".join(lines) + "\n"
 
 

@@ -44,11 +44,11 @@ class TrainingConfig:
 
     method: str = doc("scdh", "the method the Trainer builds: one of `tfhash methods` trained by the pipeline")
     bits: int = doc(48, "code length K, a multiple of 8")
-    backbone: str = doc("small_cnn", "`small_cnn`, `mlp` (feature vectors), an ImageNet network (`squeezenet`, "
-                        "`resnet50`, `mobilenetv3small`, ...: `tfhash.networks.IMAGE_NETWORKS`) or the path of your "
+    backbone: str = doc("small_cnn", "`small_cnn`, `mlp` (feature vectors), an ImageNet network (`efficientnet_lite0`, "
+                        "`squeezenet`, `resnet50`, ...: `tfhash.networks.IMAGE_NETWORKS`) or the path of your "
                         "own encoder (`.keras` file or SavedModel folder)")
-    backbone_weights: str | None = doc("imagenet", "an image network's weights: `imagenet` (a local file; never a "
-                                       "download), the path of a weights file, or null for a random init")
+    backbone_weights: str | None = doc("imagenet", "an image network's weights: `imagenet` (a local file or an "
+                                       "installed package's; never a download), the path of a weights file, or null for a random init")
     image_size: int | None = doc(None, "the side an image network runs at (null: its own, 224 for SqueezeNet)")
     hidden: list[int] = doc(lambda: [1024], "the widths of the `mlp` backbone's layers")
     preset: str | None = doc("cifar10", "SCDH / JCCH loss weights (`cifar10`, `nuswide`, `imagenet`: "

@@ -201,7 +201,7 @@ def test_bad_backbones_are_clear_errors(tmp_path):
     with pytest.raises(BackboneError, match="never downloads"):
         image_backbone("resnet50", SHAPE)
     for name, network in IMAGE_NETWORKS.items():  # every name without an offline file says so
-        if network.imagenet_file is None:
+        if network.imagenet_file is None and network.imagenet_package is None:
             with pytest.raises(BackboneError, match=f"keras.applications.{network.constructor}"):
                 image_backbone(name, SHAPE)
     weights = tmp_path / "squeezenet.weights.h5"
@@ -323,7 +323,7 @@ def test_pipeline_config_backbone_settings(tmp_path):
     assert config.training.backbone == encoder  # relative to the config file
     assert config.training.optimisation().optimizer == "adam" and config.training.optimisation().augment  # over the pretrained defaults
     shipped = PipelineConfig.load(os.path.join(os.path.dirname(__file__), "..", "pipelines", "configs", "cifar10.json"))
-    assert shipped.training.backbone == "squeezenet" and shipped.training.bits == 48
+    assert shipped.training.backbone == "efficientnet_lite0" and shipped.training.bits == 48
     for training, message in [({"backbone": "vgg16"}, "unknown backbone 'vgg16'"),
                               ({"backbone": "squeezenet", "fine_tuning": {"lr": 1}}, "unknown fine-tuning settings"),
                               ({"backbone": "squeezenet", "image_size": 8}, "image_size must be"),

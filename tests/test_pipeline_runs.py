@@ -53,8 +53,8 @@ def test_cross_modal_wiki_pipeline_and_search(tmp_path):
 @pytest.mark.beam
 @pytest.mark.process
 def test_pretrained_image_pipelines(tmp_path):
-    """The shipped CIFAR-10 configs' code paths on 200 images: JPEGs through ExampleGen, SqueezeNet
-    with the shared ImageNet weights trained one epoch at 32x32 (``cifar10``: above its cached
+    """The shipped CIFAR-10 configs' code paths on 200 images: JPEGs through ExampleGen,
+    EfficientNet-Lite0 with its pip package's ImageNet weights trained one epoch at 32x32 (``cifar10``: above its cached
     trunk, in its precision; then ``cifar10-gpu``: every layer, the papers' schedule), exported with
     both image signatures, indexed; a query's encoded example and its raw pixels get the same code,
     and the index answers it. Both run in one run directory, as a user switching configs would: the

@@ -1,7 +1,8 @@
 """Backbones: the networks that map an input to a feature vector, ahead of a tfhash head.
 
-* :func:`image_backbone` by name: ImageNet networks (SqueezeNet v1.1 with the shared weights, the
-  ``keras.applications`` families of :data:`IMAGE_NETWORKS`) or the path of a user's own encoder (a
+* :func:`image_backbone` by name: ImageNet networks (SqueezeNet v1.1 with the shared weights,
+  EfficientNet-Lite0/1/2 with the weights of their pip packages, the ``keras.applications``
+  families of :data:`IMAGE_NETWORKS`) or the path of a user's own encoder (a
   ``.keras`` file or a SavedModel directory mapping images to a feature vector). The returned model
   takes the images as stored (``uint8`` or float pixels in 0..255, any fixed size, grey or RGB) and
   holds everything in between: optional training-time augmentation, resizing to the network's
@@ -10,7 +11,7 @@
 
 The catalogue of networks and the checks of a backbone's name and weights are
 :mod:`tfhash.networks` (no TensorFlow there). Nothing is ever downloaded: ``weights="imagenet"``
-resolves to a local file (SqueezeNet's shared weights) or fails with a message that says which
+resolves to a local file (SqueezeNet's shared weights, an installed package's file) or fails with a message that says which
 file to fetch and where to pass it. Which weights file a network loaded is logged (logger
 ``tfhash.models.backbones``, INFO).
 """
@@ -24,6 +25,7 @@ from collections.abc import Sequence
 import keras
 
 from tfhash.networks import (
+    EFFICIENTNET_LITE,
     IMAGE_NETWORKS,
     IMAGENET,
     OTHER_BACKBONES,
@@ -32,6 +34,7 @@ from tfhash.networks import (
     check_backbone_name,
     resolve_weights,
 )
+from tfhash.state_dicts import CheckpointError
 
 logger = logging.getLogger(__name__)
 
@@ -151,10 +154,16 @@ def _network(backbone: str, side: int, weights: str | None, data_root) -> keras.
     network = IMAGE_NETWORKS[backbone]
     logger.info("backbone %s at %dx%d: %s", backbone, side, side, f"weights {path}" if path else "random initial weights")
     try:
+        if backbone in EFFICIENTNET_LITE:
+            from tfhash.models.efficientnet_lite import efficientnet_lite
+
+            return efficientnet_lite(backbone, (side, side, 3), path, name="network")
         if network.constructor is None:
             return squeezenet_network((side, side, 3), path, "network")
         build = getattr(keras.applications, network.constructor)
         return build(include_top=False, weights=path, input_shape=(side, side, 3), pooling="avg", name="network", **network.options)
+    except CheckpointError as err:
+        raise BackboneError(f"backbone {backbone!r}: weights {path!r} refused: {err}") from err
     except (ValueError, KeyError, OSError) as err:
         if path is None:
             raise
