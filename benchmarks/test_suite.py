@@ -180,7 +180,7 @@ def render() -> Path:
     files = sorted({test_file(node) for run in runs.values() for node in run["tests"]})
     per_file = [{"file": name, **{f"{label} s": round(sum(s for node, s in run["tests"].items() if test_file(node) == name), 1)
                                   for label, run in runs.items()}} for name in files]  # fmt: skip
-    last = list(runs)[-1]
+    last = load().get("latest", list(runs)[-1])
     per_file.sort(key=lambda row: -max(v for k, v in row.items() if k != "file"))
     parts = ["# The test suite: time and coverage", "", __doc__.split("\n\n")[0].replace("\n", " "), "",
              "Timings are of one run each, on the CPU named in its row: compare runs on one machine as ratios.", "",

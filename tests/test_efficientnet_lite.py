@@ -150,3 +150,13 @@ def test_the_default_cut_is_the_last_block_before_the_stride_32_stages(variant):
     index = int(cut.removeprefix("block"))
     assert blocks[index + 1].stride == 2 and sum(b.stride == 2 for b in blocks[: index + 1]) == 3
     assert FineTuning.for_backbone(variant, trunk_cache=True).trunk_cache.cut == cut
+
+
+def test_an_unknown_variant_is_refused_and_keras_weights_files_load(tmp_path):
+    with pytest.raises(ValueError, match="unknown EfficientNet-Lite variant 'efficientnet_lite9'"):
+        efficientnet_lite("efficientnet_lite9")
+    trained = efficientnet_lite("efficientnet_lite0", (32, 32, 3), weights=resolve_weights("efficientnet_lite0", "imagenet"))
+    trained.save_weights(tmp_path / "lite0.weights.h5")
+    loaded = efficientnet_lite("efficientnet_lite0", (32, 32, 3), weights=str(tmp_path / "lite0.weights.h5"))
+    for ours, theirs in zip(loaded.weights, trained.weights, strict=True):
+        np.testing.assert_array_equal(ours.numpy(), theirs.numpy())

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tests.torch_files import view, write_state_dict
-from tfhash.state_dicts import CheckpointError, read_state_dict
+from tfhash.state_dicts import LEGACY_MAGIC, LEGACY_PROTOCOL, CheckpointError, read_state_dict
 
 FORMATS = pytest.mark.parametrize("legacy", [True, False], ids=["legacy", "zip"])
 
@@ -135,4 +135,50 @@ def test_a_compressed_or_damaged_zip_and_an_oversized_count_are_refused(tmp_path
     big = np.zeros(8, np.float32)
     write_state_dict(path, {}, legacy=True, obj={"a": view(big, "s", (2,), numel=1 << 40)}, storages={"s": big})
     with pytest.raises(CheckpointError, match="storage 's' holds 8 elements, its record says 1099511627776"):
+        read_state_dict(path)
+
+
+def _rewrite_zip(path, change):
+    with zipfile.ZipFile(path) as archive:
+        entries = {name: archive.read(name) for name in archive.namelist()}
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data in change(entries).items():
+            archive.writestr(name, data)
+
+
+def _legacy_heads(path, heads):
+    with open(path, "wb") as stream:
+        for head in heads:
+            pickle.dump(head, stream, protocol=2)
+
+
+def test_a_wrapped_state_dict_and_bfloat16_storages_are_read(tmp_path):
+    path, data = tmp_path / "w.pth", np.arange(6, dtype=np.float32)
+    write_state_dict(path, {}, legacy=False, obj={"state_dict": {"w": view(data, "s", (2, 3))}}, storages={"s": data})
+    np.testing.assert_array_equal(read_state_dict(path)["w"], data.reshape(2, 3))
+    halves = (data.view(np.uint32) >> 16).astype(np.uint16)  # these values are exact in bfloat16
+    write_state_dict(path, {}, legacy=True, obj={"w": view(halves, "s", (6,))}, storages={"s": halves})
+    np.testing.assert_array_equal(read_state_dict(path)["w"], data)
+
+
+def test_files_that_are_not_as_torch_writes_them_are_refused(tmp_path):
+    path = tmp_path / "w.pth"
+    checks = {
+        "without one data.pkl": lambda e: {k.replace("data.pkl", "other.pkl"): v for k, v in e.items()},
+        "a big-endian checkpoint": lambda e: {**e, "archive/byteorder": b"big"},
+        "storage '0' is missing": lambda e: {k: v for k, v in e.items() if k != "archive/data/0"},
+    }  # fmt: skip
+    for message, change in checks.items():
+        write_state_dict(path, _tensors(), legacy=False)
+        _rewrite_zip(path, change)
+        with pytest.raises(CheckpointError, match=message):
+            read_state_dict(path)
+    for heads, message in [((LEGACY_MAGIC, 1000), "protocol other than 1001"),
+                           ((LEGACY_MAGIC, LEGACY_PROTOCOL, {"little_endian": False}), "big-endian machine")]:  # fmt: skip
+        _legacy_heads(path, heads)
+        with pytest.raises(CheckpointError, match=message):
+            read_state_dict(path)
+    data = np.zeros(2, np.float32)
+    write_state_dict(path, {}, legacy=True, obj={"a": view(data, "s", (2,))}, storages={"s": data, "t": data})
+    with pytest.raises(CheckpointError, match="storage list does not match"):
         read_state_dict(path)

@@ -15,8 +15,9 @@ import numpy as np
 
 from tfhash.state_dicts import LEGACY_MAGIC, LEGACY_PROTOCOL
 
+# uint16 arrays stand for bfloat16 bits (NumPy has no bfloat16).
 _TAGS = {np.dtype("float32"): "FloatStorage", np.dtype("float16"): "HalfStorage", np.dtype("int64"): "LongStorage",
-         np.dtype("uint8"): "ByteStorage"}  # fmt: skip
+         np.dtype("uint8"): "ByteStorage", np.dtype("uint16"): "BFloat16Storage"}  # fmt: skip
 
 
 class _Storage:
