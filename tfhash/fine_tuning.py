@@ -21,10 +21,11 @@ SCHEDULES = ("constant", "step", "cosine")
 PRECISIONS = ("auto", "on", "off", "bfloat16")
 #: The cut of :class:`TrunkCache` per network tfhash knows: SqueezeNet v1.1's last pooling, below
 #: fire6-fire9 (a third of the network's training cost at 224x224 and most of its parameters);
-#: EfficientNet-Lite's last block at stride 16 (``block10`` in Lite0, ``block14`` in Lite1/2: the
-#: 112-channel stage's output), below the stride-32 stages that hold most of the parameters.
-DEFAULT_CUTS = {"squeezenet": "pool5", "efficientnet_lite0": "block10", "efficientnet_lite1": "block14",
-                "efficientnet_lite2": "block14"}  # fmt: skip
+#: EfficientNet-Lite's first stage at stride 16 (its output: ``block7`` in Lite0, ``block10`` in
+#: Lite1/2, 80 or 88 channels), below the second stride-16 stage and the stride-32 stages, which
+#: train (validation on CIFAR-10 preferred it to the cut one stage higher: benchmarks/results/trunk_cache.md).
+DEFAULT_CUTS = {"squeezenet": "pool5", "efficientnet_lite0": "block7", "efficientnet_lite1": "block10",
+                "efficientnet_lite2": "block10"}  # fmt: skip
 OPTIMIZERS = ("sgd", "adam", "adamw")
 
 

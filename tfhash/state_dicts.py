@@ -133,9 +133,13 @@ def _unpickle(stream):
         raise CheckpointError(f"not a readable state dict pickle ({type(err).__name__}: {str(err)[:200]})") from err
 
 
+def _element_size(dtype: str) -> int:
+    return 2 if dtype == "bfloat16" else np.dtype(dtype).itemsize
+
+
 def _as_array(raw: bytes, dtype: str, numel: int, key: str) -> np.ndarray:
     """The ``numel`` elements of storage ``key`` from ``raw`` (bfloat16 widened to float32)."""
-    size = 2 if dtype == "bfloat16" else np.dtype(dtype).itemsize
+    size = _element_size(dtype)
     if len(raw) != numel * size:
         raise CheckpointError(f"storage {key!r}: {len(raw)} bytes for {numel} elements of {size} bytes")
     if dtype == "bfloat16":
@@ -170,7 +174,7 @@ def _references(state: dict[str, _Tensor]) -> dict[str, _StorageRef]:
 
 
 def _nbytes(ref: _StorageRef) -> int:
-    return ref.numel * (2 if ref.dtype == "bfloat16" else np.dtype(ref.dtype).itemsize)
+    return ref.numel * _element_size(ref.dtype)
 
 
 def _read_zip(path) -> tuple[dict[str, _Tensor], dict[str, np.ndarray]]:
@@ -193,7 +197,7 @@ def _read_zip(path) -> tuple[dict[str, _Tensor], dict[str, np.ndarray]]:
                 raise CheckpointError(f"{path}: storage {key!r} is missing (no entry {prefix}data/{key})")
             if info.file_size != _nbytes(ref):
                 raise CheckpointError(f"storage {key!r}: {info.file_size} bytes for {ref.numel} elements of "
-                                      f"{_nbytes(ref) // max(ref.numel, 1)} bytes")  # fmt: skip
+                                      f"{_element_size(ref.dtype)} bytes")  # fmt: skip
             storages[key] = _as_array(archive.read(info), ref.dtype, ref.numel, key)
     return state, storages
 

@@ -28,15 +28,19 @@ from tfhash.networks import EFFICIENTNET_LITE, LITE_HEAD, LITE_STEM, efficientne
 BN_EPSILON = 1e-3
 #: The state dict's batch-norm counters, which carry no weights.
 COUNTER = "num_batches_tracked"
+#: A block's weighted layers: ``{state dict name: Keras name after "block{i}_"}``.
+_BLOCK_PARTS = {"_expand_conv": "expand", "_bn0": "expand_bn", "_depthwise_conv": "depthwise", "_bn1": "depthwise_bn",
+                "_project_conv": "project", "_bn2": "project_bn"}  # fmt: skip
 
 
-def _conv_bn(x, filters: int, kernel: int, stride: int, name: str, relu: bool = True, depthwise: bool = False):
-    if depthwise:
-        x = keras.layers.DepthwiseConv2D(kernel, stride, padding="same", use_bias=False, name=name)(x)
-    else:
-        x = keras.layers.Conv2D(filters, kernel, stride, padding="same", use_bias=False, name=name)(x)
-    x = keras.layers.BatchNormalization(epsilon=BN_EPSILON, name=f"{name}_bn")(x)
-    return keras.layers.ReLU(6.0, name=f"{name}_relu")(x) if relu else x
+def _conv_bn(x, conv: keras.layers.Layer, bn: str, relu: str | None):
+    """``conv`` then batch normalisation named ``bn`` then, when ``relu`` names it, ReLU6."""
+    x = keras.layers.BatchNormalization(epsilon=BN_EPSILON, name=bn)(conv(x))
+    return keras.layers.ReLU(6.0, name=relu)(x) if relu else x
+
+
+def _pointwise(filters: int, name: str) -> keras.layers.Conv2D:
+    return keras.layers.Conv2D(filters, 1, padding="same", use_bias=False, name=name)
 
 
 def efficientnet_lite(variant: str = "efficientnet_lite0", input_shape: Sequence[int] | None = None, weights: str | None = None,
@@ -59,19 +63,17 @@ def efficientnet_lite(variant: str = "efficientnet_lite0", input_shape: Sequence
     side = EFFICIENTNET_LITE[variant][2]
     inputs = keras.Input(shape=tuple(input_shape or (side, side, 3)), name="image")
     x = keras.layers.Rescaling(1.0 / 128.0, offset=-127.0 / 128.0, name="preprocess")(inputs)
-    x = keras.layers.Conv2D(LITE_STEM, 3, 2, padding="same", use_bias=False, name="stem_conv")(x)
-    x = keras.layers.BatchNormalization(epsilon=BN_EPSILON, name="stem_bn")(x)
-    x = keras.layers.ReLU(6.0, name="stem")(x)
+    stem = keras.layers.Conv2D(LITE_STEM, 3, 2, padding="same", use_bias=False, name="stem_conv")
+    x = _conv_bn(x, stem, "stem_bn", "stem")
     for i, block in enumerate(efficientnet_lite_blocks(variant)):
-        y = x
+        y, b = x, f"block{i}"
         if block.expand != 1:
-            y = _conv_bn(y, block.filters_in * block.expand, 1, 1, f"block{i}_expand")
-        y = _conv_bn(y, 0, block.kernel, block.stride, f"block{i}_depthwise", depthwise=True)
-        y = _conv_bn(y, block.filters_out, 1, 1, f"block{i}_project", relu=False)
-        x = keras.layers.Add(name=f"block{i}")([x, y]) if block.skip else keras.layers.Identity(name=f"block{i}")(y)
-    x = keras.layers.Conv2D(LITE_HEAD, 1, use_bias=False, name="head_conv")(x)
-    x = keras.layers.BatchNormalization(epsilon=BN_EPSILON, name="head_bn")(x)
-    x = keras.layers.ReLU(6.0, name="head")(x)
+            y = _conv_bn(y, _pointwise(block.filters_in * block.expand, f"{b}_expand"), f"{b}_expand_bn", f"{b}_expand_relu")
+        depthwise = keras.layers.DepthwiseConv2D(block.kernel, block.stride, padding="same", use_bias=False, name=f"{b}_depthwise")
+        y = _conv_bn(y, depthwise, f"{b}_depthwise_bn", f"{b}_depthwise_relu")
+        y = _conv_bn(y, _pointwise(block.filters_out, f"{b}_project"), f"{b}_project_bn", None)
+        x = keras.layers.Add(name=b)([x, y]) if block.skip else keras.layers.Identity(name=b)(y)
+    x = _conv_bn(x, _pointwise(LITE_HEAD, "head_conv"), "head_bn", "head")
     x = keras.layers.GlobalAveragePooling2D(name="pool")(x)
     if include_top:
         x = keras.layers.Dense(1000, name="classifier")(x)
@@ -92,9 +94,7 @@ def _torch_names(model: keras.Model) -> dict[str, str]:
     layers = {layer.name for layer in model.layers}
     i = 0
     while f"block{i}" in layers:
-        parts = {"_expand_conv": "expand", "_bn0": "expand_bn", "_depthwise_conv": "depthwise", "_bn1": "depthwise_bn",
-                 "_project_conv": "project", "_bn2": "project_bn"}  # fmt: skip
-        names.update({f"_blocks.{i}.{torch}": f"block{i}_{keras_name}" for torch, keras_name in parts.items()})
+        names.update({f"_blocks.{i}.{torch}": f"block{i}_{keras_name}" for torch, keras_name in _BLOCK_PARTS.items()})
         i += 1
     return {prefix: layer for prefix, layer in names.items() if layer in layers}
 
@@ -145,8 +145,6 @@ def assign_state_dict(model: keras.Model, state_dict: Mapping[str, np.ndarray]) 
         problems.append(f"layers without weights in the state dict: {unmapped}")
     if left:
         problems.append(f"{len(left)} tensors of the state dict fit no layer: {left[:8]}{' ...' if len(left) > 8 else ''}")
-    if len(used) != len(set(used)):
-        problems.append("a tensor was assigned twice")
     if problems:
         raise ValueError(f"the state dict does not fit {model.name} ({len(model.layers)} layers): " + "; ".join(problems[:6]))
     return used
