@@ -98,7 +98,7 @@ def serve(model_base_dir: str, index_base_dir: str, kind: str, port: int, batche
 
     def search_rows(key, rows):
         form, k, radius, version = key[:4]
-        pair, results = searcher.search(Query(**{form: rows}), k, radius, version)
+        pair, results = searcher.search(Query(**{form: rows}, k=k, radius=radius, model_version=version))
         return [(pair, found) for found in results]
 
     batcher = LoopBatcher(search_rows, searcher.limits.max_batch)
@@ -120,8 +120,7 @@ def serve(model_base_dir: str, index_base_dir: str, kind: str, port: int, batche
             if form is None:  # examples: as they come
                 return await super().answer(request, context)
             rows = getattr(query, form)
-            radius = request.radius if request.HasField("radius") else None
-            found = await batcher.submit((form, request.k, radius, request.model_version, rows.dtype.str, rows.shape[1:]), rows)
+            found = await batcher.submit((form, query.k, query.radius, query.model_version, rows.dtype.str, rows.shape[1:]), rows)
             return response_proto(found[0][0], [neighbours for _, neighbours in found])
 
     async def main() -> None:

@@ -1,6 +1,9 @@
-"""Encoders of the search service: one model version that turns queries into continuous codes,
-either in process (the SavedModel loaded here) or through TF Serving (a :class:`ModelClient`
-pinned to that version). Both check requests the same way and refuse non-finite codes."""
+"""Encoders of the search service: one model version that turns a query's checked inputs
+(:class:`tfhash.serving.requests.Query`) into packed codes, either in process (the SavedModel
+loaded here) or through TF Serving (a :class:`ModelClient` pinned to that version). The
+SavedModel signs and packs (its ``packed_codes`` output); its continuous ``codes`` come back beside
+them only to refuse an input that encodes to NaN or infinite codes (a finite input can overflow
+inside the network), which the packed bits would hide."""
 
 from __future__ import annotations
 
@@ -13,16 +16,19 @@ from tfhash.serving.batching import Batcher
 from tfhash.serving.client import ModelClient, describe_signature
 from tfhash.serving.errors import ServingError, deadline_exceeded, invalid, unavailable
 from tfhash.serving.model_server import LoadedVersion, load_version, run_signature
-from tfhash.serving.requests import check_features
 
 from tfhash.artifacts import (
     CODES,
     EXAMPLES_INPUT,
     EXAMPLES_SIGNATURE,
     FEATURES_SIGNATURE,
+    PACKED_CODES,
     examples_signature,
     features_signature,
 )
+
+#: The outputs an encoder asks for: the packed codes it answers with, the continuous ones it checks.
+OUTPUTS = (PACKED_CODES, CODES)
 
 
 def shape_matches(shape, expected) -> bool:
@@ -49,8 +55,8 @@ class Encoder(abc.ABC):
                 raise ValueError(f"model version {self.version} has no signature {name!r} (it has {sorted(self.signatures)})")
 
     @abc.abstractmethod
-    def _predict(self, signature_name: str, inputs: dict, timeout: float | None) -> np.ndarray:
-        """The continuous codes output of one call."""
+    def _predict(self, signature_name: str, inputs: dict, timeout: float | None) -> tuple[np.ndarray, np.ndarray]:
+        """The :data:`OUTPUTS` of one call: ``(packed codes, continuous codes)``."""
 
     @abc.abstractmethod
     def describe(self) -> str: ...
@@ -60,23 +66,25 @@ class Encoder(abc.ABC):
         return int(self.signatures[self.examples_signature]["outputs"][CODES][1][-1])
 
     def encode_examples(self, serialized: list[bytes], timeout: float | None = None) -> np.ndarray:
+        """Packed codes of serialized examples that :func:`~tfhash.serving.requests.check_examples` passed."""
         if not serialized:
             raise invalid("no examples in the request")
-        return self._finite(self._predict(self.examples_signature, {EXAMPLES_INPUT: np.array(serialized, dtype=object)}, timeout))
+        return self._packed(self._predict(self.examples_signature, {EXAMPLES_INPUT: np.array(serialized, dtype=object)}, timeout))
 
-    def encode_features(self, features, timeout: float | None = None) -> np.ndarray:
-        array = check_features(features)
+    def encode_features(self, features: np.ndarray, timeout: float | None = None) -> np.ndarray:
+        """Packed codes of float32 features that :func:`~tfhash.serving.requests.check_features`
+        passed; a shape the model does not take is refused."""
         ((name, (_, expected)),) = self.signatures[self.features_signature]["inputs"].items()
-        if not shape_matches(array.shape, expected):
-            raise invalid(f"features have shape {list(array.shape)}; the model takes {expected} (-1: any)")
-        return self._finite(self._predict(self.features_signature, {name: array}, timeout))
+        if not shape_matches(features.shape, expected):
+            raise invalid(f"features have shape {list(features.shape)}; the model takes {expected} (-1: any)")
+        return self._packed(self._predict(self.features_signature, {name: features}, timeout))
 
     @staticmethod
-    def _finite(codes) -> np.ndarray:
-        codes = np.asarray(codes, dtype=np.float32)
+    def _packed(outputs: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+        packed, codes = outputs
         if not np.all(np.isfinite(codes)):
             raise invalid("the input encodes to NaN or infinite codes (non-finite feature values?)")
-        return codes
+        return np.asarray(packed, dtype=np.uint8)
 
 
 class InProcessEncoder(Encoder):
@@ -93,9 +101,10 @@ class InProcessEncoder(Encoder):
         if max_batch_size > 1:
             self._batcher = Batcher(lambda key, values: self._call(key[0], {key[1]: values}), max_batch_size, "tfhash-encode-batcher")
 
-    def _call(self, signature_name: str, inputs: dict) -> np.ndarray:
+    def _call(self, signature_name: str, inputs: dict) -> tuple[np.ndarray, np.ndarray]:
         protos = {name: tf.make_tensor_proto(value) for name, value in inputs.items()}
-        return run_signature(self.loaded.signature(signature_name), protos, [CODES])[CODES]
+        outputs = run_signature(self.loaded.signature(signature_name), protos, list(OUTPUTS))
+        return tuple(outputs[name] for name in OUTPUTS)
 
     def _predict(self, signature_name, inputs, timeout):
         if self._batcher is None or len(inputs) != 1:
@@ -123,14 +132,14 @@ class RemoteEncoder(Encoder):
 
     def _predict(self, signature_name, inputs, timeout):
         try:
-            outputs, version = self.client.predict(inputs, signature_name, [CODES], timeout)
+            outputs, version = self.client.predict(inputs, signature_name, list(OUTPUTS), timeout)
         except ServingError as err:
             if err.code == grpc.StatusCode.NOT_FOUND:  # TF Serving unloaded the version this pair needs
                 raise unavailable(f"TF Serving no longer serves version {self.version}: {err.message}") from err
             raise
         if version != self.version:  # a pinned request answered by another version: never use it
             raise unavailable(f"TF Serving answered with version {version}, expected {self.version}")
-        return outputs[CODES]
+        return tuple(outputs[name] for name in OUTPUTS)
 
     def describe(self) -> str:
         return f"TF Serving {self.client.target} model {self.client.model_name} version {self.version}"

@@ -109,13 +109,20 @@ def check_examples(serialized) -> list[bytes]:
 
 @dataclass(frozen=True)
 class Query:
-    """One request's queries: exactly one of ``examples`` (serialized tf.Examples), ``features``
-    (numbers, batch first) or ``codes`` (packed uint8 (n, K/8) or +-1 (n, K)); checked on creation
-    (:func:`check_examples`, :func:`check_features`)."""
+    """One search request as every front parses it, once, where it enters: exactly one of
+    ``examples`` (serialized tf.Examples), ``features`` (numbers, batch first) or ``codes`` (packed
+    uint8 (n, K/8) or +-1 (n, K)), checked on creation (:func:`check_examples`,
+    :func:`check_features`), and the search's ``k``, ``radius`` and pinned ``model_version`` ("":
+    any). The layers below trust the inputs; what depends on the service's limits and on the
+    served pair (k, radius, the batch size, the code width, the version) is checked by
+    :meth:`tfhash.serving.searcher.VersionedSearcher.search`."""
 
     examples: list | None = None
     features: np.ndarray | None = None
     codes: np.ndarray | None = None
+    k: int = 10
+    radius: int | None = None
+    model_version: str = ""
 
     def __post_init__(self):
         given = [x for x in (self.examples, self.features, self.codes) if x is not None]
@@ -160,15 +167,16 @@ def codes_from_proto(codes) -> np.ndarray:
 
 
 def query_from_proto(request) -> Query:
-    """The queries of a ``SearchRequest``."""
+    """A ``SearchRequest`` as a :class:`Query`."""
     which = request.WhichOneof("query")
     if which is None:
         raise invalid("the request has no query: set examples, features or codes")
+    search = {"k": request.k, "radius": request.radius if request.HasField("radius") else None, "model_version": request.model_version}
     if which == "examples":
-        return Query(examples=list(request.examples.serialized))
+        return Query(examples=list(request.examples.serialized), **search)
     if which == "features":
-        return Query(features=features_from_flat(request.features.shape, request.features.values))
-    return Query(codes=codes_from_proto(request.codes))
+        return Query(features=features_from_flat(request.features.shape, request.features.values), **search)
+    return Query(codes=codes_from_proto(request.codes), **search)
 
 
 def _reject_constant(name: str):
@@ -241,21 +249,22 @@ def _base64_rows(values, field: str) -> list[bytes]:
 
 
 def query_from_json(body: dict) -> Query:
-    """The queries of a REST body (:func:`json_object`)."""
+    """A REST body (:func:`json_object`) as a :class:`Query` (``k`` 10 when it is left out)."""
     given = [f for f in QUERY_FIELDS if f in body]
     if len(given) != 1:
         raise invalid(f"the body needs exactly one of {list(QUERY_FIELDS)}, got {given}")
     (field,) = given
+    search = {"k": json_int(body, "k", 10), "radius": json_int(body, "radius"), "model_version": json_version(body)}
     if field == "examples":
-        return Query(examples=_base64_rows(body[field], field))
+        return Query(examples=_base64_rows(body[field], field), **search)
     if field == "features":
-        return Query(features=json_numbers(body[field], field, np.float32))
-    if field == "codes":
-        return Query(codes=json_numbers(body[field], field, np.float64, max_dims=2))  # the searcher refuses values other than +-1
+        return Query(features=json_numbers(body[field], field, np.float32), **search)
+    if field == "codes":  # the searcher refuses values other than +-1
+        return Query(codes=json_numbers(body[field], field, np.float64, max_dims=2), **search)
     rows = _base64_rows(body[field], field)
     if not rows:
         raise invalid("packed_codes holds no queries")
     widths = {len(r) for r in rows}
     if len(widths) > 1 or 0 in widths:
         raise invalid(f"packed_codes must all have the same, non-zero length in bytes; got lengths {sorted(widths)[:4]}")
-    return Query(codes=np.frombuffer(b"".join(rows), dtype=np.uint8).reshape(len(rows), -1))
+    return Query(codes=np.frombuffer(b"".join(rows), dtype=np.uint8).reshape(len(rows), -1), **search)

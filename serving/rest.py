@@ -45,7 +45,7 @@ import tornado.ioloop
 import tornado.netutil
 import tornado.web
 from tfhash.serving.errors import ServingError, internal_error
-from tfhash.serving.requests import json_int, json_object, json_version, query_from_json
+from tfhash.serving.requests import json_object, query_from_json
 from tfhash.serving.searcher import Neighbours, VersionedSearcher
 
 logger = logging.getLogger(__name__)
@@ -233,9 +233,7 @@ class RestFront:
     def search(self, raw: bytes) -> tuple[int, dict]:
         """Answer one search body (on a worker thread): (HTTP status, JSON payload)."""
         try:
-            body = json_object(raw)
-            pair, results = self.searcher.search(query_from_json(body), json_int(body, "k", 10), json_int(body, "radius"),
-                                                 json_version(body), self.search_timeout)  # fmt: skip
+            pair, results = self.searcher.search(query_from_json(json_object(raw)), self.search_timeout)
         except ServingError as err:
             return err.http_status, _error(err.code.name, err.message)
         except Exception:  # noqa: BLE001 - a server fault: logged, answered 500

@@ -59,10 +59,9 @@ class HashSearchServicer(search_pb2_grpc.HashSearchServicer):
 
     @answers_errors
     def Search(self, request, context):
-        radius = request.radius if request.HasField("radius") else None
         left = context.time_remaining()  # about 9e18 when the caller set no deadline
         timeout = left if left is not None and left < threading.TIMEOUT_MAX else None
-        pair, results = self.searcher.search(query_from_proto(request), request.k, radius, request.model_version, timeout)
+        pair, results = self.searcher.search(query_from_proto(request), timeout)
         return response_proto(pair, results)
 
     @answers_errors

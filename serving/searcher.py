@@ -63,7 +63,7 @@ from tfhash.serving.requests import DEFAULT_LIMITS, Limits, Query
 from tfhash.serving.versions import Retries, check_fingerprint, tree_stamp
 
 from tfhash.artifacts import Item, index_dir
-from tfhash.codes import as_packed, pack_codes, sign_codes
+from tfhash.codes import as_packed
 from tfhash.index import (
     HashIndex,
     HashIndexError,
@@ -276,19 +276,20 @@ class VersionedSearcher:
             raise not_found(f"model version {shown(model_version, 40)} is not served; this service serves version {pair.version}")
         return pair
 
-    def search(self, query: Query, k: int, radius: int | None = None, model_version: str = "",
-               timeout: float | None = None) -> tuple[ServedPair, list[Neighbours]]:  # fmt: skip
-        """Encode (if needed) and search with one pair: the ``k`` nearest neighbours of each
-        query, only those within Hamming distance ``radius`` when it is given.
+    def search(self, query: Query, timeout: float | None = None) -> tuple[ServedPair, list[Neighbours]]:
+        """Encode (if needed) and search with one pair: the ``query.k`` nearest neighbours of each
+        query, only those within Hamming distance ``query.radius`` when it is given. The query's
+        inputs were checked where it was made; here what depends on the limits and the pair.
 
         Raises:
             ServingError: INVALID_ARGUMENT for an empty or oversized batch, k outside 1..max_k or
-                above the database size, a negative radius, malformed inputs or codes of the wrong
-                width; NOT_FOUND for a pinned version that is not served; UNAVAILABLE when no pair
-                is ready, or when the index's store (a Milvus server) does not answer;
-                DEADLINE_EXCEEDED when encoding and search did not finish within ``timeout``.
+                above the database size, a negative radius, inputs the model does not take or
+                codes of the wrong width; NOT_FOUND for a pinned version that is not served;
+                UNAVAILABLE when no pair is ready, or when the index's store (a Milvus server)
+                does not answer; DEADLINE_EXCEEDED when encoding and search did not finish within
+                ``timeout``.
         """
-        n = query.size
+        n, k, radius = query.size, query.k, query.radius
         if n == 0:
             raise invalid("the request has no queries")
         if n > self.limits.max_batch:
@@ -297,7 +298,7 @@ class VersionedSearcher:
             raise invalid(f"k must be an integer in 1..{self.limits.max_k}, got {k!r}"[:200])
         if radius is not None and (isinstance(radius, bool) or not isinstance(radius, (int, np.integer)) or radius < 0):
             raise invalid(f"radius must be an integer >= 0, got {radius!r}"[:200])
-        pair = self.pair_for(model_version)
+        pair = self.pair_for(query.model_version)
         if k > pair.index.ntotal:
             raise invalid(f"k = {k} is larger than the {pair.index.ntotal} items in the index")
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -315,9 +316,9 @@ class VersionedSearcher:
 
     def _packed_codes(self, pair: ServedPair, query: Query, timeout: float | None) -> np.ndarray:
         if query.examples is not None:
-            return pack_codes(sign_codes(pair.encoder.encode_examples(query.examples, timeout)))
+            return pair.encoder.encode_examples(query.examples, timeout)
         if query.features is not None:
-            return pack_codes(sign_codes(pair.encoder.encode_features(query.features, timeout)))
+            return pair.encoder.encode_features(query.features, timeout)
         try:
             packed = as_packed(query.codes, "codes")  # +-1 (any numeric dtype) or packed uint8
         except (ValueError, TypeError) as err:

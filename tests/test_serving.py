@@ -23,6 +23,7 @@ from google.protobuf import text_format
 from tensorflow_serving.apis import get_model_metadata_pb2, predict_pb2, prediction_service_pb2_grpc
 from tensorflow_serving.config import model_server_config_pb2
 from tfhash.serving import search_pb2, search_pb2_grpc
+from tfhash.serving import searcher as searcher_module
 from tfhash.serving.client import ModelClient
 from tfhash.serving.deployment import (
     model_config,
@@ -217,6 +218,27 @@ def test_search_equals_the_library_search(artifacts, search_server):
         np.testing.assert_array_equal(found, ball.ids[:50])
 
 
+def test_a_request_is_checked_once_and_encoded_to_the_saved_models_packed_codes(artifacts, monkeypatch):
+    """A request parsed into a Query has its features checked once (the encoder and the searcher
+    trust them), and the encoder answers with the SavedModel's packed codes."""
+    import tfhash.serving.encoders as encoders
+    import tfhash.serving.requests as requests
+
+    calls, checked = [], requests.check_features
+    counted = lambda features: calls.append(1) or checked(features)  # noqa: E731
+    for module in (requests, encoders, searcher_module):  # wherever a layer could look it up
+        monkeypatch.setattr(module, "check_features", counted, raising=False)
+    searcher = in_process_searcher(artifacts["models"], artifacts["indexes"])
+    searcher.refresh()
+    vectors = artifacts["vectors"][:5]
+    request = search_request(features=vectors, k=4)
+    pair, results = searcher.search(requests.query_from_proto(request))
+    assert len(calls) == 1 and [len(r.ids) for r in results] == [4] * 5
+    packed, expected = reference(os.path.join(artifacts["models"], "1"), os.path.join(artifacts["indexes"], "1", "BFlat"), vectors, 4)
+    np.testing.assert_array_equal(pair.encoder.encode_features(vectors.astype(np.float32)), packed)
+    np.testing.assert_array_equal(np.stack([r.ids for r in results]), expected.ids)
+
+
 def test_concurrent_searches_are_coalesced_and_answered_as_alone(artifacts):
     """Searches that queue while the index is busy share index calls, one k per call; each
     request gets exactly the answer it gets alone, and a refused one disturbs none of the others."""
@@ -239,7 +261,7 @@ def test_concurrent_searches_are_coalesced_and_answered_as_alone(artifacts):
 
     def client(i, packed, k):
         try:
-            answers[i] = searcher.search(Query(codes=packed), k)[1]
+            answers[i] = searcher.search(Query(codes=packed, k=k))[1]
         except ServingError as err:
             answers[i] = err
 

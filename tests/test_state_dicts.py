@@ -3,6 +3,7 @@ input (a pickle naming anything but tensors and ordered dicts is refused before 
 
 import pickle
 import posix
+import re
 import zipfile
 
 import numpy as np
@@ -75,7 +76,7 @@ def test_truncated_inconsistent_and_foreign_files_are_refused(tmp_path):
     with pytest.raises(CheckpointError, match="no magic number"):
         read_state_dict(path)
     path.write_bytes(b"\x89HDF\r\n\x1a\n" + bytes(100))
-    with pytest.raises(CheckpointError, match="not a readable state dict pickle"):
+    with pytest.raises(CheckpointError, match=rf"^{re.escape(str(path))}: neither a zip nor a legacy torch.save file \("):
         read_state_dict(path)
     write_state_dict(path, _tensors(), legacy=False)
     with zipfile.ZipFile(path) as archive:

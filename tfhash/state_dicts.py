@@ -124,13 +124,15 @@ class _Unpickler(pickle.Unpickler):
         return ref
 
 
-def _unpickle(stream):
+def _unpickle(stream, path, unreadable="not a readable state dict pickle"):
+    """The next pickle of ``stream``; anything but a pickle of admitted objects is a
+    :class:`CheckpointError` naming ``path`` and saying it is ``unreadable``."""
     try:
         return _Unpickler(stream).load()
     except CheckpointError:
         raise
     except Exception as err:  # a hostile or truncated stream raises many kinds
-        raise CheckpointError(f"not a readable state dict pickle ({type(err).__name__}: {str(err)[:200]})") from err
+        raise CheckpointError(f"{path}: {unreadable} ({type(err).__name__}: {str(err)[:200]})") from err
 
 
 def _element_size(dtype: str) -> int:
@@ -189,7 +191,7 @@ def _read_zip(path) -> tuple[dict[str, _Tensor], dict[str, np.ndarray]]:
         byteorder = f"{prefix}byteorder"
         if byteorder in entries and archive.read(byteorder).strip() != b"little":
             raise CheckpointError(f"{path}: a big-endian checkpoint; save it again on a little-endian machine")
-        state = _state_dict(_unpickle(io.BytesIO(archive.read(pickles[0]))), path)
+        state = _state_dict(_unpickle(io.BytesIO(archive.read(pickles[0])), path), path)
         storages = {}
         for key, ref in _references(state).items():
             info = entries.get(f"{prefix}data/{key}")
@@ -205,15 +207,16 @@ def _read_zip(path) -> tuple[dict[str, _Tensor], dict[str, np.ndarray]]:
 def _read_legacy(path) -> tuple[dict[str, _Tensor], dict[str, np.ndarray]]:
     size_on_disk = os.path.getsize(path)
     with open(path, "rb") as stream:
-        if _unpickle(stream) != LEGACY_MAGIC:
-            raise CheckpointError(f"{path}: neither a zip nor a legacy torch.save file (no magic number)")
-        if _unpickle(stream) != LEGACY_PROTOCOL:
+        not_torch = "neither a zip nor a legacy torch.save file"
+        if _unpickle(stream, path, not_torch) != LEGACY_MAGIC:
+            raise CheckpointError(f"{path}: {not_torch} (no magic number)")
+        if _unpickle(stream, path) != LEGACY_PROTOCOL:
             raise CheckpointError(f"{path}: legacy torch.save protocol other than {LEGACY_PROTOCOL}")
-        facts = _unpickle(stream)
+        facts = _unpickle(stream, path)
         if not isinstance(facts, dict) or not facts.get("little_endian", False):
             raise CheckpointError(f"{path}: a checkpoint written on a big-endian machine or without its system facts")
-        state = _state_dict(_unpickle(stream), path)
-        keys = _unpickle(stream)
+        state = _state_dict(_unpickle(stream, path), path)
+        keys = _unpickle(stream, path)
         refs = _references(state)
         if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys) or sorted(keys) != sorted(refs):
             raise CheckpointError(f"{path}: the storage list does not match the storages the tensors name")
