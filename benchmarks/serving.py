@@ -3,7 +3,7 @@ clients over a 1M-code index, bounded in time, over gRPC on loopback.
 
     python -m benchmarks.serving [--seed 0] [--size 1000000] [--bits 64] [--kinds BFlat BIVF1024]
                                  [--clients 1 8 32] [--seconds 10] [--repeats 3] [--modes codes features]
-                                 [--processes 1 2] [--tf-threads 0] [--fronts threaded compiled asyncio asyncio-batched]
+                                 [--processes 1 2] [--tf-threads 0] [--baseline DIR [--baseline-front compiled]]
                                  [--load-generators python cpp] [--load-processes 2]
 
 Set-up: a seeded, untrained SCDH model over 32-d feature vectors is exported as version 1 (the
@@ -21,9 +21,10 @@ service encodes with the model first. Client and server share the
 machine's cores; the CPU seconds per request of the server and of the load generator are measured
 apart, from the OS. Every service of an index (each ``--processes`` value and ``--fronts`` entry)
 runs at once on its own copy of the index, and the repeats take turns between them, so that a slow
-spell of this shared machine falls on all of them alike. ``--fronts compiled`` runs the service
-with ``--front compiled``; ``asyncio`` / ``asyncio-batched`` measure a design option for the front
-(``benchmarks/asyncio_front.py``). Before any load, each service must answer the first
+spell of this shared machine falls on all of them alike. ``--baseline DIR`` runs, beside this
+checkout's service (front ``aio``), the service of another checkout ``DIR`` (an earlier commit with
+its own ``.venv``) with ``--front <baseline-front>`` (front ``<baseline-front>@<DIR's commit>``), to
+compare with code that no longer exists here. Before any load, each service must answer the first
 :data:`CHECKED` code requests as the library's search of its index does.
 """
 
@@ -59,25 +60,26 @@ def export_model(path: str, bits: int, seed: int) -> None:
     export_feature_model(model, path, "features", [DIM], bits)
 
 
-def start_service(model_base: str, index_base: str, kind: str, threads: int, search_threads: int, search_batch_size: int,
-                  processes: int = 1, tf_threads: int = 0, front: str = "threaded"):  # fmt: skip
+def start_service(model_base: str, index_base: str, kind: str, search_threads: int, processes: int = 1, tf_threads: int = 0,
+                  baseline: tuple[str, str] | None = None):  # fmt: skip
     """``tfhash serve search`` as its own process(es) (in-process encoder); returns (the started
-    process, address). ``front="compiled"``: with ``--front compiled``. ``front="asyncio"`` /
-    ``"asyncio-batched"``: the measurement of :mod:`benchmarks.asyncio_front` instead, inline /
-    batched per loop turn (one search thread, TensorFlow's default threads; ``threads`` and
-    ``search_batch_size`` do not apply)."""
-    from benchmarks.asyncio_front import READY
+    process, address). ``baseline`` ``(checkout, front)``: the command of that checkout's own
+    ``.venv`` with ``--front front`` instead (its other options at their defaults)."""
     from tests.serving_fixtures import start_cli
 
-    if front.startswith("asyncio"):
-        return start_cli([model_base, index_base, kind, "--processes", str(processes),
-                          *(["--batched"] if front == "asyncio-batched" else [])], READY, module="benchmarks.asyncio_front")  # fmt: skip
-    if front not in ("threaded", "compiled"):
-        raise ValueError(f"unknown front {front!r}")
-    return start_cli(["serve", "search", "--model-base-dir", model_base, "--index-base-dir", index_base, "--kind", kind,
-                      "--port", "0", "--threads", str(threads), "--search-threads", str(search_threads),
-                      "--search-batch-size", str(search_batch_size), "--processes", str(processes), "--tf-threads", str(tf_threads),
-                      "--front", "compiled" if front == "compiled" else "python"], "search service on ")  # fmt: skip
+    args = ["serve", "search", "--model-base-dir", model_base, "--index-base-dir", index_base, "--kind", kind, "--port", "0",
+            "--search-threads", str(search_threads), "--processes", str(processes), "--tf-threads", str(tf_threads)]  # fmt: skip
+    if baseline is None:
+        return start_cli(args, "search service on ")
+    checkout, front = baseline
+    return start_cli([*args, "--front", front], "search service on ", executable=os.path.join(checkout, ".venv", "bin", "python"))
+
+
+def checkout_commit(checkout: str) -> str:
+    """The short commit of a checkout (for the rows that name the code they ran)."""
+    import subprocess
+
+    return subprocess.run(["git", "-C", checkout, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
 
 
 def family(processes: psutil.Process | list[psutil.Process]) -> list[psutil.Process]:
@@ -323,10 +325,10 @@ LOAD_GENERATORS = {"python": PythonLoad, "cpp": CppLoad}
 
 
 def loadgen_binary() -> str:
-    """The compiled load generator (``--load-generators cpp``; :func:`tfhash.serving.native.build`)."""
-    from tfhash.serving import native
+    """The compiled load generator (``--load-generators cpp``; :func:`benchmarks.native.build`)."""
+    from benchmarks import native
 
-    return native.build(os.path.join(os.path.dirname(os.path.abspath(__file__)), "loadgen.cc"))
+    return native.build(os.path.join(native.HERE, "loadgen.cc"))
 
 
 def run_level(address: str, clients: int, seconds: float, requests: list[bytes], server=None, processes: int = 2, generator: str = "python") -> dict:
@@ -405,9 +407,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--repeats", type=int, default=3, help="runs per row (median and range reported)")
     parser.add_argument("--modes", nargs="+", default=["codes", "features"], choices=["codes", "features"])
-    parser.add_argument("--threads", type=int, default=8, help="server worker threads")
     parser.add_argument("--search-threads", type=int, default=1, help="threads per index search in the server")
-    parser.add_argument("--search-batch-size", type=int, default=1, help="the server's coalescing of concurrent searches (1: off)")
     parser.add_argument("--load-generators", nargs="+", default=["python"], choices=sorted(LOAD_GENERATORS),
                         help="python: asyncio gRPC clients over --load-processes processes; cpp: benchmarks/loadgen.cc, gRPC's C++ "
                              "client, every client driven by one thread (needs g++ and libgrpc++-dev); several: each a row, "
@@ -415,9 +415,8 @@ def main() -> None:
     parser.add_argument("--load-processes", type=int, default=2, help="Python load-generator processes the clients are spread over")
     parser.add_argument("--processes", nargs="+", type=int, default=[1, 2], help="the service's serving processes (each value a run)")
     parser.add_argument("--tf-threads", type=int, default=0, help="TensorFlow threads per serving process (0: its default)")
-    parser.add_argument("--fronts", nargs="+", default=["threaded"], choices=["threaded", "compiled", "asyncio", "asyncio-batched"],
-                        help="threaded: tfhash serve search (its Python front); compiled: tfhash serve search --front compiled "
-                             "(needs g++ and libgrpc++-dev); asyncio[-batched]: the design measurement of benchmarks.asyncio_front")
+    parser.add_argument("--baseline", default=None, help="a checkout of an earlier commit, with its .venv, whose service runs beside this one's")
+    parser.add_argument("--baseline-front", default="compiled", help="the baseline service's --front")
     parser.add_argument("--name", default="serving")
     args = parser.parse_args()
 
@@ -435,6 +434,9 @@ def main() -> None:
         "codes": [search_request(codes=code[None], k=K).SerializeToString() for code in query_pool[:2000]],
         "features": [search_request(features=vector[None], k=K).SerializeToString() for vector in feature_pool[:2000]],
     }
+    fronts = [("aio", None)]
+    if args.baseline:
+        fronts.append((f"{args.baseline_front}@{checkout_commit(args.baseline)}", (os.path.abspath(args.baseline), args.baseline_front)))
     rows, memory_rows = [], []
     with tempfile.TemporaryDirectory() as work:
         model_base, index_base = os.path.join(work, "models"), os.path.join(work, "indexes")
@@ -452,12 +454,11 @@ def main() -> None:
             # this shared machine then falls on all of them, not on one
             services = []
             try:
-                for number, (front, processes) in enumerate(itertools.product(args.fronts, args.processes)):
+                for number, ((front, baseline), processes) in enumerate(itertools.product(fronts, args.processes)):
                     # a copy of the index each: a service's mapped codes are then shared by its own processes only
                     own_index = os.path.join(work, f"indexes-{number}")
                     shutil.copytree(os.path.join(index_base, "1", kind), os.path.join(own_index, "1", kind))
-                    started, address = start_service(model_base, own_index, kind, args.threads, args.search_threads,
-                                                     args.search_batch_size, processes, args.tf_threads, front)  # fmt: skip
+                    started, address = start_service(model_base, own_index, kind, args.search_threads, processes, args.tf_threads, baseline)
                     services.append(({"front": front, "processes": processes}, started, address, psutil.Process(started.pid)))
                     check_answers(address, requests["codes"][:CHECKED], expected)
                 for mode, clients in itertools.product(args.modes, args.clients):
@@ -479,22 +480,18 @@ def main() -> None:
                 for _, started, _, _ in services:
                     started.terminate()
                     started.wait(60)
-    columns = ["index", "n", "bits", *(["front"] if args.fronts != ["threaded"] else []), "processes", "mode", "clients", "load_generator", "load_processes", "repeats", "requests", "errors", "qps", "qps_min", "qps_max",
+    columns = ["index", "n", "bits", "front", "processes", "mode", "clients", "load_generator", "load_processes", "repeats", "requests", "errors", "qps", "qps_min", "qps_max",
                "p50_ms", "p99_ms", "p99_ms_max", "connections", "server_cpu_ms_per_request", "client_cpu_ms_per_request", "seed"]  # fmt: skip
     command = "python -m benchmarks.serving " + " ".join(sys.argv[1:])
     markdown = (
         "# Search service load benchmark\n\n"
         f"Command: `{command.strip()}`. One query per request, k = {K}, over gRPC on loopback; the search "
-        f"service (`tfhash serve search`, {args.threads} worker threads, {args.search_threads} thread(s) per index search, "
-        f"concurrent searches coalesced up to {args.search_batch_size} queries, in-process encoder, TensorFlow threads "
+        f"service (`tfhash serve search`, front `aio`: gRPC's asyncio server, concurrent searches of one kind joined, one joined "
+        f"call in flight per process; {args.search_threads} thread(s) per index search, in-process encoder, TensorFlow threads "
         f"{args.tf_threads or 'by default'}) runs as its own process, or as `--processes` serving processes on one port "
         "under a supervising parent (the `processes` column)"
-        + ("; fronts `asyncio` and `asyncio-batched`: not the service but the measurement of a design option "
-           "(`benchmarks/asyncio_front.py`: the same servicer behind gRPC's asyncio server, searches on the event loop, inline "
-           "or joined per loop turn; none of the service's checks, health, drain or hot swap; one search thread)"
-           if any(f.startswith("asyncio") for f in args.fronts) else "")
-        + ("; front `compiled`: the service with `--front compiled` (its compiled front serves the port and joins concurrent "
-           "searches that differ only in their rows into one request to the serving processes behind it)" if "compiled" in args.fronts else "")
+        + (f"; front `{fronts[1][0]}`: the service of that commit (checked out with its own environment) with `--front "
+           f"{args.baseline_front}`, its other options at their defaults" if args.baseline else "")
         + f"; before any load, each service answered the first {CHECKED} code requests as the library's search of its index does"
         + ("; the clients are asyncio gRPC clients spread over the load-generator processes, one channel each, "
            if args.load_generators == ["python"] else

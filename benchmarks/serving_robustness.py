@@ -1,7 +1,7 @@
 """Serving under hostile input and real deployments: the evidence run.
 
     python -m benchmarks.serving_robustness [--seed 0] [--requests 12000] [--trials 10] [--size 1000000]
-                                            [--processes 1] [--front python] [--name serving_robustness]
+                                            [--processes 1] [--name serving_robustness]
 
 * **fuzz**: :func:`benchmarks.serving_fuzz.run` against the search service (in-process and remote
   encoding, gRPC and REST) and the development model server, all on loopback;
@@ -57,13 +57,12 @@ MODEL = "vectors"
 
 
 class ServiceProcesses:
-    """``tfhash serve search <args> --processes N --front F`` run as a command (a supervising parent
-    and N serving processes on one port, behind the compiled front or not), with the
-    :class:`SearchServer` attributes the scenarios use."""
+    """``tfhash serve search <args> --processes N`` run as a command (a supervising parent and N
+    serving processes on one port), with the :class:`SearchServer` attributes the scenarios use."""
 
-    def __init__(self, args: list[str], processes: int, poll: float, front: str = "python"):
+    def __init__(self, args: list[str], processes: int, poll: float):
         self.process, self.address = start_cli(["serve", "search", *args, "--port", "0", "--poll-seconds", str(poll),
-                                                "--processes", str(processes), "--front", front, "--grace-seconds", "1"],
+                                                "--processes", str(processes), "--grace-seconds", "1"],
                                                "search service on ")  # fmt: skip
         self.rest_port = cli_rest_port(self.process)
 
@@ -71,22 +70,22 @@ class ServiceProcesses:
         stop_cli(self.process)
 
 
-def search_service(searcher_args: list[str], make_searcher, processes: int, poll: float, front: str = "python", **server_options):
-    """The search service over ``make_searcher()`` in this process (``processes`` 1, the Python
-    front), else :class:`ServiceProcesses` given the same searcher as command-line ``searcher_args``."""
+def search_service(searcher_args: list[str], make_searcher, processes: int, poll: float, **server_options):
+    """The search service over ``make_searcher()`` in this process (``processes`` 1), else
+    :class:`ServiceProcesses` given the same searcher as command-line ``searcher_args``."""
     from tfhash.serving.search_service import SearchServer
 
-    if processes == 1 and front == "python":
+    if processes == 1:
         return SearchServer(make_searcher(), poll_seconds=poll, **server_options).start()
-    return ServiceProcesses(searcher_args, processes, poll, front)
+    return ServiceProcesses(searcher_args, processes, poll)
 
 
 @contextlib.contextmanager
-def serving_stack(root: str, poll: float = 0.5, rest_timeout: float = 1.0, processes: int = 1, front: str = "python"):
+def serving_stack(root: str, poll: float = 0.5, rest_timeout: float = 1.0, processes: int = 1):
     """Version 1 of the fixture model and its index; the development model server (pinned
     ``models.config``, re-read as it changes, reloads confined to the model folder); a search
     service encoding in process (with REST) and one encoding through the model server, each in
-    this process or (``processes`` > 1, or ``front`` compiled) as that many processes of one command. Yields
+    this process or (``processes`` > 1) as that many processes of one command. Yields
     ``(target, servers)`` where ``target`` describes them for the fuzzer."""
     from tfhash.serving.deployment import read_models_config, write_deployment
     from tfhash.serving.model_server import DevModelServer
@@ -103,12 +102,12 @@ def serving_stack(root: str, poll: float = 0.5, rest_timeout: float = 1.0, proce
     limit_args = ["--max-batch", "64", "--max-k", "1000", "--max-request-mb", "1"]
     in_process = search_service(["--model-base-dir", models, "--index-base-dir", indexes, "--rest-port", "0", "--rest-timeout",
                                  str(rest_timeout), *limit_args], lambda: in_process_searcher(models, indexes, limits=limits),
-                                processes, poll, front, rest_port=0, max_message_bytes=1 << 20,
+                                processes, poll, rest_port=0, max_message_bytes=1 << 20,
                                 rest_options={"header_timeout": rest_timeout, "body_timeout": rest_timeout})  # fmt: skip
     remote = search_service(["--model-server", model_server.address, "--model-name", MODEL, "--index-base-dir", indexes,
                              "--model-base-dir", models, *limit_args],
                             lambda: remote_searcher(model_server.address, MODEL, indexes, limits=limits, model_base_dir=models),
-                            processes, poll, front, max_message_bytes=1 << 20)  # fmt: skip
+                            processes, poll, max_message_bytes=1 << 20)  # fmt: skip
     rest_port = in_process.rest_port
     target = Target(search={"in_process": in_process.address, "remote": remote.address}, rest_port=rest_port,
                     model_server=model_server.address, model_name=MODEL, feature="features", dim=DIM, bits=BITS, count=len(ids),
@@ -226,12 +225,11 @@ def push_broken_versions(models: str, indexes: str, vectors, ids) -> None:
         handle.write(b"\x7f")
 
 
-def hot_swap_trial(root: str, mode: str, poll: float = 0.5, clients: int = 4, processes: int = 1, front: str = "python") -> dict:
+def hot_swap_trial(root: str, mode: str, poll: float = 0.5, clients: int = 4, processes: int = 1) -> dict:
     """Version 1 serves under load; broken versions 2 and 3 are pushed (and, remotely, the config
     regenerated); version 4 is copied file by file (then, remotely, published in the config).
     Returns counts, the versions that answered and how long after the copy completed version 4
-    answered. ``processes`` > 1 or ``front`` compiled: the search service runs as that many
-    processes of one command."""
+    answered. ``processes`` > 1: the search service runs as that many processes of one command."""
     from tfhash.serving.deployment import read_models_config, write_deployment
     from tfhash.serving.model_server import DevModelServer
     from tfhash.serving.search_service import in_process_searcher, remote_searcher
@@ -247,11 +245,10 @@ def hot_swap_trial(root: str, mode: str, poll: float = 0.5, clients: int = 4, pr
         model_server = DevModelServer(read_models_config(config), poll_seconds=poll, config_file=config, config_poll_seconds=poll).start()
         server = search_service(["--model-server", model_server.address, "--model-name", MODEL, "--index-base-dir", indexes,
                                  "--model-base-dir", models],
-                                lambda: remote_searcher(model_server.address, MODEL, indexes, model_base_dir=models), processes, poll,
-                                front)  # fmt: skip
+                                lambda: remote_searcher(model_server.address, MODEL, indexes, model_base_dir=models), processes, poll)  # fmt: skip
     else:
         server = search_service(["--model-base-dir", models, "--index-base-dir", indexes], lambda: in_process_searcher(models, indexes),
-                                processes, poll, front)  # fmt: skip
+                                processes, poll)  # fmt: skip
     load = Load(server.address, vectors[:8], clients, examples=mode == "remote").start()
     try:
         load.wait_for_answers(20)  # the load runs on version 1
@@ -276,7 +273,7 @@ def hot_swap_trial(root: str, mode: str, poll: float = 0.5, clients: int = 4, pr
     first_four = load.first_answer_of("4")
     # answers by version 1 to requests that started after version 4 first answered (any process)
     old_after_new = 0 if first_four is None else sum(a[3] == "1" and a[0] > first_four for a in load.answers)
-    return {"mode": mode, "processes": processes, "front": front, "poll_seconds": poll, "requests": len(load.answers) + len(load.failures), "failed": len(load.failures),
+    return {"mode": mode, "processes": processes, "poll_seconds": poll, "requests": len(load.answers) + len(load.failures), "failed": len(load.failures),
             "failures": sorted({f"{code}: {message[:120]}" for _, _, code, message in load.failures})[:5],
             "versions_answering": sorted(set(versions)), "stayed_on_1_while_broken": on_one_while_broken,
             "v4_served_after_copy_s": None if first_four is None else round(first_four - completed, 2),
@@ -285,10 +282,9 @@ def hot_swap_trial(root: str, mode: str, poll: float = 0.5, clients: int = 4, pr
             "versions_differ": len(expected) == 2 and expected["1"].ids.tolist() != expected["4"].ids.tolist()}  # fmt: skip
 
 
-def sigterm_trial(root: str, kind: str, grace: float = 10.0, clients: int = 8, seconds: float = 1.5, processes: int = 1,
-                  front: str = "python") -> dict:  # fmt: skip
+def sigterm_trial(root: str, kind: str, grace: float = 10.0, clients: int = 8, seconds: float = 1.5, processes: int = 1) -> dict:
     """One ``tfhash serve search`` (``kind="search"``, REST on and a health Watch stream open; with
-    ``processes`` serving processes behind ``front``) or ``tfhash serve model`` process under load, sent SIGTERM;
+    ``processes`` serving processes) or ``tfhash serve model`` process under load, sent SIGTERM;
     returns how it ended."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
     from tfhash.serving.client import ModelClient
@@ -303,8 +299,7 @@ def sigterm_trial(root: str, kind: str, grace: float = 10.0, clients: int = 8, s
         write_deployment(models, MODEL, os.path.join(root, "tfs"), index_base_dir=indexes)
     if kind == "search":
         process, address = start_cli(["serve", "search", "--model-base-dir", models, "--index-base-dir", indexes, "--port", "0",
-                                       "--rest-port", "0", "--grace-seconds", str(grace), "--processes", str(processes),
-                                       "--front", front],
+                                       "--rest-port", "0", "--grace-seconds", str(grace), "--processes", str(processes)],
                                       "search service on ")  # fmt: skip
     else:
         process, address = start_cli(["serve", "model", "--model-config-file", os.path.join(root, "tfs", "models.local.config"),
@@ -357,7 +352,7 @@ def sigterm_trial(root: str, kind: str, grace: float = 10.0, clients: int = 8, s
     before = [r for r in results if r[1] < signalled]
     in_flight = [r for r in results if r[0] < signalled <= r[1]]
     started_after = [r for r in results if r[0] >= signalled + 0.25]  # a quarter second for the signal to be handled
-    return {"kind": kind, "processes": processes if kind == "search" else 1, "front": front if kind == "search" else "-", "exit_code": code, "exit_after_s": round(exited - signalled, 2), "grace_s": grace,
+    return {"kind": kind, "processes": processes if kind == "search" else 1, "exit_code": code, "exit_after_s": round(exited - signalled, 2), "grace_s": grace,
             "answered_before": sum(r[2] == "OK" for r in before), "failed_before": sum(r[2] != "OK" for r in before),
             "in_flight_at_signal": len(in_flight), "in_flight_answered": sum(r[2] == "OK" for r in in_flight),
             "in_flight_refused": dict(Counter(r[2] for r in in_flight if r[2] != "OK")),
@@ -385,7 +380,7 @@ def largest_request(size: int, bits: int = 64, queries: int = 256, radius: int =
     batch = clustered_packed(queries, centres, rng)
     searcher = VersionedSearcher("", "BFlat", lambda: [], lambda version: None)  # the service's search step alone
     pair = ServedPair(1, None, index, "", None)
-    ways = {"k nearest, then radius (now)": lambda: searcher._neighbours(pair, batch, k, radius, None),
+    ways = {"k nearest, then radius (now)": lambda: searcher._neighbours(pair, batch, k, radius),
             "range search, then k (before)": lambda: [r.ids[:k] for r in index.range_search(batch, radius)]}  # fmt: skip
     rows = []
     for name, search in ways.items():
@@ -443,10 +438,8 @@ def markdown(payload: dict) -> str:
         f"`{payload['command']}` (seed {payload['seed']}, {payload['environment']['date']}, "
         f"{payload['environment']['cpus']} CPUs). Every server runs on loopback in the same process as the fuzzer, "
         "except the SIGTERM trials (their own processes)"
-        + (f", and except the search services, each run as `tfhash serve search --processes {payload['processes']} --front "
-           f"{payload.get('front', 'python')}` (a supervising parent and that many serving processes on one port"
-           + (", behind the compiled front)." if payload.get("front") == "compiled" else ").")
-           if payload.get("processes", 1) > 1 or payload.get("front") == "compiled" else "."),
+        + (f", and except the search services, each run as `tfhash serve search --processes {payload['processes']}` "
+           "(a supervising parent and that many serving processes on one port)." if payload.get("processes", 1) > 1 else "."),
         "",
         f"## Fuzz: {fuzz_summary['requests']} requests in {fuzz_summary['seconds']} s",
         "",
@@ -462,7 +455,7 @@ def markdown(payload: dict) -> str:
         "`old_after_new` counts answers by version 1 to requests that started after version 4 first answered "
         "(`flapped_back`: any), on whichever process.",
         "",
-        markdown_table(_seconds_as_text(payload["hot_swap"]), ["mode", "processes", "front", "requests", "failed", "versions_answering", "stayed_on_1_while_broken",
+        markdown_table(_seconds_as_text(payload["hot_swap"]), ["mode", "processes", "requests", "failed", "versions_answering", "stayed_on_1_while_broken",
                                                                "v4_served_after_copy_s", "poll_seconds", "flapped_back", "old_after_new", "inconsistent_answers", "versions_differ"]),  # fmt: skip
         "",
         "## SIGTERM under load",
@@ -471,7 +464,7 @@ def markdown(payload: dict) -> str:
         f"{clean['model']} of {total['model']}. Requests in flight at the signal were answered (they were in a handler) or "
         "refused UNAVAILABLE before they ran; requests started 0.25 s or more after it: none answered.",
         "",
-        markdown_table(_seconds_as_text(trials), ["kind", "processes", "front", "exit_code", "exit_after_s", "grace_s", "answered_before", "failed_before",
+        markdown_table(_seconds_as_text(trials), ["kind", "processes", "exit_code", "exit_after_s", "grace_s", "answered_before", "failed_before",
                                                   "in_flight_at_signal", "in_flight_answered", "in_flight_refused", "started_after_signal",
                                                   "answered_after_signal", "health_stream_ended"]),  # fmt: skip
         "",
@@ -493,22 +486,20 @@ def main(argv=None) -> None:
     parser.add_argument("--size", type=int, default=1_000_000)
     parser.add_argument("--processes", type=int, default=1,
                         help="run the search services as this many processes of one command (tfhash serve search --processes)")
-    parser.add_argument("--front", choices=["python", "compiled"], default="python",
-                        help="the search services' gRPC front (tfhash serve search --front; compiled: run as a command)")
     parser.add_argument("--name", default="serving_robustness", help="results file name")
     args = parser.parse_args(argv)
     command = "python -m benchmarks.serving_robustness " + " ".join(argv if argv is not None else sys.argv[1:])
     with tempfile.TemporaryDirectory() as root:
-        with serving_stack(os.path.join(root, "fuzz"), processes=args.processes, front=args.front) as (target, servers):
+        with serving_stack(os.path.join(root, "fuzz"), processes=args.processes) as (target, servers):
             tally = fuzz(target, args.requests, args.seed, allowed_root=servers["models"])
         print("fuzz:", tally.summary()["failures"] or "no failures", flush=True)
-        swaps = [hot_swap_trial(os.path.join(root, f"swap-{mode}"), mode, processes=args.processes, front=args.front) for mode in ("in_process", "remote")]
+        swaps = [hot_swap_trial(os.path.join(root, f"swap-{mode}"), mode, processes=args.processes) for mode in ("in_process", "remote")]
         print("hot swap:", swaps, flush=True)
-        trials = [sigterm_trial(os.path.join(root, "sigterm"), kind, processes=args.processes, front=args.front) for kind in ("search", "model")
+        trials = [sigterm_trial(os.path.join(root, "sigterm"), kind, processes=args.processes) for kind in ("search", "model")
                   for _ in range(args.trials)]  # fmt: skip
         print("sigterm:", [(t["kind"], t["exit_code"], t["exit_after_s"]) for t in trials], flush=True)
     largest = largest_request(args.size, seed=args.seed)
-    payload = {"command": command.strip(), "seed": args.seed, "processes": args.processes, "front": args.front, "fuzz": tally.summary(), "hot_swap": swaps, "sigterm": trials,
+    payload = {"command": command.strip(), "seed": args.seed, "processes": args.processes, "fuzz": tally.summary(), "hot_swap": swaps, "sigterm": trials,
                "largest_request": largest}  # fmt: skip
     from benchmarks.common import environment
 

@@ -34,20 +34,6 @@ if ! PY=$(find_python310); then
   exit 1
 fi
 
-# The compiled front (`tfhash serve search --front compiled`) and the benchmarks' compiled clients
-# build on first use against the system's gRPC C++ library. Where it is missing and this runs as root
-# with apt-get, install it (TFHASH_SYSTEM_PACKAGES=0 skips this); otherwise say what the tests skip.
-system_packages="g++ pkg-config libgrpc++-dev"
-if ! { command -v g++ && command -v pkg-config && pkg-config --exists grpc++; } >/dev/null 2>&1; then
-  if [[ "${TFHASH_SYSTEM_PACKAGES:-1}" != 0 && "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
-    echo "setup_env: installing $system_packages (apt-get) for the compiled front"
-    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $system_packages; } >/dev/null 2>&1 \
-      || echo "setup_env: apt-get could not install $system_packages: the compiled front's tests will be skipped" >&2
-  else
-    echo "setup_env: $system_packages missing: the compiled front's tests will be skipped (install them to run it)" >&2
-  fi
-fi
-
 stamp_of() {
   { "$PY" -c 'import sys; print(sys.version)'; cat pyproject.toml setup.py serving/search.proto constraints/py310.txt; } | sha256sum | cut -d' ' -f1
 }

@@ -8,9 +8,10 @@
 * :mod:`.requests` -- what a request may hold, checked where it enters;
 * :mod:`.versions` -- model versions, version policies, pairing checks and load retries;
 * :mod:`.searcher` -- version-locked model/index pairs, converging hot swap, search;
-* :mod:`.search_service` / :mod:`.rest` -- the search service's gRPC and REST fronts;
-  :mod:`.health` -- its gRPC health service; :mod:`.grpc_server` -- the gRPC shell both servers
-  share (limits, undecodable bytes, drain on stop, signals);
+* :mod:`.search_service` -- the search service's one front: gRPC (asyncio) and, with
+  :mod:`.rest`, REST on one event loop; :mod:`.batching` -- the coalescer that joins concurrent
+  searches of one kind; :mod:`.health` -- what its health service reports;
+  :mod:`.grpc_server` -- the development model server's gRPC shell and every server's signal loop;
 * :mod:`.processes` -- one search-service process, or several on one port under a supervising
   parent; :mod:`.siblings` -- what each of those processes serves, shared for health and status;
 * :mod:`.search_client` -- ``SearchClient``; :mod:`.cli` -- ``tfhash serve model|search|config``.

@@ -1,139 +1,156 @@
-"""Greedy micro-batching of concurrent calls: the in-process encoder's model calls and the search
-service's index searches.
+"""The search service's one batching primitive: concurrent requests of one kind joined into one
+call, with one call in flight per process.
 
-A worker thread (or ``workers`` of them) makes the calls; requests that arrive while they are busy
-queue up and are taken together (up to ``max_batch_size`` rows, same key: the signature and input
-of a model call, the k of a search) by the next call, so nothing waits for a timer: a lone request
-runs at once, and under load the per-call overhead (Python, graph dispatch, a pass over the
-database) is shared by many requests. TF Serving's ``--enable_batching`` does the same for the remote encoder.
+A request submitted on the service's event loop waits in a queue. While no call runs, the next
+one starts at the end of the loop's current turn (so the requests that arrived in that turn join
+it) on the coalescer's worker thread; the event loop meanwhile goes on reading and parsing
+requests, which queue. When the call returns, the oldest waiting request and every other waiting
+request of the same key (the same form of query, k, radius and pinned version) that fits within
+``max_rows`` rows make the next call. A lone request therefore runs at once, and under load the
+per-call cost (the model call, a pass over the database) is shared by the requests that queued
+while the previous call ran. A process answers one joined call at a time; more cores are used by
+more processes on one port (:mod:`tfhash.serving.processes`).
 
-A batch that fails is retried request by request, so one malformed request cannot fail the others
-that happened to share its batch; except for the ``shared_errors`` types (a store that is down),
-which every request of the batch gets at once. A request whose caller stopped waiting (its
-timeout) and that is still queued is dropped, not run.
+A joined call that fails is retried request by request, so one request the pair refuses (codes
+of a wrong value, say) cannot fail the others that shared its call; an error that ``shared``
+accepts (the service is unavailable) is every request's at once. A request whose caller went away
+(its RPC cancelled, its deadline passed) is dropped before it is run.
 """
 
 from __future__ import annotations
 
-import threading
-import weakref
+import asyncio
+import time
 from collections import deque
-from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
-
-import numpy as np
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass
-class _Request:
+class _Waiting:
+    item: Any
     key: Hashable
-    values: np.ndarray
-    done: threading.Event = field(default_factory=threading.Event)
-    result: np.ndarray | tuple | None = None
-    error: BaseException | None = None
-    abandoned: bool = False
+    size: int
+    deadline: float | None
+    future: asyncio.Future
+
+    def gone(self) -> bool:
+        return self.future.done() or (self.deadline is not None and time.monotonic() >= self.deadline)
 
 
-def _rows(output, start: int, stop: int):
-    """Rows ``start:stop`` of a call's output: an array, or a tuple of arrays with one row per input row."""
-    if isinstance(output, tuple):
-        return tuple(part[start:stop] for part in output)
-    return output[start:stop]
+class Coalescer:
+    """Joins the items submitted on one event loop into calls ``call(joined, timeout) -> answers``
+    made on a worker thread, one at a time.
 
+    Args:
+        call: answers a joined item with one answer per row, within ``timeout`` seconds (None:
+            no deadline; the latest deadline of the requests joined).
+        join: the items of one key as one item (a single item is passed through as it is).
+        key: what must be equal for items to join.
+        size: an item's rows.
+        max_rows: the rows of a joined call (a single larger item runs alone).
+        shared: the errors that every request of a failed call gets without a retry one by one.
+    """
 
-class Batcher:
-    """Coalesces ``call(key, values) -> rows`` calls made from many threads: ``values`` are rows
-    (batch first) and the answer has one row per input row (an array, or a tuple of arrays)."""
+    def __init__(self, call: Callable[[Any, float | None], Sequence], join: Callable[[list], Any],
+                 key: Callable[[Any], Hashable], size: Callable[[Any], int] = len, max_rows: int = 64,
+                 shared: Callable[[BaseException], bool] = lambda err: False, name: str = "tfhash-coalescer"):  # fmt: skip
+        if max_rows < 1:
+            raise ValueError(f"max_rows must be >= 1, got {max_rows}")
+        self._call, self._join, self._key, self._size = call, join, key, size
+        self.max_rows, self._shared = int(max_rows), shared
+        self._queue: deque[_Waiting] = deque()
+        self._running = False
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self.calls = 0  # joined calls made (a retry one by one counts once)
 
-    def __init__(self, call: Callable[[Hashable, np.ndarray], np.ndarray | tuple], max_batch_size: int = 128,
-                 name: str = "tfhash-batcher", shared_errors: tuple[type[BaseException], ...] = (), workers: int = 1):  # fmt: skip
-        if max_batch_size < 1 or workers < 1:
-            raise ValueError(f"max_batch_size and workers must be >= 1, got {max_batch_size} and {workers}")
-        self._call, self.max_batch_size, self.shared_errors = call, int(max_batch_size), tuple(shared_errors)
-        self._queue: deque[_Request] = deque()
-        self._ready = threading.Condition()
-        # the workers hold only a weak reference: when the encoder or the served pair (and so the
-        # batcher) of a swapped-out version is dropped, they end and the model or index can be freed
-        self._workers = [threading.Thread(target=_work, args=(weakref.ref(self), self._ready, self._queue),
-                                          name=f"{name}-{i}", daemon=True) for i in range(workers)]  # fmt: skip
-        for worker in self._workers:
-            worker.start()
+    @property
+    def waiting(self) -> int:
+        """Requests queued and not yet taken into a call."""
+        return len(self._queue)
 
-    def submit(self, key: Hashable, values: np.ndarray, timeout: float | None = None) -> np.ndarray | tuple:
-        """``call(key, values)``, possibly together with other requests of the same key; blocks
-        until done.
+    async def submit(self, item, timeout: float | None = None):
+        """``item``'s answers (a list, one per row), from a call it may share with other items.
 
         Raises:
-            TimeoutError: not done within ``timeout`` seconds (the result is then discarded).
-            Whatever the call raised for this request.
+            Whatever the call raised for this item; ``asyncio.CancelledError`` when the caller is
+            cancelled (the item is then not run, or its answer is dropped).
         """
-        request = _Request(key, values)
-        with self._ready:
-            self._queue.append(request)
-            self._ready.notify()
-        if not request.done.wait(timeout):
-            request.abandoned = True  # still queued: never run; running: its answer is dropped
-            raise TimeoutError("the call did not finish before the deadline")
-        if request.error is not None:
-            error, request.error = request.error, None  # the request no longer holds the traceback
-            raise error
-        return request.result
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        waiting = _Waiting(item, self._key(item), self._size(item), deadline, loop.create_future())
+        self._queue.append(waiting)
+        if not self._running:
+            self._running = True
+            loop.call_soon(self._next)  # after the handlers that are ready in this turn
+        return await waiting.future
 
-    def _take(self) -> list[_Request]:
-        """The oldest request and the queued ones that fit beside it in one call (none when every
-        queued request was abandoned)."""
-        with self._ready:
-            while self._queue and self._queue[0].abandoned:
-                self._queue.popleft()
-            if not self._queue:
-                return []
-            first = self._queue.popleft()
-            batch, rows, kept = [first], len(first.values), deque()
-            while self._queue:
-                candidate = self._queue.popleft()
-                if candidate.abandoned:
-                    continue
-                fits = rows + len(candidate.values) <= self.max_batch_size
-                if fits and candidate.key == first.key:
-                    batch.append(candidate)
-                    rows += len(candidate.values)
-                else:
-                    kept.append(candidate)
-            self._queue.extendleft(reversed(kept))
+    def _take(self) -> list[_Waiting]:
+        """The oldest live request and the queued ones of its key that fit beside it."""
+        while self._queue and self._queue[0].gone():
+            self._drop(self._queue.popleft())
+        if not self._queue:
+            return []
+        first = self._queue.popleft()
+        batch, rows, kept = [first], first.size, deque()
+        while self._queue:
+            candidate = self._queue.popleft()
+            if candidate.gone():
+                self._drop(candidate)
+            elif candidate.key == first.key and rows + candidate.size <= self.max_rows:
+                batch.append(candidate)
+                rows += candidate.size
+            else:
+                kept.append(candidate)
+        self._queue = kept
         return batch
 
-    def _run(self, batch: list[_Request]) -> None:
-        first = batch[0]
-        try:
-            values = first.values if len(batch) == 1 else np.concatenate([r.values for r in batch])
-            output = self._call(first.key, values)
-        except BaseException as err:  # noqa: BLE001 - handed to the waiting request(s)
-            if len(batch) == 1 or isinstance(err, self.shared_errors):
-                for request in batch:
-                    request.error = err
-                    request.done.set()
+    @staticmethod
+    def _drop(waiting: _Waiting) -> None:
+        if not waiting.future.done():
+            waiting.future.set_exception(TimeoutError("the request's deadline passed before it was run"))
+
+    def _next(self) -> None:
+        batch = self._take()
+        if not batch:
+            self._running = False
+            return
+        self.calls += 1
+        done = asyncio.get_running_loop().run_in_executor(self._worker, self._outcomes, batch)
+        done.add_done_callback(lambda finished: self._answer(batch, finished))
+
+    def _answer(self, batch: list[_Waiting], finished: asyncio.Future) -> None:
+        if finished.cancelled():  # closed before the call ran
+            outcomes = [RuntimeError("the service stopped before the request was run")] * len(batch)
+        else:
+            outcomes = finished.result() if finished.exception() is None else [finished.exception()] * len(batch)
+        for waiting, outcome in zip(batch, outcomes, strict=True):
+            if waiting.future.done():  # cancelled meanwhile
+                continue
+            if isinstance(outcome, BaseException):
+                waiting.future.set_exception(outcome)
             else:
-                for request in batch:  # find the request(s) that fail on their own
-                    self._run([request])
-            return
-        start = 0
-        for request in batch:
-            request.result = _rows(output, start, start + len(request.values))
-            start += len(request.values)
-            request.done.set()
+                waiting.future.set_result(outcome)
+        self._next()
 
+    def _outcomes(self, batch: list[_Waiting]) -> list:
+        """On the worker thread: each request's answers, or the error it gets."""
+        deadlines = [w.deadline for w in batch]
+        timeout = None if None in deadlines else max(max(deadlines) - time.monotonic(), 0.0)
+        try:
+            answers = self._call(batch[0].item if len(batch) == 1 else self._join([w.item for w in batch]), timeout)
+        except Exception as err:  # noqa: BLE001 - handed to the waiting request(s)
+            if len(batch) == 1 or self._shared(err):
+                return [err] * len(batch)
+            return [outcome for waiting in batch for outcome in self._outcomes([waiting])]
+        start, outcomes = 0, []
+        for waiting in batch:
+            outcomes.append(list(answers[start : start + waiting.size]))
+            start += waiting.size
+        return outcomes
 
-def _work(ref, ready: threading.Condition, queue: deque) -> None:
-    while True:
-        with ready:
-            while not queue:
-                if ref() is None:
-                    return
-                ready.wait(1.0)
-        batcher = ref()
-        if batcher is None:
-            return
-        batch = batcher._take()  # empty when another worker took them first, or all were abandoned
-        if batch:
-            batcher._run(batch)
-        del batcher, batch
+    def close(self) -> None:
+        """End the worker thread once its call (if any) returns."""
+        self._worker.shutdown(wait=False, cancel_futures=True)

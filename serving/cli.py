@@ -119,23 +119,13 @@ def model(model_config_file, model_name, model_base_path, host, port, poll_secon
 @click.option("--max-k", default=1000, show_default=True, type=click.IntRange(1))
 @click.option("--max-batch", default=256, show_default=True, type=click.IntRange(1))
 @click.option("--max-request-mb", default=8, show_default=True, type=click.IntRange(1))
-@click.option("--threads", default=8, show_default=True, type=click.IntRange(1), help="Worker threads of the gRPC front (and of the REST front).")
 @click.option("--poll-seconds", default=2.0, show_default=True, type=click.FloatRange(0.1))
 @click.option("--search-threads", "--faiss-threads", "search_threads", default=1, show_default=True, type=click.IntRange(1),
-              help="Threads per index search (the exact kernel's and FAISS's); concurrency comes from the worker "
-                   "threads. (--faiss-threads: the former name.)")
-@click.option("--encode-batch-size", default=128, show_default=True, type=click.IntRange(1),
-              help="In-process encoding: batch concurrent requests up to this many rows (1: off).")
-@click.option("--search-batch-size", default=1, show_default=True, type=click.IntRange(1),
-              help="Coalesce concurrent searches (same k) into one index call of up to this many queries (1: off). "
-                   "Pays on an exact index (BFlat) under load; see the README's serving section.")
+              help="Threads per index search (the exact kernel's and FAISS's); concurrency comes from --processes. "
+                   "(--faiss-threads: the former name.)")
 @click.option("--processes", default=1, show_default=True, type=click.IntRange(1),
-              help="Serving processes on the one port (and REST port), supervised by this one; one process uses about one "
-                   "core for its gRPC front. Needs a numeric --host. See the README's serving section.")
-@click.option("--front", type=click.Choice(["python", "compiled"]), default="python", show_default=True,
-              help="gRPC front: python (each serving process serves the port) or compiled (one C++ process serves it and joins "
-                   "concurrent searches into one request to the serving processes; built on first use, needs g++, pkg-config and "
-                   "libgrpc++-dev). See the README's serving section.")
+              help="Serving processes on the one port (and REST port), supervised by this one; each answers one joined "
+                   "search at a time, so one a core. Needs a numeric --host. See the README's serving section.")
 @click.option("--tf-threads", default=0, show_default=True, type=click.IntRange(0),
               help="In-process encoding: TensorFlow's threads in each process (0: TensorFlow's default, the cores).")
 @click.option("--rest-timeout", default=10.0, show_default=True, type=click.FloatRange(0.1),
@@ -143,11 +133,10 @@ def model(model_config_file, model_name, model_base_path, host, port, poll_secon
 @click.option("--grace-seconds", default=10.0, show_default=True, type=click.FloatRange(0),
               help="On SIGTERM / Ctrl-C, how long in-flight requests may take to finish.")
 def search(config_path, index_base_dir, model_base_dir, model_server, model_name, kind, query_modality, items_file, host,
-           port, rest_port, max_k, max_batch, max_request_mb, threads, poll_seconds, search_threads, encode_batch_size,
-           search_batch_size, processes, front, tf_threads, rest_timeout, grace_seconds) -> None:  # fmt: skip
+           port, rest_port, max_k, max_batch, max_request_mb, poll_seconds, search_threads, processes, tf_threads,
+           rest_timeout, grace_seconds) -> None:  # fmt: skip
     """Run the search service until Ctrl-C / SIGTERM (then drain in-flight requests)."""
     from tfhash.serving.grpc_server import EXIT_SECONDS, run_until_signal
-    from tfhash.serving.native import BuildFailed
     from tfhash.serving.processes import ProcessFront, SearchSpec, ServiceFailed, build_server
 
     from tfhash.artifacts import ITEMS_FILE, read_items
@@ -166,20 +155,18 @@ def search(config_path, index_base_dir, model_base_dir, model_server, model_name
     if model_server and not model_name:
         raise click.UsageError("--model-server needs --model-name")
     spec = SearchSpec(index_base_dir, kind, model_base_dir, model_server, model_name, query_modality, items_file, host, port, rest_port,
-                      max_k, max_batch, max_request_mb, threads, poll_seconds, search_threads, tf_threads, encode_batch_size,
-                      search_batch_size, rest_timeout)  # fmt: skip
+                      max_k, max_batch, max_request_mb, poll_seconds, search_threads, tf_threads, rest_timeout)  # fmt: skip
     try:
-        several = processes > 1 or front == "compiled"
-        server = ProcessFront(spec, processes, grace_seconds, front=front) if several else build_server(spec)
+        server = ProcessFront(spec, processes, grace_seconds) if processes > 1 else build_server(spec)
     except ValueError as err:
         raise BadInput(str(err)) from err
-    except (OSError, BuildFailed) as err:
+    except OSError as err:
         raise click.ClickException(str(err)) from err
 
     def started(server) -> None:
         status = server.status()
         click.echo(f"search service on {server.address}" + (f", REST on {host}:{server.rest_port}" if server.rest_port is not None else "")
-                   + (f" ({processes} processes)" if processes > 1 else "") + (" behind the compiled front" if front == "compiled" else "")
+                   + (f" ({processes} processes)" if processes > 1 else "")
                    + ("; serving model version " + ", ".join(sorted(set(status["process_versions"]))) if status["ready"]
                       else "; waiting for a model version with its index")
                    + (f"; answers name files and classes from {items_file}" if items else ""), err=True)  # fmt: skip

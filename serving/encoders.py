@@ -12,9 +12,8 @@ import abc
 import grpc
 import numpy as np
 import tensorflow as tf
-from tfhash.serving.batching import Batcher
 from tfhash.serving.client import ModelClient, describe_signature
-from tfhash.serving.errors import ServingError, deadline_exceeded, invalid, unavailable
+from tfhash.serving.errors import ServingError, invalid, unavailable
 from tfhash.serving.model_server import LoadedVersion, load_version, run_signature
 
 from tfhash.artifacts import (
@@ -88,32 +87,19 @@ class Encoder(abc.ABC):
 
 
 class InProcessEncoder(Encoder):
-    """The SavedModel version at ``path``, loaded in this process. With ``max_batch_size`` > 1,
-    concurrent calls are batched greedily (:mod:`tfhash.serving.batching`)."""
+    """The SavedModel version at ``path``, loaded in this process (concurrent requests are joined
+    before they reach it: :mod:`tfhash.serving.batching`)."""
 
-    def __init__(self, path: str, version: int, loaded: LoadedVersion | None = None, max_batch_size: int = 128,
-                 query_modality: str | None = None):  # fmt: skip
+    def __init__(self, path: str, version: int, loaded: LoadedVersion | None = None, query_modality: str | None = None):
         self.loaded = loaded or load_version(path, int(version))
         self.version = int(version)
         self.signatures = {name: describe_signature(s) for name, s in self.loaded.signature_defs.items()}
         self._use_modality(query_modality)
-        self._batcher = None
-        if max_batch_size > 1:
-            self._batcher = Batcher(lambda key, values: self._call(key[0], {key[1]: values}), max_batch_size, "tfhash-encode-batcher")
 
-    def _call(self, signature_name: str, inputs: dict) -> tuple[np.ndarray, np.ndarray]:
+    def _predict(self, signature_name, inputs, timeout):
         protos = {name: tf.make_tensor_proto(value) for name, value in inputs.items()}
         outputs = run_signature(self.loaded.signature(signature_name), protos, list(OUTPUTS))
         return tuple(outputs[name] for name in OUTPUTS)
-
-    def _predict(self, signature_name, inputs, timeout):
-        if self._batcher is None or len(inputs) != 1:
-            return self._call(signature_name, inputs)
-        ((name, values),) = inputs.items()
-        try:
-            return self._batcher.submit((signature_name, name), values, timeout)
-        except TimeoutError as err:
-            raise deadline_exceeded(str(err)) from err
 
     def describe(self) -> str:
         return f"in-process SavedModel version {self.version}"

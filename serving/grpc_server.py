@@ -1,6 +1,8 @@
-"""The gRPC server shell that the development model server and the search service share: thread
-pool, message-size and concurrency limits, loopback bind by default, request bytes that do not
-decode answered INVALID_ARGUMENT, a drain on stop, and a signal loop that drains and exits.
+"""The development model server's gRPC shell (thread pool, message-size and concurrency limits,
+loopback bind by default, request bytes that do not decode answered INVALID_ARGUMENT, a drain on
+stop) and the signal loop that every server's process runs (drains and exits). The search service
+has its own front on gRPC's asyncio server (:mod:`tfhash.serving.search_service`), with the same
+behaviour on stop.
 
 Stop (:meth:`GrpcServer.stop`): from the call on, every RPC that reaches a handler is refused
 UNAVAILABLE (retryable: it was never executed) except the health service's, the RPCs already in

@@ -1,22 +1,23 @@
-"""The standard gRPC health service (``grpc.health.v1.Health``) for a fixed set of service names
-that are all SERVING or all NOT_SERVING together.
+"""What the standard gRPC health service (``grpc.health.v1.Health``, answered by
+:class:`tfhash.serving.search_service.SearchServer`) reports: a fixed set of service names that
+are all SERVING or all NOT_SERVING together, and the Watch streams that follow them.
 
-``Watch`` streams hold no thread (grpcio's non-blocking stream callback) and :meth:`Health.shutdown`
-ends them: it sends NOT_SERVING, then closes every open stream, so a watching load balancer sees
-the shutdown at once and no stream holds the server's grace period open.
+:meth:`Health.shutdown` ends the streams: it sends NOT_SERVING, then closes every open stream, so
+a watching load balancer sees the shutdown at once and no stream holds the server's grace period
+open.
 """
 
 from __future__ import annotations
 
 import threading
 
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from tfhash.serving.errors import answers_errors, not_found, shown
+from grpc_health.v1 import health_pb2
+from tfhash.serving.errors import not_found, shown
 
 SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
 
 
-class Health(health_pb2_grpc.HealthServicer):
+class Health:
     """Health of ``services`` (``""`` is the whole server); starts NOT_SERVING."""
 
     def __init__(self, services=("",)):
@@ -49,30 +50,29 @@ class Health(health_pb2_grpc.HealthServicer):
         for callback in callbacks:
             callback(None)  # ends the stream with OK
 
-    @answers_errors
-    def Check(self, request, context):
+    def status_of(self, service: str):
+        """The status of ``service`` (NOT_FOUND for one this server does not have)."""
         with self._lock:
-            status = self._status.get(request.service)
+            status = self._status.get(service)
         if status is None:
-            raise not_found(f"unknown service {shown(request.service)}; known: {sorted(self._status)}")
-        return health_pb2.HealthCheckResponse(status=status)
+            raise not_found(f"unknown service {shown(service)}; known: {sorted(self._status)}")
+        return status
 
-    def Watch(self, request, context, send_response_callback=None):
-        service = request.service
+    def watch(self, service: str, callback) -> bool:
+        """Send ``service``'s status to ``callback`` now and at every change, then ``None`` at the
+        end; False (and ``None`` at once) when the stream ends now: shutting down, or a service
+        this server will never have."""
         with self._lock:  # the first status before any later change reaches this stream
             status = self._status.get(service, health_pb2.HealthCheckResponse.SERVICE_UNKNOWN)
             closed = self._closed or service not in self._watchers
-            send_response_callback(health_pb2.HealthCheckResponse(status=status))
+            callback(health_pb2.HealthCheckResponse(status=status))
             if not closed:
-                self._watchers[service].add(send_response_callback)
-        if closed:  # shutting down, or a service this server will never have
-            send_response_callback(None)
-            return
-        if not context.add_callback(lambda: self._forget(service, send_response_callback)):
-            self._forget(service, send_response_callback)  # the call ended already
+                self._watchers[service].add(callback)
+        if closed:
+            callback(None)
+        return not closed
 
-    Watch.experimental_non_blocking = True
-
-    def _forget(self, service: str, callback) -> None:
+    def forget(self, service: str, callback) -> None:
+        """Stop sending ``service``'s changes to ``callback`` (its stream ended)."""
         with self._lock:
-            self._watchers[service].discard(callback)
+            self._watchers.get(service, set()).discard(callback)

@@ -1,10 +1,8 @@
 """The processes of a search service: one (:func:`build_server`) or several on one port
-(:class:`ProcessFront`, ``tfhash serve search --processes N``), optionally behind the compiled
-front (``--front compiled``).
+(:class:`ProcessFront`, ``tfhash serve search --processes N``).
 
-Why several: one Python process runs its gRPC front on one core at a time (the GIL), and gRPC's
-own serving loop costs about as much as an exact search of a million codes, so a second core is
-used only by a second process.
+Why several: one process answers one joined call at a time, and its event loop (gRPC's serving,
+parsing) runs on one core at a time (the GIL), so a second core is used by a second process.
 
 :class:`ProcessFront` holds the ports and supervises; it serves nothing itself.
 
@@ -31,17 +29,6 @@ used only by a second process.
   the grace period. A child gets SIGTERM from the kernel when the parent's thread that spawned it
   ends: the parent dying, or its supervisor stopping. A supervisor that fails (no process can be
   spawned) stops the service with an error.
-* The compiled front (``front="compiled"``, ``compiled_front.cc``, built on first use by
-  :mod:`tfhash.serving.native`): one more process, which serves the public gRPC port (joining the
-  parent's socket as the children do without it) while each serving process listens on a
-  private loopback port of its own that the parent holds the same way (a restarted process joins
-  it again), with the front's connections spread evenly over them. It joins concurrent searches that
-  differ only in their rows into one request (the Python front's per-call cost is then paid once
-  per joined request) and passes everything else through; the REST port stays the children's.
-  It is started once the children serve, supervised like them (its exits count towards
-  ``max_restarts``), and stopped first on SIGTERM: it ends the health Watch streams with
-  NOT_SERVING, finishes what it holds, then the children drain (their REST port answers until
-  then).
 * Memory: a flat index's codes are mapped from the index files (``load_index(mapped=True)``), one
   copy in the page cache for every process; an IVF index maps its codes and ids too but reads its
   inverted lists into each process, multi-hash and ScaNN indexes build theirs in each process, and
@@ -55,7 +42,6 @@ import dataclasses
 import ipaddress
 import json
 import logging
-import math
 import os
 import shutil
 import signal
@@ -69,7 +55,6 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tfhash.serving import native
 from tfhash.serving.grpc_server import EXIT_SECONDS, LOOPBACK, grpc_address, run_until_signal
 from tfhash.serving.siblings import Siblings, service_status, slot_path, withdraw
 
@@ -82,19 +67,6 @@ logger = logging.getLogger(__name__)
 START_SECONDS = 600.0
 #: After the grace period, how long a child may take to exit before it is killed.
 EXIT_MARGIN_SECONDS = 5.0
-#: The service's gRPC fronts (``tfhash serve search --front``).
-FRONTS = ("python", "compiled")
-#: The compiled front's settings: per serving process behind it, its connections to the service
-#: and the joined requests of one kind in flight (1 of 1 / 2 / 4 gave the lowest p99 and CPU per
-#: request: benchmarks/results/serving_coalescing_in_flight.md); the rows of one joined request
-#: (at most the service's --max-batch); and how many requests of one kind may wait before more
-#: go to the service unjoined.
-FRONT_CHANNELS, FRONT_IN_FLIGHT, FRONT_ROWS, FRONT_WAITING = 2, 1, 64, 256
-#: What the compiled front prints once it serves, and how long it may take to (it starts in
-#: milliseconds; the supervisor holds its lock meanwhile).
-FRONT_READY, FRONT_START_SECONDS = "compiled search front on ", 30.0
-
-
 @dataclass(frozen=True)
 class SearchSpec:
     """Everything one process of ``tfhash serve search`` is built from (plain values: it travels
@@ -113,12 +85,9 @@ class SearchSpec:
     max_k: int = 1000
     max_batch: int = 256
     max_request_mb: int = 8
-    threads: int = 8
     poll_seconds: float = 2.0
     search_threads: int = 1
     tf_threads: int = 0
-    encode_batch_size: int = 128
-    search_batch_size: int = 1
     rest_timeout: float = 10.0
 
 
@@ -145,12 +114,11 @@ def build_server(spec: SearchSpec, siblings: Siblings | None = None, reuse_port:
     limits = Limits(max_batch=spec.max_batch, max_k=spec.max_k)
     if spec.model_server:
         searcher = remote_searcher(spec.model_server, spec.model_name, spec.index_base_dir, spec.kind, limits, spec.model_base_dir,
-                                   query_modality=spec.query_modality, items=items, search_batch_size=spec.search_batch_size)  # fmt: skip
+                                   query_modality=spec.query_modality, items=items)  # fmt: skip
     else:
-        searcher = in_process_searcher(spec.model_base_dir, spec.index_base_dir, spec.kind, limits, spec.encode_batch_size,
-                                       spec.query_modality, items, spec.search_batch_size)  # fmt: skip
-    rest_options = {"header_timeout": spec.rest_timeout, "body_timeout": spec.rest_timeout, "workers": spec.threads}
-    return SearchServer(searcher, spec.host, spec.port, spec.rest_port, spec.poll_seconds, spec.threads, spec.max_request_mb << 20,
+        searcher = in_process_searcher(spec.model_base_dir, spec.index_base_dir, spec.kind, limits, spec.query_modality, items)
+    rest_options = {"header_timeout": spec.rest_timeout, "body_timeout": spec.rest_timeout}
+    return SearchServer(searcher, spec.host, spec.port, spec.rest_port, spec.poll_seconds, spec.max_request_mb << 20,
                         rest_options=rest_options, siblings=siblings, reuse_port=reuse_port, rest_sockets=rest_sockets)  # fmt: skip
 
 
@@ -193,58 +161,46 @@ class ServiceFailed(RuntimeError):
 
 
 class ProcessFront:
-    """``processes`` search-service processes on one gRPC port (and one REST port), supervised,
-    optionally behind the compiled front (module docstring). Binds now (OSError for a port in
-    use); :meth:`start` spawns the children (and the front) and returns once every one serves;
-    :meth:`stop` drains them.
+    """``processes`` search-service processes on one gRPC port (and one REST port), supervised
+    (module docstring). Binds now (OSError for a port in use); :meth:`start` spawns the children
+    and returns once every one serves; :meth:`stop` drains them.
 
     Args:
         spec: what each child serves; ``spec.host`` must be a numeric address.
-        processes: serving processes (2 or more; 1 or more behind the compiled front).
-        grace: the grace period on stop (the front's, then the children's).
+        processes: serving processes (2 or more).
+        grace: the grace period on stop.
         max_restarts, restart_window: more exits than ``max_restarts`` within
             ``restart_window`` seconds set :attr:`failed` (:attr:`failure` says why), on which
             :func:`~tfhash.serving.grpc_server.run_until_signal` stops the service.
-        front: ``"python"`` (each child serves the port) or ``"compiled"``.
 
     Raises:
-        ValueError: an unknown front, too few processes, a host name instead of an address.
-        tfhash.serving.native.BuildFailed: the compiled front cannot be built here.
+        ValueError: too few processes, a host name instead of an address.
     """
 
     def __init__(self, spec: SearchSpec, processes: int, grace: float = 10.0, max_restarts: int = 5,
-                 restart_window: float = 60.0, front: str = "python"):  # fmt: skip
-        if front not in FRONTS:
-            raise ValueError(f"front must be one of {', '.join(FRONTS)}; got {front!r}")
-        if processes < (1 if front == "compiled" else 2):
-            raise ValueError(f"a process front runs 2 or more processes (1 or more behind the compiled front), got {processes}; "
-                             "serve one with build_server")  # fmt: skip
+                 restart_window: float = 60.0):  # fmt: skip
+        if processes < 2:
+            raise ValueError(f"a process front runs 2 or more processes, got {processes}; serve one with build_server")
         try:
             ipaddress.ip_address(spec.host)
         except ValueError as err:
-            raise ValueError(f"--processes above 1 and --front compiled need a numeric bind address (e.g. 127.0.0.1 or 0.0.0.0), got {spec.host!r}") from err
+            raise ValueError(f"--processes above 1 needs a numeric bind address (e.g. 127.0.0.1 or 0.0.0.0), got {spec.host!r}") from err
         import tornado.netutil
 
-        self.processes, self.grace, self.front = int(processes), float(grace), front
+        self.processes, self.grace = int(processes), float(grace)
         self.max_restarts, self.restart_window = int(max_restarts), float(restart_window)
-        self._front_binary = native.build(os.path.join(native.HERE, "compiled_front.cc")) if front == "compiled" else None
         self.host = spec.host
         self._grpc_socket = reserve_port(spec.host, spec.port)
         self.port = self._grpc_socket.getsockname()[1]
-        self._backend_sockets: list[socket.socket] = []  # behind the compiled front: each child's private port
         self._rest_sockets: list[socket.socket] = []
         try:
-            for _ in range(self.processes if front == "compiled" else 0):
-                self._backend_sockets.append(reserve_port(LOOPBACK, 0))
             if spec.rest_port is not None:
                 self._rest_sockets = tornado.netutil.bind_sockets(spec.rest_port, address=spec.host)
         except OSError:
             self._close_sockets()
             raise
-        self._backend_ports = [sock.getsockname()[1] for sock in self._backend_sockets]
         self.rest_port = self._rest_sockets[0].getsockname()[1] if self._rest_sockets else None
-        self.spec = dataclasses.replace(spec, rest_port=None, port=self.port, **({"host": LOOPBACK} if front == "compiled" else {}))
-        self.front_process: subprocess.Popen | None = None
+        self.spec = dataclasses.replace(spec, rest_port=None, port=self.port)
         self.status_dir = tempfile.mkdtemp(prefix="tfhash-search-")
         self.children: list[subprocess.Popen | None] = [None] * self.processes
         self.failure: str | None = None  # why the service stopped itself
@@ -264,20 +220,18 @@ class ProcessFront:
 
     def _spawn(self, slot: int) -> subprocess.Popen:
         withdraw(self.status_dir, slot)
-        spec = dataclasses.replace(self.spec, port=self._backend_ports[slot]) if self._backend_ports else self.spec
-        child = {"spec": dataclasses.asdict(spec), "slot": slot, "processes": self.processes, "status_dir": self.status_dir,
+        child = {"spec": dataclasses.asdict(self.spec), "slot": slot, "processes": self.processes, "status_dir": self.status_dir,
                  "rest_fds": [s.fileno() for s in self._rest_sockets], "grace": self.grace, "parent": os.getpid()}  # fmt: skip
         # a session of its own: a terminal's Ctrl-C reaches the parent only, which stops the children in order
         return subprocess.Popen([sys.executable, "-m", "tfhash.serving.processes", json.dumps(child)],
                                 pass_fds=child["rest_fds"], start_new_session=True)  # fmt: skip
 
     def start(self) -> ProcessFront:
-        """Spawn every child, wait until each one has published its first status (it serves), then
-        start the compiled front (if any) and wait until it serves.
+        """Spawn every child and wait until each one has published its first status (it serves).
 
         Raises:
-            ServiceFailed: a child or the front exited first (its exit code is named), or did not
-                serve within :data:`START_SECONDS`; what was started is stopped.
+            ServiceFailed: a child exited first (its exit code is named), or did not serve within
+                :data:`START_SECONDS`; what was started is stopped.
         """
         with self._lock:
             for slot in range(self.processes):
@@ -296,30 +250,8 @@ class ProcessFront:
                 self.stop(0.0)
                 raise ServiceFailed(f"search processes {sorted(waiting)} did not serve within {START_SECONDS:g} s")
             time.sleep(0.05)
-        if self.front == "compiled":
-            try:
-                self.front_process = self._start_front()
-            except BaseException:
-                self.stop(0.0)
-                raise
         self._supervisor.start()
         return self
-
-    def _start_front(self) -> subprocess.Popen:
-        """The compiled front, once it serves (ServiceFailed if it exits or is silent for
-        :data:`FRONT_START_SECONDS`); its log goes on to this process's stderr."""
-        backends = ",".join(grpc_address(LOOPBACK, port) for port in self._backend_ports)
-        settings = [FRONT_CHANNELS, min(FRONT_ROWS, self.spec.max_batch), FRONT_IN_FLIGHT * self.processes, FRONT_WAITING,
-                    self.spec.max_request_mb << 20, math.ceil(self.grace), os.getpid()]  # fmt: skip
-        process = subprocess.Popen([self._front_binary, self.address, backends, *map(str, settings)], stderr=subprocess.PIPE,
-                                   text=True, errors="replace", start_new_session=True)  # fmt: skip
-        log, ready = read_until(process, FRONT_READY, FRONT_START_SECONDS)  # gRPC's own logging may come first
-        if not ready or process.poll() is not None:
-            process.kill()
-            raise ServiceFailed(f"the compiled front exited with code {process.wait()} before it served: {''.join(log).strip()}")
-        process.log_thread = threading.Thread(target=lambda: sys.stderr.writelines(process.stderr), name="tfhash-front-log", daemon=True)
-        process.log_thread.start()
-        return process
 
     def _supervise(self) -> None:
         try:
@@ -340,11 +272,6 @@ class ProcessFront:
                     if not self._may_restart(f"search process {slot} (pid {child.pid})", code):
                         return
                     self.children[slot] = self._spawn(slot)
-                front = self.front_process
-                if front is not None and front.poll() is not None and not self._stopping.is_set():
-                    if not self._may_restart(f"the compiled front (pid {front.pid})", front.returncode):
-                        return
-                    self.front_process = self._start_front()
 
     def _may_restart(self, what: str, code: int) -> bool:
         """Counts an exit; False (and :attr:`failed` set) once there were too many."""
@@ -362,21 +289,13 @@ class ProcessFront:
         return True
 
     def stop(self, grace: float | None = None) -> None:
-        """SIGTERM the compiled front (if any) and, once it has exited, every child (each drains
-        for ``grace`` seconds, default the front's); kill what still runs
-        :data:`EXIT_MARGIN_SECONDS` after the grace period; release the ports."""
+        """SIGTERM every child (each drains for ``grace`` seconds, default :attr:`grace`); kill what
+        still runs :data:`EXIT_MARGIN_SECONDS` after the grace period; release the ports."""
         grace = self.grace if grace is None else float(grace)
         self._stopping.set()
         deadline = time.monotonic() + grace + EXIT_MARGIN_SECONDS
-        # the front drains first, while every child still serves: the supervisor's end would stop the
-        # children it restarted (the kernel signals what a thread spawned when that thread ends)
-        with self._lock:
-            front = self.front_process
-            if front is not None:
-                if front.poll() is None:
-                    front.send_signal(signal.SIGTERM)
-                _end(front, deadline, "the compiled front")
-                front.log_thread.join(1.0)  # its last lines (what it joined) reach the log
+        # the supervisor's end would stop the children it restarted (the kernel signals what a thread
+        # spawned when that thread ends): it ends first, and then every child is stopped in order
         if self._supervisor.is_alive() and threading.current_thread() is not self._supervisor:
             self._supervisor.join()
         with self._lock:
@@ -392,7 +311,7 @@ class ProcessFront:
         shutil.rmtree(self.status_dir, ignore_errors=True)
 
     def _close_sockets(self) -> None:
-        for sock in (self._grpc_socket, *self._backend_sockets, *self._rest_sockets):
+        for sock in (self._grpc_socket, *self._rest_sockets):
             sock.close()
 
 

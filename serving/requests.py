@@ -134,9 +134,35 @@ class Query:
             object.__setattr__(self, "features", check_features(self.features))
 
     @property
+    def form(self) -> str:
+        """Which input the query holds: ``"examples"``, ``"features"`` or ``"codes"``."""
+        return "examples" if self.examples is not None else "features" if self.features is not None else "codes"
+
+    @property
     def size(self) -> int:
-        given = self.examples if self.examples is not None else self.features if self.features is not None else self.codes
-        return len(given)
+        return len(getattr(self, self.form))
+
+    @property
+    def join_key(self) -> tuple:
+        """Queries with equal keys can be answered by one call (:func:`join_queries`): the same
+        form, k, radius and pinned version, and rows of the same type and shape."""
+        rows = getattr(self, self.form)
+        layout = None if self.form == "examples" else (rows.dtype.str, rows.shape[1:])
+        return self.form, self.k, self.radius, self.model_version, layout
+
+
+def join_queries(queries: list[Query]) -> Query:
+    """Queries of one :attr:`Query.join_key` as one query, their rows in order; their inputs are
+    not checked again (each was checked when it was made)."""
+    first = queries[0]
+    if any(q.join_key != first.join_key for q in queries):
+        raise ValueError("only queries of one join key can be joined")
+    parts = [getattr(q, first.form) for q in queries]
+    joined = object.__new__(Query)  # the fields set directly: no second check of the rows
+    for name in ("examples", "features", "codes", "k", "radius", "model_version"):
+        object.__setattr__(joined, name, getattr(first, name))
+    object.__setattr__(joined, first.form, [row for part in parts for row in part] if first.form == "examples" else np.concatenate(parts))
+    return joined
 
 
 def features_from_flat(shape, values) -> np.ndarray:

@@ -1,5 +1,5 @@
-"""REST/JSON front of the search service, on Tornado's HTTP server, answering from the same
-:class:`~tfhash.serving.searcher.VersionedSearcher` as the gRPC service.
+"""REST/JSON of the search service, on Tornado's HTTP server, served from the service's event loop
+and answered through the same path as gRPC (:meth:`tfhash.serving.search_service.SearchServer.search`).
 
 * ``POST /v1/search`` with ``Content-Type: application/json`` and a JSON object holding exactly
   one of ``examples`` (base64 serialized tf.Examples), ``features`` (nested lists, batch first),
@@ -21,12 +21,11 @@ headers, before any body byte is read), 429 when the bodies of the requests acce
 answered would exceed ``max_concurrent * max_body_bytes`` bytes (each reserves its declared
 length, a chunked one the limit), 503 while shutting down.
 
-Slow or broken clients: one event-loop thread reads and writes every connection (an open socket
-holds no thread), the request line and headers must arrive within ``header_timeout`` seconds (also
-the keep-alive idle limit) and the body within ``body_timeout`` seconds, else the connection is
+Slow or broken clients: the event loop reads and writes every connection (an open socket holds no
+thread), the request line and headers must arrive within ``header_timeout`` seconds (also the
+keep-alive idle limit) and the body within ``body_timeout`` seconds, else the connection is
 closed; malformed HTTP (a TLS handshake, garbage) gets 400 and a closed connection from Tornado's
-parser. Searches run on a pool of ``workers`` threads, each
-bounded by ``search_timeout`` seconds of encoding.
+parser. A search is bounded by ``search_timeout`` seconds.
 """
 
 from __future__ import annotations
@@ -35,18 +34,14 @@ import asyncio
 import json
 import logging
 import re
-import threading
-import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Awaitable, Callable
 
 import tornado.httpserver
-import tornado.ioloop
 import tornado.netutil
 import tornado.web
 from tfhash.serving.errors import ServingError, internal_error
-from tfhash.serving.requests import json_object, query_from_json
-from tfhash.serving.searcher import Neighbours, VersionedSearcher
+from tfhash.serving.requests import Query, json_object, query_from_json
+from tfhash.serving.searcher import Neighbours, ServedPair
 
 logger = logging.getLogger(__name__)
 
@@ -179,41 +174,40 @@ class _Search(_Handler):
         front = self.front
         front.in_flight += 1
         try:
-            status, payload = await tornado.ioloop.IOLoop.current().run_in_executor(front.pool, front.search, b"".join(self._chunks))
+            status, payload = await front.answer(b"".join(self._chunks))
         finally:
             front.in_flight -= 1
         await self.answer(status, payload)
 
 
 class RestFront:
-    """The HTTP server over ``searcher``: binds ``host:port`` now (port 0: any free port; an address
-    that cannot be bound raises OSError), serves from its own thread after :meth:`start`.
+    """The HTTP server of a search service: binds ``host:port`` now (port 0: any free port; an
+    address that cannot be bound raises OSError), serves on the running event loop after
+    :meth:`start`.
 
-    ``sockets``: listening sockets to accept from instead of binding (a service's processes share
-    the one their parent opened); ``status``: what ``/v1/status`` and ``/readyz`` report (default:
-    the searcher's).
+    ``search``: the service's path from a parsed query to its answer; ``status``: what
+    ``/v1/status`` and ``/readyz`` report; ``sockets``: listening sockets to accept from instead of
+    binding (a service's processes share the one their parent opened).
     """
 
-    def __init__(self, searcher: VersionedSearcher, host: str, port: int, max_body_bytes: int = 8 << 20,
-                 workers: int = 8, max_concurrent: int = 64, header_timeout: float = 10.0, body_timeout: float = 10.0,
-                 max_header_bytes: int = 64 << 10, search_timeout: float = 30.0, max_uri_bytes: int = 8 << 10,
-                 sockets: list | None = None, status: Callable[[], dict] | None = None):  # fmt: skip
-        self.searcher, self.max_body_bytes, self.max_concurrent = searcher, int(max_body_bytes), int(max_concurrent)
-        self.status = status or searcher.status
+    def __init__(self, search: Callable[[Query, float], Awaitable[tuple[ServedPair, list[Neighbours]]]], host: str, port: int,
+                 status: Callable[[], dict], max_body_bytes: int = 8 << 20, max_concurrent: int = 64, header_timeout: float = 10.0,
+                 body_timeout: float = 10.0, max_header_bytes: int = 64 << 10, search_timeout: float = 30.0,
+                 max_uri_bytes: int = 8 << 10, sockets: list | None = None):  # fmt: skip
+        self.search, self.status = search, status
+        self.max_body_bytes, self.max_concurrent = int(max_body_bytes), int(max_concurrent)
         self.max_header_bytes, self.max_uri_bytes = int(max_header_bytes), int(max_uri_bytes)
         self.search_timeout = float(search_timeout)
-        # read and written on the event loop's thread: body bytes reserved by the POSTs accepted and
+        # read and written on the event loop only: body bytes reserved by the POSTs accepted and
         # not finished, searches running, shutting down
         self.reserved, self.in_flight, self.stopping = 0, 0, False
         self.body_budget = self.max_concurrent * self.max_body_bytes
-        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tfhash-rest")
         self._sockets = sockets or tornado.netutil.bind_sockets(port, address=host)
         self.host, self.port = host, self._sockets[0].getsockname()[1]
         # Tornado reads headers up to 4x the limit, so that the handler can answer 431 (and 414)
         self._server_options = dict(max_header_size=4 * self.max_header_bytes, idle_connection_timeout=float(header_timeout),
                                     body_timeout=float(body_timeout), max_body_size=self.max_body_bytes)  # fmt: skip
-        self._started = threading.Event()
-        self._thread = threading.Thread(target=self._serve, name="tfhash-rest", daemon=True)
+        self._http: tornado.httpserver.HTTPServer | None = None
 
     def _application(self) -> tornado.web.Application:
         routes = [(path, _Get, {"front": self}) for path in ("/healthz", "/readyz", "/v1/status")]
@@ -221,19 +215,15 @@ class RestFront:
         return tornado.web.Application(routes, default_handler_class=_NotFound, default_handler_args={"front": self},
                                        log_function=lambda handler: logger.debug("rest: %d %s", handler.get_status(), handler._request_summary()))  # fmt: skip
 
-    def _serve(self) -> None:
-        asyncio.set_event_loop(asyncio.new_event_loop())
-        self._loop = tornado.ioloop.IOLoop.current()
+    async def start(self) -> None:
+        """Accept on the running loop."""
         self._http = tornado.httpserver.HTTPServer(self._application(), **self._server_options)
         self._http.add_sockets(self._sockets)
-        self._started.set()
-        self._loop.start()
-        self._loop.close(all_fds=True)
 
-    def search(self, raw: bytes) -> tuple[int, dict]:
-        """Answer one search body (on a worker thread): (HTTP status, JSON payload)."""
+    async def answer(self, raw: bytes) -> tuple[int, dict]:
+        """One search body's answer: (HTTP status, JSON payload)."""
         try:
-            pair, results = self.searcher.search(query_from_json(json_object(raw)), self.search_timeout)
+            pair, results = await self.search(query_from_json(json_object(raw)), self.search_timeout)
         except ServingError as err:
             return err.http_status, _error(err.code.name, err.message)
         except Exception:  # noqa: BLE001 - a server fault: logged, answered 500
@@ -244,33 +234,21 @@ class RestFront:
             "results": [result_json(r) for r in results],
         }  # fmt: skip
 
-    def start(self) -> None:
-        self._thread.start()
-        self._started.wait(10)
-
-    def stop(self, grace: float = 5.0) -> None:
-        """Stop accepting, answer 503 to requests that still arrive on open connections, let the
-        running searches finish for up to ``grace`` seconds, then close every connection."""
-        if not self._thread.is_alive():  # never started: only the bound sockets to release
+    def begin_stop(self) -> None:
+        """Stop accepting (new connections are refused), answer 503 to requests that still arrive on
+        open connections; the searches running go on (:attr:`in_flight`)."""
+        self.stopping = True
+        if self._http is not None:
+            self._http.stop()
+        else:  # never started: only the bound sockets to release
             for sock in self._sockets:
                 sock.close()
+
+    async def close(self) -> None:
+        """Close every connection (after :meth:`begin_stop` and the drain)."""
+        if self._http is None:
             return
-
-        def begin() -> None:
-            self.stopping = True
-            self._http.stop()
-
-        async def close() -> None:
-            try:
-                await asyncio.wait_for(self._http.close_all_connections(), 2.0)
-            except asyncio.TimeoutError:
-                logger.warning("REST connections did not close within 2 s")
-            self._loop.stop()
-
-        self._loop.add_callback(begin)
-        deadline = time.monotonic() + grace
-        while self.in_flight and time.monotonic() < deadline:
-            time.sleep(0.02)
-        self._loop.add_callback(close)
-        self._thread.join(grace + 5.0)
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        try:
+            await asyncio.wait_for(self._http.close_all_connections(), 2.0)
+        except asyncio.TimeoutError:
+            logger.warning("REST connections did not close within 2 s")

@@ -1,5 +1,6 @@
-"""The search service over gRPC (``tfhash.serving.HashSearch``, see ``search.proto``), with the
-standard gRPC health service, an optional REST/JSON front, a watcher that hot-swaps to newer
+"""The search service: one front serving gRPC (``tfhash.serving.HashSearch``, see
+``search.proto``, and the standard health service) and, optionally, REST/JSON
+(:mod:`tfhash.serving.rest`) from one asyncio event loop, with a watcher that hot-swaps to newer
 model/index pairs, request limits and graceful shutdown.
 
     searcher = in_process_searcher("runs/serving/m", "runs/indexes/m", "BFlat")
@@ -7,31 +8,56 @@ model/index pairs, request limits and graceful shutdown.
     ...
     server.stop()
 
+A request's bytes are parsed once, on the loop, into a :class:`~tfhash.serving.requests.Query`
+(bytes that are no message of the method's type: INVALID_ARGUMENT) and checked against the limits;
+then both fronts hand it to one :class:`~tfhash.serving.batching.Coalescer`, which joins the
+searches of one kind that wait while a call runs into the next call (at most ``join_rows`` rows),
+made on its worker thread: one joined call in flight per process. More cores take more processes
+on one port (:mod:`tfhash.serving.processes`).
+
 Health: ``grpc.health.v1.Health/Check`` answers SERVING for "" and ``tfhash.serving.HashSearch``
-while a pair can answer (in every process of a multi-process service); NOT_SERVING before the first pair, whenever none can answer (the paired
-version withdrawn with no other pair, TF Serving unreachable) and from the start of a shutdown,
-which also ends every Watch stream. Deadlines: the caller's gRPC deadline bounds the encode call
-(remote TF Serving gets the time that is left; without a deadline, its client's default). Errors: every client mistake is INVALID_ARGUMENT,
-NOT_FOUND (a pinned version not served) or RESOURCE_EXHAUSTED (a request over a size limit, too
-many concurrent RPCs); UNAVAILABLE while no pair is ready or while stopping; INTERNAL only for a
-server fault, which is logged.
+while a pair can answer (in every process of a multi-process service); NOT_SERVING before the
+first pair, whenever none can answer (the paired version withdrawn with no other pair, TF Serving
+unreachable) and from the start of a shutdown, which also ends every Watch stream. Deadlines: the
+caller's gRPC deadline bounds its wait and the encode call (remote TF Serving gets the time that
+is left). Errors: every client mistake is INVALID_ARGUMENT, NOT_FOUND (a pinned version not
+served) or RESOURCE_EXHAUSTED (a request over a size limit, too many concurrent RPCs); UNAVAILABLE
+while no pair is ready or while stopping; INTERNAL only for a server fault, which is logged.
+
+Stop (:meth:`SearchServer.stop`): NOT_SERVING at once; every RPC that reaches a handler from then
+on is refused UNAVAILABLE (retryable: never executed) except the health service's, REST answers
+503, the requests already inside finish for up to ``grace`` seconds, then the servers stop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
-from collections.abc import Callable
+import time
 
 import grpc
-from grpc_health.v1 import health_pb2_grpc
-from tfhash.serving import search_pb2, search_pb2_grpc
+from grpc_health.v1 import health_pb2
+from tfhash.serving import search_pb2
+from tfhash.serving.batching import Coalescer
 from tfhash.serving.client import ModelClient
 from tfhash.serving.encoders import InProcessEncoder, RemoteEncoder
-from tfhash.serving.errors import ServingError, answers_errors
-from tfhash.serving.grpc_server import LOOPBACK, GrpcServer
+from tfhash.serving.errors import (
+    ServingError,
+    deadline_exceeded,
+    internal_error,
+    unavailable,
+)
+from tfhash.serving.grpc_server import LOOPBACK, SETTLE_SECONDS, grpc_address
 from tfhash.serving.health import Health
-from tfhash.serving.requests import DEFAULT_LIMITS, Limits, query_from_proto
+from tfhash.serving.requests import (
+    DEFAULT_LIMITS,
+    Limits,
+    Query,
+    check_whole,
+    join_queries,
+    query_from_proto,
+)
 from tfhash.serving.searcher import Neighbours, ServedPair, VersionedSearcher
 from tfhash.serving.siblings import Siblings, service_status
 from tfhash.serving.versions import list_versions
@@ -41,6 +67,9 @@ from tfhash.artifacts import join_labels, model_version_dir
 logger = logging.getLogger(__name__)
 
 SERVICE_NAME = "tfhash.serving.HashSearch"
+HEALTH_NAME = "grpc.health.v1.Health"
+#: Rows of one joined call (an exact scan of 64 queries costs little more than one of 1).
+JOIN_ROWS = 64
 
 
 def response_proto(pair: ServedPair, results: list[Neighbours]):
@@ -53,28 +82,14 @@ def response_proto(pair: ServedPair, results: list[Neighbours]):
     return response
 
 
-class HashSearchServicer(search_pb2_grpc.HashSearchServicer):
-    def __init__(self, searcher: VersionedSearcher, status: Callable[[], dict]):
-        self.searcher, self.status = searcher, status
-
-    @answers_errors
-    def Search(self, request, context):
-        left = context.time_remaining()  # about 9e18 when the caller set no deadline
-        timeout = left if left is not None and left < threading.TIMEOUT_MAX else None
-        pair, results = self.searcher.search(query_from_proto(request), timeout)
-        return response_proto(pair, results)
-
-    @answers_errors
-    def GetStatus(self, request, context):
-        return search_pb2.StatusResponse(**self.status())
+def _shared(err: BaseException) -> bool:
+    """Errors of a joined call that every request of it gets (no pair, a store down, a version not served)."""
+    return isinstance(err, ServingError) and err.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND)
 
 
 def in_process_searcher(model_base_dir: str, index_base_dir: str, kind: str = "BFlat", limits: Limits = DEFAULT_LIMITS,
-                        encode_batch_size: int = 128, query_modality: str | None = None, items: dict | None = None,
-                        search_batch_size: int = 1):  # fmt: skip
-    """Encode with the SavedModel versions under ``model_base_dir``, loaded in this process;
-    concurrent encode calls are batched up to ``encode_batch_size`` rows, concurrent searches up to
-    ``search_batch_size`` queries (1: no batching). For a
+                        query_modality: str | None = None, items: dict | None = None):  # fmt: skip
+    """Encode with the SavedModel versions under ``model_base_dir``, loaded in this process. For a
     cross-modal model, ``query_modality`` picks the queries' tower and ``kind`` names the index
     of the database modality (e.g. ``"BFlat-text"`` for image -> text). ``items``: the data's
     ``items.csv`` (:func:`tfhash.artifacts.read_items`) to name every answer."""
@@ -83,13 +98,12 @@ def in_process_searcher(model_base_dir: str, index_base_dir: str, kind: str = "B
         return model_version_dir(model_base_dir, version)
 
     return VersionedSearcher(index_base_dir, kind, lambda: list_versions(model_base_dir),
-                             lambda v: InProcessEncoder(path(v), v, max_batch_size=encode_batch_size, query_modality=query_modality),
-                             path, limits, items=items, search_batch_size=search_batch_size)  # fmt: skip
+                             lambda v: InProcessEncoder(path(v), v, query_modality=query_modality), path, limits, items=items)  # fmt: skip
 
 
 def remote_searcher(target: str, model_name: str, index_base_dir: str, kind: str = "BFlat", limits: Limits = DEFAULT_LIMITS,
                     model_base_dir: str | None = None, timeout: float = 10.0, query_modality: str | None = None,
-                    items: dict | None = None, search_batch_size: int = 1):  # fmt: skip
+                    items: dict | None = None):  # fmt: skip
     """Encode through TF Serving at ``target``; a version counts once TF Serving reports it
     AVAILABLE (keep the paired version loaded there: :mod:`tfhash.serving.deployment` pins the
     paired versions in ``models.config``). With ``model_base_dir`` (the folder TF Serving watches,
@@ -110,48 +124,181 @@ def remote_searcher(target: str, model_name: str, index_base_dir: str, kind: str
         return model_version_dir(model_base_dir, version) if model_base_dir else None
 
     return VersionedSearcher(index_base_dir, kind, available, lambda v: RemoteEncoder(target, model_name, v, timeout, channel, query_modality),
-                             model_dir, limits, items=items, search_batch_size=search_batch_size)  # fmt: skip
+                             model_dir, limits, items=items)  # fmt: skip
 
 
 class SearchServer:
-    """gRPC (and optionally REST) front of a :class:`VersionedSearcher`, with the swap watcher.
+    """The gRPC (and optionally REST) front of a :class:`VersionedSearcher`, with the swap watcher
+    (module docstring). Binds now (port 0: any free port; OSError when the address cannot be
+    bound); serves from an event loop thread of its own after :meth:`start`.
 
-    ``rest_options`` go to :class:`tfhash.serving.rest.RestFront` (timeouts, workers).
-    ``siblings``: this is one process of several on one port (:mod:`tfhash.serving.processes`):
-    its status is published to them at every look, health, readiness and GetStatus report
-    every process (ready only while all are), and a newer pair is served once every process
-    holds it (all switch together). ``reuse_port`` and ``rest_sockets`` join the ports
-    the parent of those processes holds.
+    Requests larger than ``max_message_bytes`` are refused with RESOURCE_EXHAUSTED, and RPCs
+    beyond ``max_concurrent_rpcs`` the same way instead of queueing. ``rest_options`` go to
+    :class:`tfhash.serving.rest.RestFront` (timeouts, limits). ``siblings``: this is one process of
+    several on one port (:mod:`tfhash.serving.processes`): its status is published to them at
+    every look, health, readiness and GetStatus report every process (ready only while all are),
+    and a newer pair is served once every process holds it (all switch together). ``reuse_port``
+    and ``rest_sockets`` join the ports the parent of those processes holds.
     """
 
     def __init__(self, searcher: VersionedSearcher, host: str = LOOPBACK, port: int = 0, rest_port: int | None = None,
-                 poll_seconds: float = 2.0, max_workers: int = 8, max_message_bytes: int = 8 << 20,
-                 max_concurrent_rpcs: int | None = 128, rest_options: dict | None = None, siblings: Siblings | None = None,
-                 reuse_port: bool = False, rest_sockets: list | None = None):  # fmt: skip
+                 poll_seconds: float = 2.0, max_message_bytes: int = 8 << 20, max_concurrent_rpcs: int | None = 128,
+                 rest_options: dict | None = None, siblings: Siblings | None = None, reuse_port: bool = False,
+                 rest_sockets: list | None = None, join_rows: int = JOIN_ROWS):  # fmt: skip
         self.searcher, self.host, self.poll_seconds, self.siblings = searcher, host, float(poll_seconds), siblings
         if siblings is not None:
             searcher.follow(siblings.agreed_version)
-        self._grpc = GrpcServer(host, port, max_workers, max_message_bytes, max_concurrent_rpcs, reuse_port)
-        self.port = self._grpc.port
-        search_pb2_grpc.add_HashSearchServicer_to_server(HashSearchServicer(searcher, self.status), self._grpc.server)
         self.health = Health(("", SERVICE_NAME))
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._grpc.server)
+        self.coalescer = Coalescer(self._answer_joined, join_queries, lambda q: q.join_key, lambda q: q.size,
+                                   min(join_rows, searcher.limits.max_batch), _shared, "tfhash-search")  # fmt: skip
+        self._closing, self._inside = False, 0  # read and written on the loop only
+        self._loop = asyncio.new_event_loop()
+        self._loop_thread = threading.Thread(target=self._loop.run_forever, name="tfhash-search-front", daemon=True)
+        self._loop_thread.start()
         self.rest = None
-        if rest_port is not None or rest_sockets:
-            from tfhash.serving.rest import RestFront
+        try:
+            self._server, self.port = self._on_loop(self._bind(host, port, max_message_bytes, max_concurrent_rpcs, reuse_port))
+            if rest_port is not None or rest_sockets:
+                from tfhash.serving.rest import RestFront
 
-            self.rest = RestFront(searcher, host, rest_port or 0, max_body_bytes=max_message_bytes, sockets=rest_sockets,
-                                  status=self.status, **(rest_options or {}))  # fmt: skip
+                self.rest = RestFront(self.search, host, rest_port or 0, max_body_bytes=max_message_bytes, sockets=rest_sockets,
+                                      status=self.status, **(rest_options or {}))  # fmt: skip
+        except BaseException:
+            self._close_loop()
+            raise
         self._stop, self._serving = threading.Event(), False
         self._watcher = threading.Thread(target=self._watch, name="tfhash-search-watch", daemon=True)
 
+    def _on_loop(self, coroutine, timeout: float | None = 30.0):
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
+
+    def _close_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._loop_thread.join(10.0)
+        if not self._loop_thread.is_alive():
+            self._loop.close()
+        self.coalescer.close()
+
+    async def _bind(self, host, port, max_message_bytes, max_concurrent_rpcs, reuse_port):
+        options = [("grpc.max_receive_message_length", int(max_message_bytes)), ("grpc.max_send_message_length", -1),
+                   ("grpc.so_reuseport", int(reuse_port))]  # fmt: skip
+        server = grpc.aio.server(options=options, maximum_concurrent_rpcs=max_concurrent_rpcs)
+        unary = lambda behaviour, response: grpc.unary_unary_rpc_method_handler(behaviour, None, response.SerializeToString)  # noqa: E731
+        server.add_generic_rpc_handlers((
+            grpc.method_handlers_generic_handler(SERVICE_NAME, {
+                "Search": unary(self._search_rpc, search_pb2.SearchResponse),
+                "GetStatus": unary(self._status_rpc, search_pb2.StatusResponse)}),
+            grpc.method_handlers_generic_handler(HEALTH_NAME, {
+                "Check": unary(self._check_rpc, health_pb2.HealthCheckResponse),
+                "Watch": grpc.unary_stream_rpc_method_handler(self._watch_rpc, None, health_pb2.HealthCheckResponse.SerializeToString)}),
+        ))  # fmt: skip
+        address = grpc_address(host, port)
+        try:
+            bound = server.add_insecure_port(address)
+        except RuntimeError as err:  # grpcio >= 1.50 raises instead of returning 0
+            raise OSError(f"cannot bind {address}: {err}") from err
+        if bound == 0:
+            raise OSError(f"cannot bind {address}")
+        return server, bound
+
     @property
     def address(self) -> str:
-        return f"{self.host}:{self.port}"
+        return grpc_address(self.host, self.port)
 
     @property
     def rest_port(self) -> int | None:
         return None if self.rest is None else self.rest.port
+
+    # --- requests --------------------------------------------------------------------------------
+
+    def _answer_joined(self, query: Query, timeout: float | None) -> list[tuple[ServedPair, Neighbours]]:
+        """On the coalescer's thread: one joined query's answers, a (pair, neighbours) per row."""
+        pair, results = self.searcher.answer(query, timeout)
+        return [(pair, found) for found in results]
+
+    async def search(self, query: Query, timeout: float | None = None) -> tuple[ServedPair, list[Neighbours]]:
+        """On the loop: the answer to a parsed query, through the coalescer; every front's path.
+
+        Raises:
+            ServingError: as :meth:`VersionedSearcher.search`; UNAVAILABLE while stopping;
+                DEADLINE_EXCEEDED when ``timeout`` passed before the answer; INTERNAL (logged)
+                for a server fault.
+        """
+        if self._closing:
+            raise unavailable("the server is shutting down; retry on another replica")
+        self._inside += 1
+        try:
+            self.searcher.check(query)
+            found = await self.coalescer.submit(query, timeout)
+        except ServingError:
+            raise
+        except TimeoutError as err:
+            raise deadline_exceeded("the search did not finish before the deadline") from err
+        except Exception as err:  # noqa: BLE001 - a server fault: logged, answered INTERNAL
+            raise internal_error("search") from err
+        finally:
+            self._inside -= 1
+        return found[0][0], [neighbours for _, neighbours in found]
+
+    @staticmethod
+    async def _parsed(message_type, raw: bytes, context):
+        """The request message of ``raw``, or INVALID_ARGUMENT for bytes that are none (grpcio's
+        own parsing would answer INTERNAL), bytes read only in part included."""
+        try:
+            message = message_type.FromString(raw)
+            check_whole(message_type, raw)
+            return message
+        except Exception:  # noqa: BLE001 - any decoding failure is the client's bytes
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the request bytes are not a valid {message_type.DESCRIPTOR.full_name} message")
+
+    async def _search_rpc(self, raw: bytes, context):
+        request = await self._parsed(search_pb2.SearchRequest, raw, context)
+        left = context.time_remaining()  # about 9e18 when the caller set no deadline
+        try:
+            pair, results = await self.search(query_from_proto(request), left if left is not None and left < threading.TIMEOUT_MAX else None)
+        except ServingError as err:
+            error = err
+        else:
+            return response_proto(pair, results)
+        await context.abort(error.code, error.message)
+
+    async def _status_rpc(self, raw: bytes, context):
+        await self._parsed(search_pb2.StatusRequest, raw, context)
+        if self._closing:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the server is shutting down; retry on another replica")
+        try:
+            return search_pb2.StatusResponse(**self.status())
+        except Exception:  # noqa: BLE001 - a server fault: logged, answered INTERNAL
+            error = internal_error("GetStatus")
+        await context.abort(error.code, error.message)
+
+    async def _check_rpc(self, raw: bytes, context):
+        request = await self._parsed(health_pb2.HealthCheckRequest, raw, context)
+        try:
+            return health_pb2.HealthCheckResponse(status=self.health.status_of(request.service))
+        except ServingError as err:
+            error = err
+        await context.abort(error.code, error.message)
+
+    async def _watch_rpc(self, raw: bytes, context):
+        """The service's status now and at every change, until the service stops (then NOT_SERVING and the end)."""
+        request = await self._parsed(health_pb2.HealthCheckRequest, raw, context)
+        loop, changes = asyncio.get_running_loop(), asyncio.Queue()
+
+        def changed(response) -> None:  # on whichever thread set the status
+            try:
+                loop.call_soon_threadsafe(changes.put_nowait, response)
+            except RuntimeError:  # the loop is closed: the stream is gone with it
+                pass
+
+        self.health.watch(request.service, changed)
+        try:
+            while (response := await changes.get()) is not None:
+                yield response
+        finally:
+            self.health.forget(request.service, changed)
+
+    # --- status and swaps ------------------------------------------------------------------------
 
     def status(self) -> dict:
         """The searcher's status, with every process's readiness and version (one process: this)."""
@@ -194,9 +341,9 @@ class SearchServer:
         """Load the newest pair there is (the service starts NOT_SERVING if there is none yet and
         becomes ready when one appears), then serve."""
         self._refresh()
-        self._grpc.start()
+        self._on_loop(self._server.start())
         if self.rest is not None:
-            self.rest.start()
+            self._on_loop(self.rest.start())
         self._serving = True
         self._refresh()
         self._watcher.start()
@@ -208,13 +355,24 @@ class SearchServer:
     def stop(self, grace: float = 5.0) -> None:
         """Report NOT_SERVING and end health streams, stop watching, refuse new requests at once
         (gRPC UNAVAILABLE, REST 503 or a refused connection) and let in-flight ones finish within
-        ``grace`` seconds (both fronts drain at the same time)."""
+        ``grace`` seconds (both fronts drain at the same time); then stop the loop."""
         self._stop.set()
         self.health.shutdown()
-        rest = None
+        try:
+            self._on_loop(self._drain(float(grace)), timeout=grace + 30.0)
+        finally:
+            self._close_loop()
+
+    async def _drain(self, grace: float) -> None:
+        deadline = time.monotonic() + grace
+        self._closing = True
         if self.rest is not None:
-            rest = threading.Thread(target=self.rest.stop, args=(grace,), name="tfhash-rest-stop")
-            rest.start()
-        self._grpc.stop(grace)
-        if rest is not None:
-            rest.join()
+            self.rest.begin_stop()
+        while (self._inside or (self.rest is not None and self.rest.in_flight)) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        # calls gRPC has queued but not handed to a handler yet: let them reach the gate (UNAVAILABLE,
+        # retryable) rather than be failed by the server's stop (CANCELLED)
+        await asyncio.sleep(min(SETTLE_SECONDS, max(deadline - time.monotonic(), 0.0)))
+        await self._server.stop(max(deadline - time.monotonic(), 0.0))
+        if self.rest is not None:
+            await self.rest.close()

@@ -32,14 +32,6 @@ space, also on a ScaNN index (dot product of +-1 codes), so every index kind ans
 units. A radius filters the k nearest neighbours (it never widens the search), so a request's
 cost is bounded by its queries and k whatever the radius.
 
-Coalescing (``search_batch_size`` > 1, off by default): concurrent searches of the same k are
-joined into one index call (:mod:`tfhash.serving.batching`), on one search worker per core. The
-exact kernel answers a group of queries for less per query than each alone. Through the service
-(1M codes, 32 clients, 2 processes) it took codes on BFlat from 0.90 to 0.75 ms of server CPU a
-request (``benchmarks/results/serving.md`` against ``serving_processes2_coalesced.md``); in one
-process it cost more than it saved for an IVF index and for features, where the search is a small
-part of a request (``serving_coalesced_*.md``).
-
 Items: given the exported data's ``items.csv`` (:func:`tfhash.artifacts.read_items`), every
 neighbour is answered with its source file and class names too (an id the file does not name gets
 an empty path and no labels).
@@ -47,18 +39,15 @@ an empty path and no labels).
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from tfhash.serving.batching import Batcher
 from tfhash.serving.encoders import Encoder
-from tfhash.serving.errors import deadline_exceeded, invalid, not_found, shown, unavailable
+from tfhash.serving.errors import invalid, not_found, shown, unavailable
 from tfhash.serving.requests import DEFAULT_LIMITS, Limits, Query
 from tfhash.serving.versions import Retries, check_fingerprint, tree_stamp
 
@@ -96,21 +85,6 @@ class ServedPair:
     index_path: str
     fingerprint: str | None
     stamp: tuple = ()
-    searches: Batcher | None = None  # coalesces concurrent searches of this pair's index
-
-    def search(self, packed: np.ndarray, k: int, timeout: float | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """``(ids, distances)`` of the ``k`` nearest neighbours of each packed code.
-
-        Raises:
-            ServingError: DEADLINE_EXCEEDED when a coalesced search did not start and finish
-                within ``timeout`` seconds.
-        """
-        if self.searches is None:
-            return index_search(self.index, k, packed)
-        try:
-            return self.searches.submit(k, packed, timeout)
-        except TimeoutError as err:
-            raise deadline_exceeded("the search did not finish before the deadline") from err
 
 
 @dataclass
@@ -133,18 +107,12 @@ class VersionedSearcher:
             remote model); used for the fingerprint check and to notice a copy that completed.
         retries: when to retry a pair that failed to load.
         items: ``{id: Item}`` of the indexed data (its ``items.csv``), to name every answer.
-        search_batch_size: coalesce concurrent searches of the same k into one index call of up
-            to this many queries (1: each request searches alone).
     """
 
     def __init__(self, index_base_dir: str, kind: str, available_versions: Callable[[], list[int] | None],
                  make_encoder: Callable[[int], Encoder], model_dir_of: Callable[[int], str | None] = lambda v: None,
-                 limits: Limits = DEFAULT_LIMITS, retries: Retries | None = None, items: dict[int, Item] | None = None,
-                 search_batch_size: int = 1):  # fmt: skip
-        if search_batch_size < 1:
-            raise ValueError(f"search_batch_size must be >= 1, got {search_batch_size}")
+                 limits: Limits = DEFAULT_LIMITS, retries: Retries | None = None, items: dict[int, Item] | None = None):  # fmt: skip
         self.index_base_dir, self.kind, self.limits, self.items = index_base_dir, kind, limits, items
-        self.search_batch_size = int(search_batch_size)
         self._available_versions, self._make_encoder, self._model_dir_of = available_versions, make_encoder, model_dir_of
         self._active: ServedPair | None = None
         self._waiting: ServedPair | None = None  # newer, loaded, until the service agrees on it (follow)
@@ -259,13 +227,7 @@ class VersionedSearcher:
         k = min(self.limits.max_k, index.ntotal)
         if k:  # build lazy structures (ScaNN) for the largest k now, not under load
             index.search(np.ones((1, index.bits), dtype=np.int8), k)
-        searches = None
-        if self.search_batch_size > 1:
-            # a store that is down fails every search of the batch at once (no retry one by one);
-            # one worker per core, so that searches never wait for one core on a larger machine
-            searches = Batcher(functools.partial(index_search, index), self.search_batch_size, f"tfhash-search-v{version}",
-                               shared_errors=(IndexUnavailableError,), workers=os.cpu_count() or 1)  # fmt: skip
-        return ServedPair(version, encoder, index, path, fingerprint, stamp, searches)
+        return ServedPair(version, encoder, index, path, fingerprint, stamp)
 
     def pair_for(self, model_version: str = "") -> ServedPair:
         """The pair to answer with, checked against a pinned version ("" = any)."""
@@ -276,19 +238,9 @@ class VersionedSearcher:
             raise not_found(f"model version {shown(model_version, 40)} is not served; this service serves version {pair.version}")
         return pair
 
-    def search(self, query: Query, timeout: float | None = None) -> tuple[ServedPair, list[Neighbours]]:
-        """Encode (if needed) and search with one pair: the ``query.k`` nearest neighbours of each
-        query, only those within Hamming distance ``query.radius`` when it is given. The query's
-        inputs were checked where it was made; here what depends on the limits and the pair.
-
-        Raises:
-            ServingError: INVALID_ARGUMENT for an empty or oversized batch, k outside 1..max_k or
-                above the database size, a negative radius, inputs the model does not take or
-                codes of the wrong width; NOT_FOUND for a pinned version that is not served;
-                UNAVAILABLE when no pair is ready, or when the index's store (a Milvus server)
-                does not answer; DEADLINE_EXCEEDED when encoding and search did not finish within
-                ``timeout``.
-        """
+    def check(self, query: Query) -> None:
+        """Refuse a query over the limits: an empty or oversized batch, k outside 1..max_k, a
+        negative radius (INVALID_ARGUMENT)."""
         n, k, radius = query.size, query.k, query.radius
         if n == 0:
             raise invalid("the request has no queries")
@@ -298,15 +250,33 @@ class VersionedSearcher:
             raise invalid(f"k must be an integer in 1..{self.limits.max_k}, got {k!r}"[:200])
         if radius is not None and (isinstance(radius, bool) or not isinstance(radius, (int, np.integer)) or radius < 0):
             raise invalid(f"radius must be an integer >= 0, got {radius!r}"[:200])
+
+    def search(self, query: Query, timeout: float | None = None) -> tuple[ServedPair, list[Neighbours]]:
+        """Encode (if needed) and search with one pair: the ``query.k`` nearest neighbours of each
+        query, only those within Hamming distance ``query.radius`` when it is given (:meth:`check`,
+        then :meth:`answer`).
+
+        Raises:
+            ServingError: INVALID_ARGUMENT for an empty or oversized batch, k outside 1..max_k or
+                above the database size, a negative radius, inputs the model does not take or
+                codes of the wrong width; NOT_FOUND for a pinned version that is not served;
+                UNAVAILABLE when no pair is ready, or when the index's store (a Milvus server)
+                does not answer; DEADLINE_EXCEEDED when encoding did not finish within ``timeout``.
+        """
+        self.check(query)
+        return self.answer(query, timeout)
+
+    def answer(self, query: Query, timeout: float | None = None) -> tuple[ServedPair, list[Neighbours]]:
+        """:meth:`search` of a query that :meth:`check` passed: what depends on the pair is checked
+        here (the pinned version, k against the database, the codes' width, the model's input)."""
         pair = self.pair_for(query.model_version)
+        k = int(query.k)
         if k > pair.index.ntotal:
             raise invalid(f"k = {k} is larger than the {pair.index.ntotal} items in the index")
-        deadline = None if timeout is None else time.monotonic() + timeout
         packed = self._packed_codes(pair, query, timeout)
-        radius = None if radius is None else min(int(radius), pair.index.bits)  # any radius >= K keeps all
-        left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+        radius = None if query.radius is None else min(int(query.radius), pair.index.bits)  # any radius >= K keeps all
         try:
-            return pair, self._neighbours(pair, packed, int(k), radius, left)
+            return pair, self._neighbours(pair, packed, k, radius)
         except HashIndexError as err:
             raise invalid(str(err)) from err
         except IndexUnavailableError as err:  # the index's store (a Milvus server) failed: retry later
@@ -328,10 +298,9 @@ class VersionedSearcher:
                           f"(packed uint8 (n, {pair.index.bits // 8}) or +-1 (n, {pair.index.bits}))")  # fmt: skip
         return packed
 
-    def _neighbours(self, pair: ServedPair, packed: np.ndarray, k: int, radius: int | None,
-                    timeout: float | None) -> list[Neighbours]:  # fmt: skip
+    def _neighbours(self, pair: ServedPair, packed: np.ndarray, k: int, radius: int | None) -> list[Neighbours]:
         out = []
-        for ids, distances in zip(*pair.search(packed, k, timeout), strict=True):
+        for ids, distances in zip(*index_search(pair.index, k, packed), strict=True):
             keep = ids >= 0 if radius is None else (ids >= 0) & (distances <= radius)
             items = None if self.items is None else [self.items.get(int(i), UNKNOWN_ITEM) for i in ids[keep]]
             out.append(Neighbours(ids[keep], distances[keep], items))

@@ -120,14 +120,14 @@ def graph_mode_outputs(model_dir: str, signature: str, inputs: dict, output: str
         return session.run(signature_def.outputs[output].name, feeds)
 
 
-def start_cli(args: list[str], ready: str, module: str = "tfhash.cli") -> tuple[subprocess.Popen, str]:
-    """Start ``tfhash <args>`` (``python -m <module> <args>``) and wait for the line holding
+def start_cli(args: list[str], ready: str, module: str = "tfhash.cli", executable: str = sys.executable) -> tuple[subprocess.Popen, str]:
+    """Start ``tfhash <args>`` (``<executable> -m <module> <args>``) and wait for the line holding
     ``ready``; returns the process (the line as its ``ready_line``, the last 400 lines of its stderr
     in ``log``) and the address that follows ``ready`` on that line (stderr keeps being drained)."""
     from tfhash.serving.processes import START_SECONDS, read_until
 
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    process = subprocess.Popen([sys.executable, "-m", module, *args], stderr=subprocess.PIPE, text=True, env=env)
+    process = subprocess.Popen([executable, "-m", module, *args], stderr=subprocess.PIPE, text=True, env=env)
     lines, started = read_until(process, ready, START_SECONDS)
     process.log = collections.deque(lines, maxlen=400)
     if not started:

@@ -1,168 +1,123 @@
-"""Greedy micro-batching: concurrent calls are merged, answers go back to the right caller, a bad
-request fails alone, and the worker ends when its batcher is dropped."""
+"""The search service's coalescer: requests that wait while a call runs are joined by key into the
+next call (one call in flight), answers go back to the right caller in order, a bad request fails
+alone, a shared error reaches the whole call, and a request whose caller went away never runs."""
 
 from __future__ import annotations
 
-import functools
-import gc
+import asyncio
 import threading
-import time
 
 import numpy as np
 import pytest
-from tfhash.serving.batching import Batcher
+from tfhash.serving.batching import Coalescer
 
-from tests.serving_fixtures import queued_behind
-
-
-def test_concurrent_calls_are_batched_and_answered_in_order():
-    calls = []
-
-    def double(key, values):
-        calls.append(len(values))
-        time.sleep(0.01)  # keep the worker busy so that requests queue up
-        return values * 2
-
-    batcher = Batcher(double, max_batch_size=64)
-    results = {}
-
-    def client(i):
-        values = np.full((1 + i % 3, 2), float(i))
-        results[i] = (values, batcher.submit("sig", values))
-
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(40)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    for values, doubled in results.values():
-        np.testing.assert_array_equal(doubled, values * 2)
-    assert sum(calls) == sum(len(v) for v, _ in results.values()) and len(calls) < 40 and max(calls) <= 64
+KEY = lambda item: item[0]  # noqa: E731 - items are (key, rows)
+SIZE = lambda item: len(item[1])  # noqa: E731
 
 
-def test_a_failing_request_fails_alone():
-    started, release = threading.Event(), threading.Event()
+def join(items):
+    return items[0][0], np.concatenate([rows for _, rows in items])
 
-    def call(key, values):
-        if not started.is_set():
-            started.set()
-            release.wait(5)
-        if np.isnan(values).any():
-            raise ValueError("bad row")
-        return values + 1
 
-    batcher = Batcher(call)
-    outcomes = {}
+def held_coalescer(answer, **options):
+    """A coalescer whose first call waits for ``release`` (so that the rest queue behind it); the
+    calls' (key, rows) are recorded."""
+    calls, started, release = [], threading.Event(), threading.Event()
 
-    def client(name, values):
+    def call(item, timeout):
+        calls.append((item[0], len(item[1])))
+        started.set()
+        release.wait(10)
+        return answer(item)
+
+    return Coalescer(call, join, KEY, SIZE, **options), calls, started, release
+
+
+async def submit_behind_first(coalescer, started, release, first, rest):
+    """Submit ``first``, wait until its call runs, submit ``rest`` (they queue), then release; every
+    outcome (answers or the error), in order."""
+
+    async def outcome(item):
         try:
-            outcomes[name] = batcher.submit("sig", values)
-        except ValueError as err:
-            outcomes[name] = err
+            return await coalescer.submit(item)
+        except Exception as err:  # noqa: BLE001 - the outcome under test
+            return err
 
-    others = [("a", np.ones((1, 1))), ("bad", np.full((1, 1), np.nan)), ("b", np.full((2, 1), 3.0))]
-    # the worker is busy with the first: the next three queue into one batch
-    queued_behind(lambda: client("first", np.zeros((1, 1))), started, release,
-                  [functools.partial(client, name, values) for name, values in others], lambda: len(batcher._queue) == 3)  # fmt: skip
-    assert isinstance(outcomes["bad"], ValueError)
-    np.testing.assert_array_equal(outcomes["a"], [[2.0]])
-    np.testing.assert_array_equal(outcomes["b"], [[4.0], [4.0]])
-
-
-def test_timeout_and_worker_ends_with_its_batcher():
-    release = threading.Event()
-    batcher = Batcher(lambda key, values: (release.wait(10), values)[1])  # a call that outlasts its caller's timeout
-    with pytest.raises(TimeoutError):
-        batcher.submit("sig", np.zeros((1, 1)), timeout=0.01)
+    head = asyncio.ensure_future(outcome(first))
+    while not started.is_set():
+        await asyncio.sleep(0.005)
+    tasks = [asyncio.ensure_future(outcome(item)) for item in rest]
+    while coalescer.waiting < len(rest):
+        await asyncio.sleep(0.005)
     release.set()
-    workers = batcher._workers
-    del batcher
-    gc.collect()
-    for worker in workers:
-        worker.join(5)
-        assert not worker.is_alive()
-    with pytest.raises(ValueError):
-        Batcher(lambda s, i: None, max_batch_size=0)
-    with pytest.raises(ValueError):
-        Batcher(lambda s, i: None, workers=0)
+    return await asyncio.gather(head, *tasks)
 
 
-def test_requests_of_another_key_never_share_a_call_and_tuple_answers_are_split():
-    started, release, calls = threading.Event(), threading.Event(), []
-
-    def search(k, rows):
-        if not started.is_set():
-            started.set()
-            release.wait(5)
-        calls.append((k, len(rows)))
-        return rows[:, :1] * k, rows.sum(axis=1)
-
-    batcher = Batcher(search)
-    answers = {}
-
-    def client(name, k, rows):
-        answers[name] = batcher.submit(k, rows)
-
-    queued_behind(lambda: client("first", 1, np.ones((1, 2))), started, release,
-                  [functools.partial(client, name, k, np.full((n, 2), float(n))) for name, k, n in
-                   [("a", 10, 1), ("b", 20, 2), ("c", 10, 3)]], lambda: len(batcher._queue) == 3)  # fmt: skip
-    assert sorted(calls) == [(1, 1), (10, 4), (20, 2)]  # a and c together, b alone
-    for name, k, n in [("a", 10, 1), ("b", 20, 2), ("c", 10, 3)]:
-        column, sums = answers[name]
-        np.testing.assert_array_equal(column, np.full((n, 1), float(n * k)))
-        np.testing.assert_array_equal(sums, np.full(n, 2.0 * n))
+def test_waiting_requests_join_by_key_and_get_their_own_rows_back():
+    coalescer, calls, started, release = held_coalescer(lambda item: list(item[1] * 2), max_rows=8)
+    first = ("a", np.array([100.0]))
+    rest = [("a" if i % 3 else "b", np.arange(i, i + 1 + i % 2, dtype=float)) for i in range(12)]
+    outcomes = asyncio.run(submit_behind_first(coalescer, started, release, first, rest))
+    assert outcomes[0] == [200.0]
+    for (_, rows), got in zip(rest, outcomes[1:], strict=True):
+        assert got == list(rows * 2)
+    assert calls[0] == ("a", 1) and sum(n for _, n in calls) == 1 + sum(len(r) for _, r in rest)
+    assert all(n <= 8 for _, n in calls) and len(calls) < 1 + len(rest)
+    assert all(len({key for key, _ in calls[i : i + 1]}) == 1 for i in range(len(calls)))  # a call holds one key
+    assert coalescer.calls == len(calls)
+    coalescer.close()
 
 
-class StoreDown(Exception):
-    pass
+def test_a_failing_request_fails_alone_and_a_shared_error_reaches_the_whole_call():
+    class Down(Exception):
+        pass
+
+    def answer(item):
+        key, rows = item
+        if key == "down":
+            raise Down("the store is down")
+        if np.any(rows < 0):
+            raise ValueError(f"negative rows in {rows.tolist()}")
+        return list(rows)
+
+    coalescer, calls, started, release = held_coalescer(answer, shared=lambda err: isinstance(err, Down))
+    rest = [("k", np.array([1.0])), ("k", np.array([-1.0])), ("k", np.array([2.0])), ("down", np.array([1.0])), ("down", np.array([2.0]))]
+    outcomes = asyncio.run(submit_behind_first(coalescer, started, release, ("k", np.array([0.0])), rest))
+    assert outcomes[1] == [1.0] and outcomes[3] == [2.0]
+    assert isinstance(outcomes[2], ValueError) and "[-1.0]" in str(outcomes[2])
+    assert isinstance(outcomes[4], Down) and outcomes[4] is outcomes[5]
+    assert calls.count(("down", 2)) == 1 and ("down", 1) not in calls  # no retry one by one for a shared error
+    assert calls.count(("k", 3)) == 1 and calls.count(("k", 1)) == 4  # the first, then the failed call one by one
+    coalescer.close()
 
 
-def test_shared_errors_reach_the_whole_batch_at_once_and_abandoned_requests_never_run():
-    started, release, calls = threading.Event(), threading.Event(), []
+def test_a_request_whose_caller_went_away_is_never_run():
+    coalescer, calls, started, release = held_coalescer(lambda item: list(item[1]))
 
-    def call(key, values):
-        calls.append(len(values))
-        if not started.is_set():
-            started.set()
-            release.wait(5)
-            return values
-        raise StoreDown("the store is down")
+    async def scenario():
+        first = asyncio.ensure_future(coalescer.submit(("a", np.zeros(1))))
+        while not started.is_set():
+            await asyncio.sleep(0.005)
+        cancelled = asyncio.ensure_future(coalescer.submit(("b", np.zeros(2))))
+        expired = asyncio.ensure_future(coalescer.submit(("c", np.zeros(3)), timeout=0.01))
+        kept = asyncio.ensure_future(coalescer.submit(("d", np.ones(1))))
+        await asyncio.sleep(0.05)
+        cancelled.cancel()
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        with pytest.raises(TimeoutError):
+            await expired
+        return await first, await kept
 
-    batcher = Batcher(call, shared_errors=(StoreDown,))
-    outcomes = {}
-
-    def client(name, timeout=None):
-        try:
-            outcomes[name] = batcher.submit("k", np.zeros((1, 1)), timeout)
-        except (StoreDown, TimeoutError) as err:
-            outcomes[name] = err
-
-    queued_behind(lambda: client("first"), started, release, [functools.partial(client, n) for n in "abc"] +
-                  [functools.partial(client, "gone", 0.05)], lambda: len(batcher._queue) == 4 and "gone" in outcomes)  # fmt: skip
-    assert calls == [1, 3]  # a, b and c in one call, not retried one by one; "gone" never ran
-    assert all(isinstance(outcomes[n], StoreDown) for n in "abc") and isinstance(outcomes["gone"], TimeoutError)
+    assert asyncio.run(scenario()) == ([0.0], [1.0])
+    assert [key for key, _ in calls] == ["a", "d"]
+    coalescer.close()
 
 
-def test_the_asyncio_measurements_loop_batcher_joins_one_turn_and_splits_back():
-    import asyncio
-
-    from benchmarks.asyncio_front import LoopBatcher
-
-    calls = []
-
-    def call(key, rows):
-        calls.append((key, rows.copy()))
-        if key == "bad":
-            raise ValueError("refused")
-        return [int(r) * 10 for r in rows[:, 0]]
-
-    async def main():
-        batcher = LoopBatcher(call, max_rows=4)
-        jobs = [batcher.submit("a", np.array([[1], [2]])), batcher.submit("a", np.array([[3]])), batcher.submit("b", np.array([[4]])),
-                batcher.submit("a", np.array([[5], [6]])), batcher.submit("bad", np.array([[7]]))]  # fmt: skip
-        return await asyncio.gather(*jobs, return_exceptions=True)
-
-    out = asyncio.run(main())
-    assert out[:4] == [[10, 20], [30], [40], [50, 60]] and isinstance(out[4], ValueError)
-    # one turn: "a" in two calls (4 rows at most), "b" and "bad" in one each
-    assert [(key, rows[:, 0].tolist()) for key, rows in calls] == [("a", [1, 2, 3]), ("a", [5, 6]), ("b", [4]), ("bad", [7])]
+def test_a_lone_request_runs_at_once_and_bad_settings_are_refused():
+    coalescer = Coalescer(lambda item, timeout: list(item[1]), join, KEY, SIZE)
+    assert asyncio.run(coalescer.submit(("a", np.array([5.0])))) == [5.0] and coalescer.calls == 1
+    coalescer.close()
+    with pytest.raises(ValueError, match="max_rows must be >= 1"):
+        Coalescer(lambda item, timeout: [], join, KEY, SIZE, max_rows=0)

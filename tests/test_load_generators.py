@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import psutil
 import pytest
-from tfhash.serving import native
 from tfhash.serving.search_client import search_request
 from tfhash.serving.search_service import SearchServer, in_process_searcher
 
+from benchmarks import native
 from benchmarks.serving import K, check_answers, run_level
 from tests.serving_fixtures import database, push_version
 from tfhash.index import load_index

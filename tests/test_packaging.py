@@ -27,5 +27,5 @@ def test_wheel_has_only_the_tfhash_namespace(tmp_path):
     assert {t for t in top_level if not t.startswith("tfhash")} == set()
     for module in ("tfhash/components/__init__.py", "tfhash/pipelines/__init__.py", "tfhash/serving/__init__.py",
                    "tfhash/losses/__init__.py", "tfhash/index/__init__.py", "tfhash/py.typed",
-                   "tfhash/serving/search_pb2.py", "tfhash/serving/search_pb2_grpc.py", "tfhash/serving/compiled_front.cc"):  # fmt: skip
+                   "tfhash/serving/search_pb2.py", "tfhash/serving/search_pb2_grpc.py"):  # fmt: skip
         assert module in names

@@ -33,7 +33,7 @@ from tfhash.serving.deployment import (
 )
 from tfhash.serving.errors import ServingError
 from tfhash.serving.model_server import DevModelServer
-from tfhash.serving.requests import Limits, Query
+from tfhash.serving.requests import Limits
 from tfhash.serving.search_client import SearchClient, search_request
 from tfhash.serving.search_service import SearchServer, in_process_searcher, remote_searcher
 
@@ -239,47 +239,51 @@ def test_a_request_is_checked_once_and_encoded_to_the_saved_models_packed_codes(
     np.testing.assert_array_equal(np.stack([r.ids for r in results]), expected.ids)
 
 
-def test_concurrent_searches_are_coalesced_and_answered_as_alone(artifacts):
-    """Searches that queue while the index is busy share index calls, one k per call; each
-    request gets exactly the answer it gets alone, and a refused one disturbs none of the others."""
-    searcher = in_process_searcher(artifacts["models"], artifacts["indexes"], search_batch_size=64)
-    searcher.refresh()
+@pytest.mark.server
+def test_concurrent_searches_are_joined_and_answered_as_alone(artifacts):
+    """Searches that arrive while a call runs wait, and the next calls join those of one kind (k,
+    form); each request gets exactly the answer it gets alone, over gRPC, and a request refused
+    inside a joined call (codes of a wrong value) fails alone."""
+    searcher = in_process_searcher(artifacts["models"], artifacts["indexes"])
+    server = SearchServer(searcher, poll_seconds=60).start()
     index, busy, release, calls = searcher.active.index, threading.Event(), threading.Event(), []
     alone = index.search
 
     def search(packed, k):
         calls.append((k, len(packed)))
         busy.set()
-        release.wait(5)  # every search worker holds its call until the rest have queued
+        release.wait(5)  # the first call holds the coalescer until the rest have queued
         return alone(packed, k)
 
     index.search = search
     codes = load_index(os.path.join(artifacts["indexes"], "1", "BFlat")).codes()[:30]
-    requests = [(codes[i : i + 1 + i % 2], 5 if i % 3 else 12) for i in range(30)]
-    rows = 1 + sum(len(packed) for packed, _ in requests)
-    answers = {}
+    signs = np.unpackbits(codes, axis=1).astype(np.int8) * 2 - 1
+    requests = [(codes[i : i + 1 + i % 2], 5 if i % 3 else 12) for i in range(24)] + [(signs[i : i + 1], 5) for i in range(24, 30)]
+    wrong = signs[:1].copy()
+    wrong[0, 0] = 3  # not +-1: refused by the pair, inside a call it shares with the good +-1 requests
+    answers, client = {}, SearchClient(server.address)
 
-    def client(i, packed, k):
+    def ask(i, query, k):
         try:
-            answers[i] = searcher.search(Query(codes=packed, k=k))[1]
+            answers[i] = client.search(codes=query, k=k)
         except ServingError as err:
             answers[i] = err
 
-    def all_in():  # every row is in a held call or queued
-        queued = sum(len(request.values) for request in list(searcher.active.searches._queue))
-        return "bad" in answers and queued + sum(n for _, n in calls) == rows
-
-    queued = [functools.partial(client, i, *request) for i, request in enumerate(requests)]
-    queued.append(functools.partial(client, "bad", codes[:1, :1], 5))  # 8 bits, not 16: refused before the index
-    queued_behind(lambda: client(-1, codes[:1], 7), busy, release, queued, all_in)
+    try:
+        queued = [functools.partial(ask, i, *request) for i, request in enumerate(requests)] + [functools.partial(ask, "bad", wrong, 5)]
+        queued_behind(lambda: ask(-1, codes[:1], 7), busy, release, queued, lambda: server.coalescer.waiting == len(queued))
+    finally:
+        client.close()
+        server.stop(0)
     assert isinstance(answers["bad"], ServingError) and answers["bad"].code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "values other than" in answers["bad"].message or "+-1" in answers["bad"].message, answers["bad"].message
+    rows = 1 + sum(len(query) for query, _ in requests)
     assert sum(n for _, n in calls) == rows and len(calls) < len(requests) and {k for k, _ in calls} == {5, 7, 12}
-    for i, (packed, k) in enumerate(requests):
-        expected = alone(packed, k)
-        assert len(answers[i]) == len(packed)
-        for found, ids, distances in zip(answers[i], expected.ids, expected.distances, strict=True):
-            np.testing.assert_array_equal(found.ids, ids)
-            np.testing.assert_array_equal(found.distances, distances)
+    assert max(n for _, n in calls) <= 64
+    for i, (query, k) in enumerate(requests):
+        expected = alone(codes[i : i + len(query)], k)
+        np.testing.assert_array_equal(np.stack(answers[i].ids), expected.ids)
+        np.testing.assert_array_equal(np.stack(answers[i].distances), expected.distances)
 
 
 def _search_code(client: SearchClient, **request) -> grpc.StatusCode:
@@ -493,24 +497,25 @@ def test_rest_front_refuses_what_it_would_misread(artifacts, search_server):
 @pytest.mark.server
 def test_shutdown_drains_in_flight_requests(artifacts):
     searcher = in_process_searcher(artifacts["models"], artifacts["indexes"])
-    started, release = threading.Semaphore(0), threading.Event()
-    search = searcher.search
+    started, release = threading.Event(), threading.Event()
+    answer = searcher.answer
 
-    def slow_search(*args, **kwargs):  # hold each request inside the handler until released
-        started.release()
+    def slow_answer(*args, **kwargs):  # hold the first call until released; the rest wait behind it
+        started.set()
         release.wait(20)
-        return search(*args, **kwargs)
+        return answer(*args, **kwargs)
 
-    searcher.search = slow_search
+    searcher.answer = slow_answer
     server = SearchServer(searcher).start()
     stub = search_pb2_grpc.HashSearchStub(grpc.insecure_channel(server.address))
     request = search_request(features=artifacts["vectors"][:32], k=10)
-    pending = [stub.Search.future(request, timeout=30) for _ in range(4)]
-    for _ in pending:
-        assert started.acquire(timeout=20)  # all four are being handled
+    pending = [stub.Search.future(request, timeout=30)]
+    assert started.wait(20)
+    pending += [stub.Search.future(request, timeout=30) for _ in range(3)]
+    assert wait_for(lambda: server.coalescer.waiting == 3, 20)  # all four are inside the service
     stopper = threading.Thread(target=server.stop, kwargs={"grace": 20})
     stopper.start()
-    assert wait_for(lambda: server._grpc._gate.closed, 20)  # the stop has begun: new requests are turned away
+    assert wait_for(lambda: server._closing, 20)  # the stop has begun: new requests are turned away
     with pytest.raises(grpc.RpcError) as err:  # a new request during shutdown is refused
         stub.Search(request, timeout=5)
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE

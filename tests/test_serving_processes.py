@@ -3,7 +3,6 @@ process over real gRPC and HTTP on loopback; and the mapped flat index they shar
 
 from __future__ import annotations
 
-import concurrent.futures
 import http.client
 import json
 import os
@@ -327,34 +326,3 @@ def test_a_flat_index_whose_files_disagree_with_its_manifest_is_refused(tmp_path
     manifest["bits"] = 32  # a manifest edited by hand (checksums cover the data files only)
     with pytest.raises(IndexFormatError, match="uint8"):
         type(index).read_files(path, manifest)
-
-
-@pytest.mark.parametrize("batched", [False, True])
-@pytest.mark.process
-def test_the_asyncio_front_measured_by_the_load_benchmark_answers_as_the_library(versions, batched):
-    from benchmarks.asyncio_front import READY
-
-    expected_codes, expected = reference(versions["model_dir"], versions["index_dir"], versions["vectors"][:4], 5)
-    process, address = start_cli([versions["models"], versions["indexes"], "BFlat", "--processes", "2", *(["--batched"] if batched else [])],
-                                 READY, module="benchmarks.asyncio_front")  # fmt: skip
-    try:
-        assert len(children(process)) == 2
-        clients = [SearchClient(address, own_connection=True) for _ in range(8)]  # spread over both processes
-        try:
-            with concurrent.futures.ThreadPoolExecutor(8) as pool:  # concurrent: batched ones share a loop turn
-                for _ in range(3):
-                    answers = list(pool.map(lambda c: c.search(features=versions["vectors"][:4], k=5), clients))
-                    for answer in answers:
-                        assert answer.model_version == "1"
-                        np.testing.assert_array_equal(np.stack(answer.ids), expected.ids)
-                    by_codes = list(pool.map(lambda i: clients[i].search(codes=expected_codes[i % 4:i % 4 + 1], k=5), range(8)))
-                    for i, answer in enumerate(by_codes):
-                        np.testing.assert_array_equal(answer.ids[0], expected.ids[i % 4])
-            with pytest.raises(ServingError) as refused:  # a bad request fails alone, with the library's message
-                clients[0].search(codes=expected_codes[:1], k=10**6)
-            assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
-        finally:
-            for client in clients:
-                client.close()
-    finally:
-        stop_cli(process)

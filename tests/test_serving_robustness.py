@@ -22,7 +22,6 @@ import pytest
 import tensorflow as tf
 from google.protobuf.message import DecodeError
 from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
-from tfhash.serving import native
 from tfhash.serving.deployment import models_config, write_deployment
 from tfhash.serving.errors import ServingError
 from tfhash.serving.model_server import DevModelServer, tensor_value
@@ -50,7 +49,6 @@ from tests.serving_fixtures import (
 from tests.tiers import starts
 
 POLL = 0.25
-COMPILED = pytest.mark.skipif(native.missing() is not None, reason=f"building the compiled front: {native.missing()}")
 
 
 @pytest.fixture(scope="module")
@@ -75,13 +73,12 @@ def test_fuzz_every_front_answers_as_expected(stack):
         assert client.health() == "SERVING" and len(client.search(features=target.vectors[:1], k=3).ids[0]) == 3
 
 
-@COMPILED
 @pytest.mark.process
 @pytest.mark.server
-def test_fuzz_through_the_compiled_front(tmp_path):
-    """Both search services behind the compiled front (one serving process each): the fuzz finds
-    no failure, and the front passes on every outcome the services give."""
-    with serving_stack(str(tmp_path), poll=POLL, front="compiled") as (target, servers):
+def test_fuzz_through_two_processes_on_one_port(tmp_path):
+    """Both search services as two serving processes on one port each (``--processes 2``, every
+    request joined with the others of its kind that wait): the fuzz finds no failure."""
+    with serving_stack(str(tmp_path), poll=POLL, processes=2) as (target, servers):
         summary = run_fuzz(target, 1500, seed=1, allowed_root=servers["models"]).summary()
     assert summary["failures"] == {}, summary["failure_examples"][:10]
     outcomes = {code for key, value in summary["per_category"].items() if key.split("/")[0] in ("in_process", "remote")
@@ -111,15 +108,15 @@ def test_search_status_names_no_paths(stack):
         assert status.ready and status.index_path == "1/BFlat" and "/" not in status.encoder
 
 
-@pytest.mark.parametrize("mode, front", [("in_process", "python"), ("remote", "python"), pytest.param("in_process", "compiled", marks=COMPILED)])
+@pytest.mark.parametrize("mode, processes", [("in_process", 1), ("remote", 1), ("in_process", 2)])
 @pytest.mark.process
 @pytest.mark.server
-def test_hot_swap_under_load_with_broken_and_non_atomic_pushes(tmp_path, mode, front):
+def test_hot_swap_under_load_with_broken_and_non_atomic_pushes(tmp_path, mode, processes):
     """Broken versions 2 and 3 never disturb version 1; version 4, copied file by file, is served
-    once complete and never before, and no valid request fails; also behind the compiled front,
-    where requests of both versions' times are joined. (How soon after the copy version 4 answers,
-    in polls, is measured by ``python -m benchmarks.serving_robustness``, not asserted here.)"""
-    result = hot_swap_trial(str(tmp_path), mode, poll=POLL, front=front)
+    once complete and never before, and no valid request fails; also with two serving processes,
+    which switch together. (How soon after the copy version 4 answers, in polls, is measured by
+    ``python -m benchmarks.serving_robustness``, not asserted here.)"""
+    result = hot_swap_trial(str(tmp_path), mode, poll=POLL, processes=processes)
     assert result["failed"] == 0, result["failures"]
     assert result["stayed_on_1_while_broken"] and result["versions_answering"] == ["1", "4"]
     assert not result["flapped_back"] and result["inconsistent_answers"] == 0 and result["versions_differ"]
@@ -181,11 +178,10 @@ def test_withdrawn_version_reports_not_serving_and_recovers(tmp_path):
             assert client.search(features=target.vectors[:1], k=3).model_version == "1"
 
 
-@pytest.mark.parametrize("kind, processes, front", [("search", 1, "python"), ("model", 1, "python"), ("search", 2, "python"),
-                                                    pytest.param("search", 1, "compiled", marks=COMPILED)])  # fmt: skip
+@pytest.mark.parametrize("kind, processes", [("search", 1), ("model", 1), ("search", 2)])
 @pytest.mark.process
-def test_sigterm_under_load_drains_and_exits(tmp_path, kind, processes, front):
-    result = sigterm_trial(str(tmp_path), kind, grace=10.0, processes=processes, front=front)
+def test_sigterm_under_load_drains_and_exits(tmp_path, kind, processes):
+    result = sigterm_trial(str(tmp_path), kind, grace=10.0, processes=processes)
     assert result["exit_code"] == 0 and result["exit_after_s"] <= result["grace_s"], result
     assert result["answered_before"] > 0 and result["failed_before"] == 0
     assert set(result["in_flight_refused"]) <= {"UNAVAILABLE"}  # in flight: answered, or refused before it ran

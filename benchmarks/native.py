@@ -1,6 +1,6 @@
-"""C++ programs built on first use against the system's gRPC C++ library: the service's compiled
-front (``compiled_front.cc``, ``tfhash serve search --front compiled``) and the benchmarks' load
-generator.
+"""The serving benchmark's C++ load generator (``loadgen.cc``), built on first use against the
+system's gRPC C++ library: a benchmark tool only (the package compiles nothing, and the set-up
+installs no compiler); without it the benchmark's Python load generator runs.
 
 Building needs g++, pkg-config and gRPC's C++ library (Debian / Ubuntu: ``apt-get install g++
 pkg-config libgrpc++-dev``). A binary is kept in :func:`cache_dir` under a name that hashes its
@@ -21,7 +21,7 @@ import stat
 import subprocess
 import tempfile
 
-#: The C++ sources shipped with the package.
+#: The folder of the C++ sources.
 HERE = os.path.dirname(os.path.abspath(__file__))
 INSTALL_HINT = "apt-get install g++ pkg-config libgrpc++-dev"
 
