@@ -45,6 +45,9 @@ from tfhash.serving.searcher import Neighbours, ServedPair
 
 logger = logging.getLogger(__name__)
 
+#: Bodies up to this size are parsed on the event loop (well under a millisecond); larger ones on a thread.
+PARSED_ON_THE_LOOP = 64 << 10
+
 
 def result_json(found: Neighbours) -> dict:
     """One query's neighbours: ids and distances, and each one's path and class names when the
@@ -221,9 +224,15 @@ class RestFront:
         self._http.add_sockets(self._sockets)
 
     async def answer(self, raw: bytes) -> tuple[int, dict]:
-        """One search body's answer: (HTTP status, JSON payload)."""
+        """One search body's answer: (HTTP status, JSON payload). A body over
+        :data:`PARSED_ON_THE_LOOP` bytes is parsed on a worker thread, so that it never holds up
+        the event loop (and with it every other request of the process) for long."""
         try:
-            pair, results = await self.search(query_from_json(json_object(raw)), self.search_timeout)
+            if len(raw) <= PARSED_ON_THE_LOOP:
+                query = query_from_json(json_object(raw))
+            else:
+                query = await asyncio.get_running_loop().run_in_executor(None, lambda: query_from_json(json_object(raw)))
+            pair, results = await self.search(query, self.search_timeout)
         except ServingError as err:
             return err.http_status, _error(err.code.name, err.message)
         except Exception:  # noqa: BLE001 - a server fault: logged, answered 500

@@ -34,6 +34,7 @@ from tfhash.serving.deployment import (
 from tfhash.serving.errors import ServingError
 from tfhash.serving.model_server import DevModelServer
 from tfhash.serving.requests import Limits
+from tfhash.serving.rest import PARSED_ON_THE_LOOP
 from tfhash.serving.search_client import SearchClient, search_request
 from tfhash.serving.search_service import SearchServer, in_process_searcher, remote_searcher
 
@@ -463,6 +464,12 @@ def test_rest_front(artifacts, search_server):
     assert post({"codes": [["1"] * BITS], "k": 3})[0] == 400  # numbers as strings are not numbers
     assert post({"features": vectors.tolist(), "k": 4}, content_type="text/plain")[0] == 415
     assert post({"features": vectors.tolist(), "k": 4, "radius": 10**40})[0] == 200  # any radius >= K keeps all
+    many = artifacts["vectors"][:60]  # a body over 64 KiB (JSON may be padded with whitespace): parsed off the loop, answered the same
+    body = b" " * PARSED_ON_THE_LOOP + json.dumps({"features": many.tolist(), "k": 4}).encode()
+    assert len(body) > PARSED_ON_THE_LOOP
+    with SearchClient(search_server.address) as client:
+        status, large = post(None, raw=body)
+        assert status == 200 and [r["ids"] for r in large["results"]] == [ids.tolist() for ids in client.search(features=many, k=4).ids]
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     connection.putrequest("POST", "/v1/search")
     connection.putheader("Content-Type", "application/json")
