@@ -52,18 +52,21 @@ class Coalescer:
         size: an item's rows.
         max_rows: the rows of a joined call (a single larger item runs alone).
         shared: the errors that every request of a failed call gets without a retry one by one.
+        initializer: run once on the worker thread before its first call (per-thread settings,
+            such as FAISS's OpenMP threads).
     """
 
     def __init__(self, call: Callable[[Any, float | None], Sequence], join: Callable[[list], Any],
                  key: Callable[[Any], Hashable], size: Callable[[Any], int] = len, max_rows: int = 64,
-                 shared: Callable[[BaseException], bool] = lambda err: False, name: str = "tfhash-coalescer"):  # fmt: skip
+                 shared: Callable[[BaseException], bool] = lambda err: False, name: str = "tfhash-coalescer",
+                 initializer: Callable[[], None] | None = None):  # fmt: skip
         if max_rows < 1:
             raise ValueError(f"max_rows must be >= 1, got {max_rows}")
         self._call, self._join, self._key, self._size = call, join, key, size
         self.max_rows, self._shared = int(max_rows), shared
         self._queue: deque[_Waiting] = deque()
         self._running = False
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name, initializer=initializer)
         self.calls = 0  # joined calls made (a retry one by one counts once)
 
     @property

@@ -96,16 +96,18 @@ def build_server(spec: SearchSpec, siblings: Siblings | None = None, reuse_port:
     """The search server of one process (bound, not started); the thread settings apply to this
     process. Raises ValueError for an unreadable items file, OSError for a port that cannot be bound."""
     # imported here: the supervising parent of several processes never loads TensorFlow or FAISS
-    import faiss
     from tfhash.serving.requests import Limits
-    from tfhash.serving.search_service import SearchServer, in_process_searcher, remote_searcher
+    from tfhash.serving.search_service import (
+        SearchServer,
+        in_process_searcher,
+        remote_searcher,
+        set_search_threads,
+    )
 
     from tfhash.artifacts import read_items
-    from tfhash.hamming import set_threads
 
     items = read_items(spec.items_file) if spec.items_file else None
-    faiss.omp_set_num_threads(spec.search_threads)
-    set_threads(spec.search_threads)
+    set_search_threads(spec.search_threads)  # this thread's too: the first pair's warm-up search runs on it
     if spec.tf_threads:
         import tensorflow as tf
 
@@ -119,7 +121,8 @@ def build_server(spec: SearchSpec, siblings: Siblings | None = None, reuse_port:
         searcher = in_process_searcher(spec.model_base_dir, spec.index_base_dir, spec.kind, limits, spec.query_modality, items)
     rest_options = {"header_timeout": spec.rest_timeout, "body_timeout": spec.rest_timeout}
     return SearchServer(searcher, spec.host, spec.port, spec.rest_port, spec.poll_seconds, spec.max_request_mb << 20,
-                        rest_options=rest_options, siblings=siblings, reuse_port=reuse_port, rest_sockets=rest_sockets)  # fmt: skip
+                        rest_options=rest_options, siblings=siblings, reuse_port=reuse_port, rest_sockets=rest_sockets,
+                        search_threads=spec.search_threads)  # fmt: skip
 
 
 def reserve_port(host: str, port: int) -> socket.socket:

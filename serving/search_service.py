@@ -32,6 +32,7 @@ on is refused UNAVAILABLE (retryable: never executed) except the health service'
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import time
@@ -80,6 +81,17 @@ def response_proto(pair: ServedPair, results: list[Neighbours]):
             neighbours.paths.extend(item.path for item in found.items)
             neighbours.labels.extend(join_labels(item.labels) for item in found.items)
     return response
+
+
+def set_search_threads(threads: int) -> None:
+    """Threads of the index searches that this thread makes: FAISS's OpenMP threads (a setting of
+    the calling thread) and the exact kernel's (a setting of the process)."""
+    import faiss
+
+    from tfhash.hamming import set_threads
+
+    faiss.omp_set_num_threads(threads)
+    set_threads(threads)
 
 
 def _shared(err: BaseException) -> bool:
@@ -138,19 +150,23 @@ class SearchServer:
     several on one port (:mod:`tfhash.serving.processes`): its status is published to them at
     every look, health, readiness and GetStatus report every process (ready only while all are),
     and a newer pair is served once every process holds it (all switch together). ``reuse_port``
-    and ``rest_sockets`` join the ports the parent of those processes holds.
+    and ``rest_sockets`` join the ports the parent of those processes holds. ``search_threads``:
+    the threads of each index search (FAISS's and the exact kernel's), set on the thread that
+    makes the joined calls (FAISS's OpenMP setting holds for the thread that sets it only); None
+    leaves them as they are.
     """
 
     def __init__(self, searcher: VersionedSearcher, host: str = LOOPBACK, port: int = 0, rest_port: int | None = None,
                  poll_seconds: float = 2.0, max_message_bytes: int = 8 << 20, max_concurrent_rpcs: int | None = 128,
                  rest_options: dict | None = None, siblings: Siblings | None = None, reuse_port: bool = False,
-                 rest_sockets: list | None = None, join_rows: int = JOIN_ROWS):  # fmt: skip
+                 rest_sockets: list | None = None, join_rows: int = JOIN_ROWS, search_threads: int | None = None):  # fmt: skip
         self.searcher, self.host, self.poll_seconds, self.siblings = searcher, host, float(poll_seconds), siblings
         if siblings is not None:
             searcher.follow(siblings.agreed_version)
         self.health = Health(("", SERVICE_NAME))
+        setup = None if search_threads is None else functools.partial(set_search_threads, search_threads)
         self.coalescer = Coalescer(self._answer_joined, join_queries, lambda q: q.join_key, lambda q: q.size,
-                                   min(join_rows, searcher.limits.max_batch), _shared, "tfhash-search")  # fmt: skip
+                                   min(join_rows, searcher.limits.max_batch), _shared, "tfhash-search", setup)  # fmt: skip
         self._closing, self._inside = False, 0  # read and written on the loop only
         self._loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(target=self._loop.run_forever, name="tfhash-search-front", daemon=True)

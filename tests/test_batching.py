@@ -115,6 +115,20 @@ def test_a_request_whose_caller_went_away_is_never_run():
     coalescer.close()
 
 
+def test_the_initializer_runs_once_on_the_thread_that_makes_the_calls():
+    threads = []
+    coalescer = Coalescer(lambda item, timeout: threads.append(("call", threading.get_ident())) or list(item[1]), join, KEY, SIZE,
+                          initializer=lambda: threads.append(("setup", threading.get_ident())))  # fmt: skip
+
+    async def twice():
+        return [await coalescer.submit(("a", np.array([float(i)]))) for i in range(2)]
+
+    assert asyncio.run(twice()) == [[0.0], [1.0]]
+    assert [kind for kind, _ in threads] == ["setup", "call", "call"] and len({ident for _, ident in threads}) == 1
+    assert threads[0][1] != threading.get_ident()
+    coalescer.close()
+
+
 def test_a_lone_request_runs_at_once_and_bad_settings_are_refused():
     coalescer = Coalescer(lambda item, timeout: list(item[1]), join, KEY, SIZE)
     assert asyncio.run(coalescer.submit(("a", np.array([5.0])))) == [5.0] and coalescer.calls == 1

@@ -241,6 +241,25 @@ def test_a_request_is_checked_once_and_encoded_to_the_saved_models_packed_codes(
 
 
 @pytest.mark.server
+def test_searches_run_with_the_search_threads_set_on_the_thread_that_makes_them(artifacts):
+    """FAISS's OpenMP setting holds for the thread that sets it: the service sets it on the thread
+    that makes the joined calls, not only where it was built."""
+    import faiss
+
+    searcher = in_process_searcher(artifacts["models"], artifacts["indexes"])
+    server = SearchServer(searcher, poll_seconds=60, search_threads=1).start()
+    seen, answer = [], searcher.answer
+    searcher.answer = lambda *args, **kwargs: seen.append(faiss.omp_get_max_threads()) or answer(*args, **kwargs)
+    faiss.omp_set_num_threads(2)  # this thread's, which the service's searches must not follow
+    try:
+        with SearchClient(server.address) as client:
+            assert len(client.search(features=artifacts["vectors"][:2], k=3).ids) == 2
+    finally:
+        server.stop(0)
+    assert seen == [1]
+
+
+@pytest.mark.server
 def test_concurrent_searches_are_joined_and_answered_as_alone(artifacts):
     """Searches that arrive while a call runs wait, and the next calls join those of one kind (k,
     form); each request gets exactly the answer it gets alone, over gRPC, and a request refused
