@@ -28,7 +28,7 @@ import time
 from concurrent import futures
 
 import grpc
-from tfhash.serving.requests import check_whole
+from tfhash.serving.requests import decode_whole
 
 LOOPBACK = "127.0.0.1"
 #: Methods answered while stopping (a load balancer must see NOT_SERVING, not an error).
@@ -69,7 +69,7 @@ class _Handlers(grpc.ServerInterceptor):
     define): the request bytes are decoded here instead of in grpcio, so that bytes that are no
     message of the method's type get INVALID_ARGUMENT (grpcio itself answers INTERNAL "Exception
     deserializing request!"), bytes the parser reads only in part included
-    (:func:`tfhash.serving.requests.check_whole`); and the handler passes the stop gate."""
+    (:func:`tfhash.serving.requests.decode_whole`); and the handler passes the stop gate."""
 
     def __init__(self, gate: _Gate):
         self.gate = gate
@@ -83,9 +83,7 @@ class _Handlers(grpc.ServerInterceptor):
 
         def parsed(raw, context):
             try:
-                message = decode(raw)
-                check_whole(type(message), raw)
-                return message
+                return decode_whole(decode, raw)
             except Exception:  # noqa: BLE001 - any decoding failure is the client's bytes
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the request bytes are not a valid request message of {method}")
 

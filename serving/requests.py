@@ -86,6 +86,15 @@ def check_whole(message_type, data: bytes) -> None:
         raise DecodeError("the parser stopped before the end of the bytes (a tag 0 or an end-group tag)")
 
 
+def decode_whole(decode, data: bytes):
+    """``decode(data)`` (a message type's ``FromString``, a gRPC request deserializer), refused
+    when the parser read the bytes only in part (:func:`check_whole`): the one rule both servers'
+    request bytes pass."""
+    message = decode(data)
+    check_whole(type(message), data)
+    return message
+
+
 def check_examples(serialized) -> list[bytes]:
     """Serialized tf.Examples that parse strictly and whose float features are all finite."""
     # here, not at the top: importing it loads TensorFlow, which a service's supervising parent

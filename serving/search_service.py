@@ -55,7 +55,7 @@ from tfhash.serving.requests import (
     DEFAULT_LIMITS,
     Limits,
     Query,
-    check_whole,
+    decode_whole,
     join_queries,
     query_from_proto,
 )
@@ -261,9 +261,7 @@ class SearchServer:
         """The request message of ``raw``, or INVALID_ARGUMENT for bytes that are none (grpcio's
         own parsing would answer INTERNAL), bytes read only in part included."""
         try:
-            message = message_type.FromString(raw)
-            check_whole(message_type, raw)
-            return message
+            return decode_whole(message_type.FromString, raw)
         except Exception:  # noqa: BLE001 - any decoding failure is the client's bytes
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the request bytes are not a valid {message_type.DESCRIPTOR.full_name} message")
 
