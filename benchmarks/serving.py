@@ -19,10 +19,10 @@ CPU per request, so that less of the shared cores goes to the clients. ``codes``
 requests carry packed codes (search only); ``features`` requests carry a feature vector that the
 service encodes with the model first. Client and server share the
 machine's cores; the CPU seconds per request of the server and of the load generator are measured
-apart, from the OS. Every service of an index (each ``--processes`` value and ``--fronts`` entry)
+apart, from the OS. Every service of an index (each ``--processes`` value and ``--event-loops`` entry)
 runs at once on its own copy of the index, and the repeats take turns between them, so that a slow
 spell of this shared machine falls on all of them alike. ``--baseline DIR`` runs, beside this
-checkout's service (front ``aio``), the service of another checkout ``DIR`` (an earlier commit with
+checkout's service (front ``aio+<loop>``), the service of another checkout ``DIR`` (an earlier commit with
 its own ``.venv``) with ``--front <baseline-front>`` (front ``<baseline-front>@<DIR's commit>``), to
 compare with code that no longer exists here. Before any load, each service must answer the first
 :data:`CHECKED` code requests as the library's search of its index does.
@@ -40,6 +40,7 @@ import time
 
 import numpy as np
 import psutil
+from tfhash.serving.event_loop import EVENT_LOOPS
 
 from benchmarks.common import markdown_table, write_results
 from benchmarks.index import clustered_packed
@@ -61,16 +62,17 @@ def export_model(path: str, bits: int, seed: int) -> None:
 
 
 def start_service(model_base: str, index_base: str, kind: str, search_threads: int, processes: int = 1, tf_threads: int = 0,
-                  baseline: tuple[str, str] | None = None):  # fmt: skip
-    """``tfhash serve search`` as its own process(es) (in-process encoder); returns (the started
-    process, address). ``baseline`` ``(checkout, front)``: the command of that checkout's own
-    ``.venv`` with ``--front front`` instead (its other options at their defaults)."""
+                  baseline: tuple[str, str] | None = None, event_loop: str = "auto"):  # fmt: skip
+    """``tfhash serve search`` as its own process(es) (in-process encoder, ``--event-loop
+    event_loop``); returns (the started process, address). ``baseline`` ``(checkout, front)``: the
+    command of that checkout's own ``.venv`` with ``--front front`` instead (its other options at
+    their defaults)."""
     from tests.serving_fixtures import start_cli
 
     args = ["serve", "search", "--model-base-dir", model_base, "--index-base-dir", index_base, "--kind", kind, "--port", "0",
             "--search-threads", str(search_threads), "--processes", str(processes), "--tf-threads", str(tf_threads)]  # fmt: skip
     if baseline is None:
-        return start_cli(args, "search service on ")
+        return start_cli([*args, "--event-loop", event_loop], "search service on ")
     checkout, front = baseline
     return start_cli([*args, "--front", front], "search service on ", executable=os.path.join(checkout, ".venv", "bin", "python"))
 
@@ -415,6 +417,8 @@ def main() -> None:
     parser.add_argument("--load-processes", type=int, default=2, help="Python load-generator processes the clients are spread over")
     parser.add_argument("--processes", nargs="+", type=int, default=[1, 2], help="the service's serving processes (each value a run)")
     parser.add_argument("--tf-threads", type=int, default=0, help="TensorFlow threads per serving process (0: its default)")
+    parser.add_argument("--event-loops", nargs="+", default=["auto"], choices=EVENT_LOOPS,
+                        help="this checkout's service with each of these --event-loop values (front aio+<loop>)")
     parser.add_argument("--baseline", default=None, help="a checkout of an earlier commit, with its .venv, whose service runs beside this one's")
     parser.add_argument("--baseline-front", default="compiled", help="the baseline service's --front")
     parser.add_argument("--name", default="serving")
@@ -434,9 +438,9 @@ def main() -> None:
         "codes": [search_request(codes=code[None], k=K).SerializeToString() for code in query_pool[:2000]],
         "features": [search_request(features=vector[None], k=K).SerializeToString() for vector in feature_pool[:2000]],
     }
-    fronts = [("aio", None)]
+    fronts = [(f"aio+{loop}", (None, loop)) for loop in args.event_loops]
     if args.baseline:
-        fronts.append((f"{args.baseline_front}@{checkout_commit(args.baseline)}", (os.path.abspath(args.baseline), args.baseline_front)))
+        fronts.append((f"{args.baseline_front}@{checkout_commit(args.baseline)}", ((os.path.abspath(args.baseline), args.baseline_front), "auto")))
     rows, memory_rows = [], []
     with tempfile.TemporaryDirectory() as work:
         model_base, index_base = os.path.join(work, "models"), os.path.join(work, "indexes")
@@ -454,11 +458,11 @@ def main() -> None:
             # this shared machine then falls on all of them, not on one
             services = []
             try:
-                for number, ((front, baseline), processes) in enumerate(itertools.product(fronts, args.processes)):
+                for number, ((front, (baseline, loop)), processes) in enumerate(itertools.product(fronts, args.processes)):
                     # a copy of the index each: a service's mapped codes are then shared by its own processes only
                     own_index = os.path.join(work, f"indexes-{number}")
                     shutil.copytree(os.path.join(index_base, "1", kind), os.path.join(own_index, "1", kind))
-                    started, address = start_service(model_base, own_index, kind, args.search_threads, processes, args.tf_threads, baseline)
+                    started, address = start_service(model_base, own_index, kind, args.search_threads, processes, args.tf_threads, baseline, loop)
                     services.append(({"front": front, "processes": processes}, started, address, psutil.Process(started.pid)))
                     check_answers(address, requests["codes"][:CHECKED], expected)
                 for mode, clients in itertools.product(args.modes, args.clients):
@@ -486,11 +490,11 @@ def main() -> None:
     markdown = (
         "# Search service load benchmark\n\n"
         f"Command: `{command.strip()}`. One query per request, k = {K}, over gRPC on loopback; the search "
-        f"service (`tfhash serve search`, front `aio`: gRPC's asyncio server, concurrent searches of one kind joined, one joined "
+        f"service (`tfhash serve search`, front `aio+<loop>`: gRPC's asyncio server on that `--event-loop`, concurrent searches of one kind joined, one joined "
         f"call in flight per process; {args.search_threads} thread(s) per index search, in-process encoder, TensorFlow threads "
         f"{args.tf_threads or 'by default'}) runs as its own process, or as `--processes` serving processes on one port "
         "under a supervising parent (the `processes` column)"
-        + (f"; front `{fronts[1][0]}`: the service of that commit (checked out with its own environment) with `--front "
+        + (f"; front `{fronts[-1][0]}`: the service of that commit (checked out with its own environment) with `--front "
            f"{args.baseline_front}`, its other options at their defaults" if args.baseline else "")
         + f"; before any load, each service answered the first {CHECKED} code requests as the library's search of its index does"
         + ("; the clients are asyncio gRPC clients spread over the load-generator processes, one channel each, "

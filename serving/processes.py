@@ -89,6 +89,7 @@ class SearchSpec:
     search_threads: int = 1
     tf_threads: int = 0
     rest_timeout: float = 10.0
+    event_loop: str = "auto"
 
 
 def build_server(spec: SearchSpec, siblings: Siblings | None = None, reuse_port: bool = False,
@@ -122,7 +123,7 @@ def build_server(spec: SearchSpec, siblings: Siblings | None = None, reuse_port:
     rest_options = {"header_timeout": spec.rest_timeout, "body_timeout": spec.rest_timeout}
     return SearchServer(searcher, spec.host, spec.port, spec.rest_port, spec.poll_seconds, spec.max_request_mb << 20,
                         rest_options=rest_options, siblings=siblings, reuse_port=reuse_port, rest_sockets=rest_sockets,
-                        search_threads=spec.search_threads)  # fmt: skip
+                        search_threads=spec.search_threads, event_loop=spec.event_loop)  # fmt: skip
 
 
 def reserve_port(host: str, port: int) -> socket.socket:

@@ -47,8 +47,10 @@ from tfhash.serving.errors import (
     ServingError,
     deadline_exceeded,
     internal_error,
+    invalid,
     unavailable,
 )
+from tfhash.serving.event_loop import new_event_loop
 from tfhash.serving.grpc_server import LOOPBACK, SETTLE_SECONDS, grpc_address
 from tfhash.serving.health import Health
 from tfhash.serving.requests import (
@@ -153,13 +155,14 @@ class SearchServer:
     and ``rest_sockets`` join the ports the parent of those processes holds. ``search_threads``:
     the threads of each index search (FAISS's and the exact kernel's), set on the thread that
     makes the joined calls (FAISS's OpenMP setting holds for the thread that sets it only); None
-    leaves them as they are.
+    leaves them as they are. ``event_loop``: which loop serves (:func:`~tfhash.serving.event_loop.new_event_loop`).
     """
 
     def __init__(self, searcher: VersionedSearcher, host: str = LOOPBACK, port: int = 0, rest_port: int | None = None,
                  poll_seconds: float = 2.0, max_message_bytes: int = 8 << 20, max_concurrent_rpcs: int | None = 128,
                  rest_options: dict | None = None, siblings: Siblings | None = None, reuse_port: bool = False,
-                 rest_sockets: list | None = None, join_rows: int = JOIN_ROWS, search_threads: int | None = None):  # fmt: skip
+                 rest_sockets: list | None = None, join_rows: int = JOIN_ROWS, search_threads: int | None = None,
+                 event_loop: str = "auto"):  # fmt: skip
         self.searcher, self.host, self.poll_seconds, self.siblings = searcher, host, float(poll_seconds), siblings
         if siblings is not None:
             searcher.follow(siblings.agreed_version)
@@ -168,7 +171,7 @@ class SearchServer:
         self.coalescer = Coalescer(self._answer_joined, join_queries, lambda q: q.join_key, lambda q: q.size,
                                    min(join_rows, searcher.limits.max_batch), _shared, "tfhash-search", setup)  # fmt: skip
         self._closing, self._inside = False, 0  # read and written on the loop only
-        self._loop = asyncio.new_event_loop()
+        self._loop = new_event_loop(event_loop)
         self._loop_thread = threading.Thread(target=self._loop.run_forever, name="tfhash-search-front", daemon=True)
         self._loop_thread.start()
         self.rest = None
@@ -257,19 +260,19 @@ class SearchServer:
         return found[0][0], [neighbours for _, neighbours in found]
 
     @staticmethod
-    async def _parsed(message_type, raw: bytes, context):
-        """The request message of ``raw``, or INVALID_ARGUMENT for bytes that are none (grpcio's
-        own parsing would answer INTERNAL), bytes read only in part included."""
+    def _parsed(message_type, raw: bytes):
+        """The request message of ``raw``; INVALID_ARGUMENT for bytes that are none (grpcio's own
+        parsing would answer INTERNAL), bytes read only in part included."""
         try:
             return decode_whole(message_type.FromString, raw)
-        except Exception:  # noqa: BLE001 - any decoding failure is the client's bytes
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the request bytes are not a valid {message_type.DESCRIPTOR.full_name} message")
+        except Exception as err:  # noqa: BLE001 - any decoding failure is the client's bytes
+            raise invalid(f"the request bytes are not a valid {message_type.DESCRIPTOR.full_name} message") from err
 
     async def _search_rpc(self, raw: bytes, context):
-        request = await self._parsed(search_pb2.SearchRequest, raw, context)
         left = context.time_remaining()  # about 9e18 when the caller set no deadline
         try:
-            pair, results = await self.search(query_from_proto(request), left if left is not None and left < threading.TIMEOUT_MAX else None)
+            query = query_from_proto(self._parsed(search_pb2.SearchRequest, raw))
+            pair, results = await self.search(query, left if left is not None and left < threading.TIMEOUT_MAX else None)
         except ServingError as err:
             error = err
         else:
@@ -277,26 +280,31 @@ class SearchServer:
         await context.abort(error.code, error.message)
 
     async def _status_rpc(self, raw: bytes, context):
-        await self._parsed(search_pb2.StatusRequest, raw, context)
-        if self._closing:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "the server is shutting down; retry on another replica")
         try:
-            return search_pb2.StatusResponse(**self.status())
-        except Exception:  # noqa: BLE001 - a server fault: logged, answered INTERNAL
-            error = internal_error("GetStatus")
+            self._parsed(search_pb2.StatusRequest, raw)
+            if self._closing:
+                raise unavailable("the server is shutting down; retry on another replica")
+            try:
+                return search_pb2.StatusResponse(**self.status())
+            except Exception as err:  # noqa: BLE001 - a server fault: logged, answered INTERNAL
+                raise internal_error("GetStatus") from err
+        except ServingError as err:
+            error = err
         await context.abort(error.code, error.message)
 
     async def _check_rpc(self, raw: bytes, context):
-        request = await self._parsed(health_pb2.HealthCheckRequest, raw, context)
         try:
-            return health_pb2.HealthCheckResponse(status=self.health.status_of(request.service))
+            return health_pb2.HealthCheckResponse(status=self.health.status_of(self._parsed(health_pb2.HealthCheckRequest, raw).service))
         except ServingError as err:
             error = err
         await context.abort(error.code, error.message)
 
     async def _watch_rpc(self, raw: bytes, context):
         """The service's status now and at every change, until the service stops (then NOT_SERVING and the end)."""
-        request = await self._parsed(health_pb2.HealthCheckRequest, raw, context)
+        try:
+            request = self._parsed(health_pb2.HealthCheckRequest, raw)
+        except ServingError as err:
+            await context.abort(err.code, err.message)
         loop, changes = asyncio.get_running_loop(), asyncio.Queue()
 
         def changed(response) -> None:  # on whichever thread set the status

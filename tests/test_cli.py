@@ -87,6 +87,8 @@ def test_every_command_reports_bad_input_alike(tmp_path):
         "pipeline": (["pipeline", "compile", "--config", str(tmp_path / "bits.json"), "--output", str(tmp_path / "p.json")],
                      check_bits_message(30)),
         "serve": (["serve", "config", "--config", str(tmp_path / "broken.json")], "cannot read the pipeline config"),
+        "serve search": (["serve", "search", "--index-base-dir", str(tmp_path / "empty"), "--model-base-dir", str(tmp_path / "empty"),
+                          "--event-loop", "tokio"], "event loop 'tokio' is none of auto, uvloop, asyncio"),
     }  # fmt: skip
     for group, (args, message) in commands.items():
         result = CliRunner().invoke(main, args)

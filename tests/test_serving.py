@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import threading
 
 import grpc
@@ -32,6 +33,7 @@ from tfhash.serving.deployment import (
     write_deployment,
 )
 from tfhash.serving.errors import ServingError
+from tfhash.serving.event_loop import EVENT_LOOPS, new_event_loop
 from tfhash.serving.model_server import DevModelServer
 from tfhash.serving.requests import Limits
 from tfhash.serving.rest import PARSED_ON_THE_LOOP
@@ -76,17 +78,37 @@ def model_server(artifacts):
     server.stop(0)
 
 
-@pytest.fixture(params=["in_process", "remote"])
+@pytest.fixture(params=[("in_process", "uvloop"), ("remote", "asyncio")], ids=["in_process-uvloop", "remote-asyncio"])
 @starts("server")
 def search_server(request, artifacts, model_server):
-    if request.param == "in_process":
+    encoder, event_loop = request.param
+    if encoder == "in_process":
         searcher = in_process_searcher(artifacts["models"], artifacts["indexes"], limits=Limits(max_batch=64, max_k=1000))
     else:
         searcher = remote_searcher(model_server.address, MODEL, artifacts["indexes"], limits=Limits(max_batch=64, max_k=1000),
                                    model_base_dir=artifacts["models"])  # fmt: skip
-    server = SearchServer(searcher, rest_port=0, max_message_bytes=1 << 20).start()
+    server = SearchServer(searcher, rest_port=0, max_message_bytes=1 << 20, event_loop=event_loop).start()
+    assert type(server._loop).__module__.startswith(event_loop)  # every test of the service runs on both loops
     yield server
     server.stop(0)
+
+
+def test_the_event_loop_is_uvloop_where_installed_and_a_bad_choice_is_named(monkeypatch):
+    loops = {kind: new_event_loop(kind) for kind in EVENT_LOOPS}
+    try:
+        assert type(loops["auto"]) is type(loops["uvloop"]) and type(loops["uvloop"]).__module__.startswith("uvloop")
+        assert type(loops["asyncio"]).__module__.startswith("asyncio")
+    finally:
+        for loop in loops.values():
+            loop.close()
+    with pytest.raises(ValueError, match=r"^event loop 'tokio' is none of auto, uvloop, asyncio$"):
+        new_event_loop("tokio")
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # as where uvloop is not installed: auto falls back
+    fallback = new_event_loop("auto")
+    fallback.close()
+    assert type(fallback).__module__.startswith("asyncio")
+    with pytest.raises(ValueError, match=r"^event loop 'uvloop' is not installed: pip install uvloop \(or choose 'asyncio'\)$"):
+        new_event_loop("uvloop")
 
 
 def test_deployment_artifacts(artifacts, tmp_path):
