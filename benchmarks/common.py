@@ -8,6 +8,8 @@ import platform
 import time
 from pathlib import Path
 
+import numpy as np
+
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
@@ -73,3 +75,16 @@ def markdown_table(rows: list[dict], columns: list[str]) -> str:
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(fmt(c, row.get(c, "")) for c in columns) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def clustered_packed(n: int, centres: np.ndarray, rng, chunk: int = 1_000_000) -> np.ndarray:
+    """``n`` random-but-clustered packed codes: each a random one of ``centres`` with every bit
+    flipped with probability 1/8 (drawn from ``rng``, ``chunk`` rows at a time)."""
+    out = np.empty((n, centres.shape[1]), dtype=np.uint8)
+    for start in range(0, n, chunk):
+        stop = min(start + chunk, n)
+        shape = (stop - start, centres.shape[1])
+        flips = rng.integers(0, 256, shape, dtype=np.uint8) & rng.integers(0, 256, shape, dtype=np.uint8)
+        flips &= rng.integers(0, 256, shape, dtype=np.uint8)  # each bit set with probability 1/8
+        out[start:stop] = centres[rng.integers(0, len(centres), stop - start)] ^ flips
+    return out

@@ -35,23 +35,12 @@ import numba
 import numpy as np
 import psutil
 
-from benchmarks.common import markdown_table, write_results
+from benchmarks.common import clustered_packed, markdown_table, write_results
 from tfhash.codes import hamming_distances
 from tfhash.hamming import popcount
 from tfhash.index import index_factory
 
 KS = (1, 10, 100)
-
-
-def clustered_packed(n: int, centres: np.ndarray, rng, chunk: int = 1_000_000) -> np.ndarray:
-    out = np.empty((n, centres.shape[1]), dtype=np.uint8)
-    for start in range(0, n, chunk):
-        stop = min(start + chunk, n)
-        shape = (stop - start, centres.shape[1])
-        flips = rng.integers(0, 256, shape, dtype=np.uint8) & rng.integers(0, 256, shape, dtype=np.uint8)
-        flips &= rng.integers(0, 256, shape, dtype=np.uint8)  # each bit set with probability 1/8
-        out[start:stop] = centres[rng.integers(0, len(centres), stop - start)] ^ flips
-    return out
 
 
 def rss_mib() -> float:

@@ -42,8 +42,7 @@ import numpy as np
 import psutil
 from tfhash.serving.event_loop import EVENT_LOOPS
 
-from benchmarks.common import markdown_table, write_results
-from benchmarks.index import clustered_packed
+from benchmarks.common import clustered_packed, markdown_table, write_results
 
 DIM, K = 32, 10
 CHECKED = 200  # requests whose answers each service must give as the library does, before any load
@@ -51,8 +50,8 @@ CHECKED = 200  # requests whose answers each service must give as the library do
 
 def export_model(path: str, bits: int, seed: int) -> None:
     import keras
-    from tfhash.components.export import export_feature_model
 
+    from tfhash.export import export_feature_model
     from tfhash.models import build_scdh, mlp
 
     keras.utils.set_random_seed(seed)
@@ -67,14 +66,14 @@ def start_service(model_base: str, index_base: str, kind: str, search_threads: i
     event_loop``); returns (the started process, address). ``baseline`` ``(checkout, front)``: the
     command of that checkout's own ``.venv`` with ``--front front`` instead (its other options at
     their defaults)."""
-    from tests.serving_fixtures import start_cli
+    from tfhash.serving.processes import start_command
 
     args = ["serve", "search", "--model-base-dir", model_base, "--index-base-dir", index_base, "--kind", kind, "--port", "0",
             "--search-threads", str(search_threads), "--processes", str(processes), "--tf-threads", str(tf_threads)]  # fmt: skip
     if baseline is None:
-        return start_cli([*args, "--event-loop", event_loop], "search service on ")
+        return start_command([*args, "--event-loop", event_loop], "search service on ")
     checkout, front = baseline
-    return start_cli([*args, "--front", front], "search service on ", executable=os.path.join(checkout, ".venv", "bin", "python"))
+    return start_command([*args, "--front", front], "search service on ", executable=os.path.join(checkout, ".venv", "bin", "python"))
 
 
 def checkout_commit(checkout: str) -> str:

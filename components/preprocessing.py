@@ -19,9 +19,9 @@ from __future__ import annotations
 import tensorflow as tf
 import tensorflow_transform as tft
 from tfhash.components.compat import disable_tft_deep_copy
-from tfhash.components.export import decode_images
 
 from tfhash.artifacts import ID, IMAGE, LABELS
+from tfhash.export import decode_images
 
 # The Transform executor imports this module before it builds its Beam pipeline.
 disable_tft_deep_copy()

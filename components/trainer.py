@@ -12,10 +12,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 import tensorflow_transform as tft
-from tfhash.components.export import IMAGE_RANGE, export_serving_model
 from tfx_bsl.public import tfxio
 
 from tfhash.artifacts import LABELS, TRAINING_FILE
+from tfhash.export import IMAGE_RANGE, export_serving_model
 
 logger = logging.getLogger(__name__)
 

@@ -26,7 +26,8 @@ def tuner_fn(fn_args) -> tfx.components.TunerFnResult:
         tfhash.tuning.TuningError: as :func:`tfhash.tuning.prepare` (data of a kind the pipeline
             does not tune, too few labelled rows, ...).
     """
-    from tfhash.tuning import Budget, make_tuner, prepare
+    from tfhash.tuner import RecipeTuner
+    from tfhash.tuning import Budget, prepare
 
     config = fn_args.custom_config
     training, settings = config["training"], config["tuner"]
@@ -37,4 +38,4 @@ def tuner_fn(fn_args) -> tfx.components.TunerFnResult:
     task, default = prepare(x, labels, int(training["bits"]), int(training["seed"]), Budget.of(settings), kind=settings["kind"],
                             in_pipeline=True, num_classes=int(config["num_classes"]),
                             train_in_database=float(settings["train_in_database"]))  # fmt: skip
-    return tfx.components.TunerFnResult(tuner=make_tuner(task, default, fn_args.working_dir), fit_kwargs={})
+    return tfx.components.TunerFnResult(tuner=RecipeTuner(task, default, fn_args.working_dir), fit_kwargs={})

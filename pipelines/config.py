@@ -3,8 +3,8 @@
 A config is checked completely when it is read, before TensorFlow or TFX load: unknown keys (with
 the nearest known key suggested), values of the wrong type or range, a backbone, its weights file
 and the data folders that do not exist. :meth:`PipelineConfig.load` names the file in every
-message. Each key documents itself beside its default (:func:`doc`); :func:`key_table` makes the
-README's table of them, which a test checks.
+message. Each key documents itself beside its default (:func:`config_key`); :func:`key_table` makes the
+pipeline page's table of them (docs/pipeline.md), which a test checks.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from tfhash.registry import get_method, method_names
 REQUIRED = dataclasses.MISSING
 
 
-def doc(default, text: str):
+def config_key(default, text: str):
     """A config key: its default (a value, or a factory such as ``dict`` or a lambda for a
     mutable one; :data:`REQUIRED` for none) and what it does (:func:`key_table`)."""
     if default is REQUIRED:
@@ -42,32 +42,32 @@ def doc(default, text: str):
 class TrainingConfig:
     """What the Trainer builds: a method of the library with its hyper-parameters."""
 
-    method: str = doc("scdh", "the method the Trainer builds: one of `tfhash methods` trained by the pipeline")
-    bits: int = doc(48, "code length K, a multiple of 8")
-    backbone: str = doc("small_cnn", "`small_cnn`, `mlp` (feature vectors), an ImageNet network (`efficientnet_lite0`, "
+    method: str = config_key("scdh", "the method the Trainer builds: one of `tfhash methods` trained by the pipeline")
+    bits: int = config_key(48, "code length K, a multiple of 8")
+    backbone: str = config_key("small_cnn", "`small_cnn`, `mlp` (feature vectors), an ImageNet network (`efficientnet_lite0`, "
                         "`squeezenet`, `resnet50`, ...: `tfhash.networks.IMAGE_NETWORKS`) or the path of your "
                         "own encoder (`.keras` file or SavedModel folder)")
-    backbone_weights: str | None = doc("imagenet", "an image network's weights: `imagenet` (a local file or an "
+    backbone_weights: str | None = config_key("imagenet", "an image network's weights: `imagenet` (a local file or an "
                                        "installed package's; never a download), the path of a weights file, or null for a random init")
-    image_size: int | None = doc(None, "the side an image network runs at (null: its own, 224 for SqueezeNet)")
-    hidden: list[int] = doc(lambda: [1024], "the widths of the `mlp` backbone's layers")
-    preset: str | None = doc("cifar10", "SCDH / JCCH loss weights (`cifar10`, `nuswide`, `imagenet`: "
+    image_size: int | None = config_key(None, "the side an image network runs at (null: its own, 224 for SqueezeNet)")
+    hidden: list[int] = config_key(lambda: [1024], "the widths of the `mlp` backbone's layers")
+    preset: str | None = config_key("cifar10", "SCDH / JCCH loss weights (`cifar10`, `nuswide`, `imagenet`: "
                              "`tfhash.models.SCDH_PRESETS`; null for the model's own defaults)")
-    overrides: dict = doc(dict, "the method's own settings over the preset, e.g. `{\"lam\": 0.01}`")
-    epochs: int = doc(20, "training epochs (one pass over the training split each)")
-    batch_size: int = doc(64, "training batch")
-    fine_tuning: dict = doc(dict, "`tfhash.fine_tuning.FineTuning` settings over the backbone's defaults: "
+    overrides: dict = config_key(dict, "the method's own settings over the preset, e.g. `{\"lam\": 0.01}`")
+    epochs: int = config_key(20, "training epochs (one pass over the training split each)")
+    batch_size: int = config_key(64, "training batch")
+    fine_tuning: dict = config_key(dict, "`tfhash.fine_tuning.FineTuning` settings over the backbone's defaults: "
                             "optimizer, learning_rate, backbone_learning_rate, schedule, augment, dropout, trunk_cache (train "
                             "above a cached frozen trunk: `{\"cut\": \"pool5\", \"views\": 8}`), ...")
-    mixed_precision: str = doc("auto", "`auto` (mixed_float16 when a GPU is present), `on` (mixed_float16), "
+    mixed_precision: str = config_key("auto", "`auto` (mixed_float16 when a GPU is present), `on` (mixed_float16), "
                                "`bfloat16` (mixed_bfloat16 where the CPU or GPU has it, else float32) or `off`")
-    encode_mirrored: bool = doc(False, "image inputs: the exported model averages each image's continuous codes with "
+    encode_mirrored: bool = config_key(False, "image inputs: the exported model averages each image's continuous codes with "
                                 "its mirror's before the sign (twice the encoding cost)")
-    gpu_batch_size: int | None = doc(None, "the batch when a GPU is present (null: batch_size)")
-    seed: int = doc(0, "seeds the initial weights and the shuffling")
-    label_coefficients: bool = doc(False, "train with the JCCH coefficients q / u computed in Transform (needs "
+    gpu_batch_size: int | None = config_key(None, "the batch when a GPU is present (null: batch_size)")
+    seed: int = config_key(0, "seeds the initial weights and the shuffling")
+    label_coefficients: bool = config_key(False, "train with the JCCH coefficients q / u computed in Transform (needs "
                                    "jcch_anchors)")
-    recipe: str | None = doc(None, "a kind of data of `tfhash.recipes.RECOMMENDED` (`multi-label`, `cross-modal`): "
+    recipe: str | None = config_key(None, "a kind of data of `tfhash.recipes.RECOMMENDED` (`multi-label`, `cross-modal`): "
                              "its method, settings, MLP and optimizer, under whatever this section sets itself")
 
     def __post_init__(self) -> None:
@@ -206,13 +206,13 @@ class TunerConfig:
     """The Tuner component (:mod:`tfhash.tuning`): the method and recipe chosen on a validation split
     of the training rows, which the Trainer then trains on all of them."""
 
-    kind: str | None = doc(None, "the search space (`tfhash.tuning.SEARCH_SPACES`) of feature vectors the pipeline "
+    kind: str | None = config_key(None, "the search space (`tfhash.tuning.SEARCH_SPACES`) of feature vectors the pipeline "
                            "trains: `multi-label` or `cross-modal` (null: from the labels and modalities)")
-    max_units: int = doc(9, "Hyperband's top fidelity: a trial of u units trains u / max_units of its recipe's epochs")
-    factor: int = doc(3, "Hyperband's reduction factor (1 / factor of the trials go on to the next rung)")
-    trials: int | None = doc(None, "start no trial after this many (null: Hyperband's whole schedule)")
-    seconds: float | None = doc(None, "start no trial after this wall time (null: no limit)")
-    train_in_database: float = doc(0.5, "the share of the validation database drawn from the rows trained on: your "
+    max_units: int = config_key(9, "Hyperband's top fidelity: a trial of u units trains u / max_units of its recipe's epochs")
+    factor: int = config_key(3, "Hyperband's reduction factor (1 / factor of the trials go on to the next rung)")
+    trials: int | None = config_key(None, "start no trial after this many (null: Hyperband's whole schedule)")
+    seconds: float | None = config_key(None, "start no trial after this wall time (null: no limit)")
+    train_in_database: float = config_key(0.5, "the share of the validation database drawn from the rows trained on: your "
                                    "catalogue's (the items trained on themselves: up to 0.9; mostly unseen items: low)")
 
     def __post_init__(self) -> None:
@@ -245,32 +245,32 @@ class PipelineConfig:
     indexes.
     """
 
-    name: str = doc(REQUIRED, "the run's name: its folders under run_dir and the served model's name")
-    dataset: str = doc("mnist", "a shipped dataset (`mnist`, `cifar10`, `mirflickr25k`, `wiki`), exported with its "
+    name: str = config_key(REQUIRED, "the run's name: its folders under run_dir and the served model's name")
+    dataset: str = config_key("mnist", "a shipped dataset (`mnist`, `cifar10`, `mirflickr25k`, `wiki`), exported with its "
                        "standard split; not with data_dir")
-    data_root: str | None = doc(None, "the folder holding the shipped datasets and weights (null: $TFHASH_DATA_ROOT "
+    data_root: str | None = config_key(None, "the folder holding the shipped datasets and weights (null: $TFHASH_DATA_ROOT "
                                 "or ../shared/data)")
-    data_dir: str | None = doc(None, "a folder written by `tfhash data export-user` (your own data) or `tfhash data "
+    data_dir: str | None = config_key(None, "a folder written by `tfhash data export-user` (your own data) or `tfhash data "
                                "export`, read instead of dataset")
-    split_seed: int = doc(0, "the seed of a shipped dataset's standard split")
-    limit: int | None = doc(None, "keep the first N examples of each split (small runs)")
-    modality: str = doc("image", "the feature the model reads (`image`, or a name of export-user's --features)")
-    modalities: list[str] = doc(list, "two feature names for a cross-modal method (jcch); the first is the query side")
-    run_dir: str = doc(DEFAULT_RUN_DIR, "where the run writes: pipeline root, ML Metadata, pushed models, indexes")
-    training: TrainingConfig = doc(TrainingConfig, "the training section (keys `training.*` below)")
-    map_threshold: float = doc(0.5, "bless a model when its mAP@all reaches this")
-    max_regression: float = doc(0.01, "and when it is at most this below the last blessed model's")
-    index_kinds: list[str] = doc(lambda: ["BFlat"], "the indexes built for the pushed model (`BFlat`, `BIVF<n>`, "
+    split_seed: int = config_key(0, "the seed of a shipped dataset's standard split")
+    limit: int | None = config_key(None, "keep the first N examples of each split (small runs)")
+    modality: str = config_key("image", "the feature the model reads (`image`, or a name of export-user's --features)")
+    modalities: list[str] = config_key(list, "two feature names for a cross-modal method (jcch); the first is the query side")
+    run_dir: str = config_key(DEFAULT_RUN_DIR, "where the run writes: pipeline root, ML Metadata, pushed models, indexes")
+    training: TrainingConfig = config_key(TrainingConfig, "the training section (keys `training.*` below)")
+    map_threshold: float = config_key(0.5, "bless a model when its mAP@all reaches this")
+    max_regression: float = config_key(0.01, "and when it is at most this below the last blessed model's")
+    index_kinds: list[str] = config_key(lambda: ["BFlat"], "the indexes built for the pushed model (`BFlat`, `BIVF<n>`, "
                                  "`BMultiHash<n>`, `ScaNN`, `ScaNNBrute`, `Milvus`)")
-    milvus_uri: str | None = doc(None, "the Milvus of the `Milvus` index: a server URI or a Milvus Lite file (null: a "
+    milvus_uri: str | None = config_key(None, "the Milvus of the `Milvus` index: a server URI or a Milvus Lite file (null: a "
                                  "file in run_dir)")
-    jcch_anchors: int | None = doc(None, "anchors of the JCCH coefficients computed in Transform (null: off)")
-    bad_records: str = doc("fail", "RecordFilter: `fail` stops the run on any bad record, `drop` leaves them out and "
+    jcch_anchors: int | None = config_key(None, "anchors of the JCCH coefficients computed in Transform (null: off)")
+    bad_records: str = config_key("fail", "RecordFilter: `fail` stops the run on any bad record, `drop` leaves them out and "
                            "reports them")
-    beam_args: list[str] = doc(lambda: ["--direct_running_mode=in_memory", "--direct_num_workers=1"],
+    beam_args: list[str] = config_key(lambda: ["--direct_running_mode=in_memory", "--direct_num_workers=1"],
                                "arguments of every Beam job (runner, workers)")
-    image: str = doc("tfhash-pipeline:latest", "the container image named in the Kubeflow JSON")
-    tuner: TunerConfig | None = doc(None, "choose the method and recipe with the Tuner component on a validation split "
+    image: str = config_key("tfhash-pipeline:latest", "the container image named in the Kubeflow JSON")
+    tuner: TunerConfig | None = config_key(None, "choose the method and recipe with the Tuner component on a validation split "
                                     "of the training rows (keys `tuner.*` below; null: train the training section as it is)")
 
     def __post_init__(self) -> None:
@@ -407,7 +407,7 @@ class PipelineConfig:
 
 def key_table() -> str:
     """Every key of a config file with its default and what it does, as a Markdown table (the
-    README shows it; a test checks they agree)."""
+    pipeline page shows it; a test checks they agree)."""
     rows = ["| key | default | what it does |", "|---|---|---|"]
     for prefix, cls in (("", PipelineConfig), ("training.", TrainingConfig), ("tuner.", TunerConfig)):
         for item in fields(cls):

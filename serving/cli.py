@@ -125,7 +125,7 @@ def model(model_config_file, model_name, model_base_path, host, port, poll_secon
                    "(--faiss-threads: the former name.)")
 @click.option("--processes", default=1, show_default=True, type=click.IntRange(1),
               help="Serving processes on the one port (and REST port), supervised by this one; each answers one joined "
-                   "search at a time, so one a core. Needs a numeric --host. See the README's serving section.")
+                   "search at a time, so one a core. Needs a numeric --host. See docs/serving.md.")
 @click.option("--tf-threads", default=0, show_default=True, type=click.IntRange(0),
               help="In-process encoding: TensorFlow's threads in each process (0: TensorFlow's default, the cores).")
 @click.option("--rest-timeout", default=10.0, show_default=True, type=click.FloatRange(0.1),

@@ -40,6 +40,8 @@ from tfhash.artifacts import (
     PIXELS_SIGNATURE,
 )
 
+__all__ = ["ModelClient", "EncodedBatch", "describe_signature"]
+
 
 @dataclass
 class EncodedBatch:

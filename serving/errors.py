@@ -34,7 +34,7 @@ HTTP_STATUS = {
 MAX_MESSAGE = 1000
 
 
-def shown(text: str, limit: int = 80) -> str:
+def quoted_value(text: str, limit: int = 80) -> str:
     """A client-chosen string as quoted in an error message, cut to ``limit`` characters."""
     return repr(text if len(text) <= limit else text[:limit] + "...")
 

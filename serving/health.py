@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 
 from grpc_health.v1 import health_pb2
-from tfhash.serving.errors import not_found, shown
+from tfhash.serving.errors import not_found, quoted_value
 
 SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
 
@@ -55,7 +55,7 @@ class Health:
         with self._lock:
             status = self._status.get(service)
         if status is None:
-            raise not_found(f"unknown service {shown(service)}; known: {sorted(self._status)}")
+            raise not_found(f"unknown service {quoted_value(service)}; known: {sorted(self._status)}")
         return status
 
     def watch(self, service: str, callback) -> bool:

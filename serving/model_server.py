@@ -48,7 +48,14 @@ from tensorflow_serving.apis import (
     status_pb2,
 )
 from tfhash.serving.deployment import read_models_config
-from tfhash.serving.errors import ServingError, answers_errors, invalid, not_found, shown, too_large
+from tfhash.serving.errors import (
+    ServingError,
+    answers_errors,
+    invalid,
+    not_found,
+    quoted_value,
+    too_large,
+)
 from tfhash.serving.grpc_server import LOOPBACK, GrpcServer
 from tfhash.serving.versions import Retries, list_versions, select_versions, tree_stamp
 
@@ -81,7 +88,7 @@ class LoadedVersion:
     def signature(self, name: str):
         name = name or EXAMPLES_SIGNATURE
         if name not in self.module.signatures:
-            raise invalid(f"serving signature {shown(name)} not found; the model has {sorted(self.module.signatures)}")
+            raise invalid(f"serving signature {quoted_value(name)} not found; the model has {sorted(self.module.signatures)}")
         return self.module.signatures[name]
 
 
@@ -173,11 +180,11 @@ def run_signature(function, inputs: dict, output_filter=(), max_tensor_bytes: in
     specs = function.structured_input_signature[1]
     missing, extra = set(specs) - set(inputs), set(inputs) - set(specs)
     if missing or extra:
-        raise invalid(f"the signature takes inputs {sorted(specs)}; missing {sorted(missing)}, unexpected {[shown(e) for e in sorted(extra)][:5]}")
+        raise invalid(f"the signature takes inputs {sorted(specs)}; missing {sorted(missing)}, unexpected {[quoted_value(e) for e in sorted(extra)][:5]}")
     outputs = set(function.structured_outputs)
     unknown_outputs = set(output_filter) - outputs
     if unknown_outputs:
-        raise invalid(f"output_filter names {[shown(o) for o in sorted(unknown_outputs)][:5]}, the signature has {sorted(outputs)}")
+        raise invalid(f"output_filter names {[quoted_value(o) for o in sorted(unknown_outputs)][:5]}, the signature has {sorted(outputs)}")
     arguments = {name: tf.constant(tensor_value(inputs[name], spec, name, max_tensor_bytes), dtype=spec.dtype)
                  for name, spec in specs.items()}  # fmt: skip
     try:
@@ -201,16 +208,16 @@ def check_server_config(server_config, allowed_root: str | None = None) -> None:
         raise invalid("the config names no model (model_config_list is empty)")
     names = [c.name for c in configs]
     if len(set(names)) != len(names):
-        raise invalid(f"the config names a model twice: {[shown(n) for n in names][:8]}")
+        raise invalid(f"the config names a model twice: {[quoted_value(n) for n in names][:8]}")
     root = os.path.realpath(allowed_root) if allowed_root else None
     for config in configs:
         if not config.name or "/" in config.name or not config.base_path:
-            raise invalid(f"every model needs a name without '/' and a base_path; got name {shown(config.name)}")
+            raise invalid(f"every model needs a name without '/' and a base_path; got name {quoted_value(config.name)}")
         if config.model_platform not in ("", "tensorflow"):
-            raise invalid(f"model {shown(config.name)}: platform {shown(config.model_platform)} is not served (only 'tensorflow')")
+            raise invalid(f"model {quoted_value(config.name)}: platform {quoted_value(config.model_platform)} is not served (only 'tensorflow')")
         if root is not None and os.path.commonpath([root, os.path.realpath(config.base_path)]) != root:
             raise ServingError(grpc.StatusCode.PERMISSION_DENIED,
-                               f"model {shown(config.name)}: base_path is outside the folder this server may load from")  # fmt: skip
+                               f"model {quoted_value(config.name)}: base_path is outside the folder this server may load from")  # fmt: skip
 
 
 class ModelRegistry:
@@ -279,13 +286,13 @@ class ModelRegistry:
     def resolve(self, spec) -> LoadedVersion:
         """The loaded version a ``ModelSpec`` names (version, version label, or the newest)."""
         if spec.name not in self._configs:
-            raise not_found(f"model {shown(spec.name)} is not served (served: {sorted(self._configs)})")
+            raise not_found(f"model {quoted_value(spec.name)} is not served (served: {sorted(self._configs)})")
         versions = self._loaded.get(spec.name, {})
         choice = spec.WhichOneof("version_choice")
         if choice == "version_label":
             labels = self._configs[spec.name].version_labels
             if spec.version_label not in labels:
-                raise invalid(f"model {spec.name!r} has no version label {shown(spec.version_label)}")
+                raise invalid(f"model {spec.name!r} has no version label {quoted_value(spec.version_label)}")
             version = labels[spec.version_label]
         elif choice == "version":
             version = spec.version.value
@@ -300,7 +307,7 @@ class ModelRegistry:
     def statuses(self, spec) -> list:
         """``ModelVersionStatus`` of each loaded or failed version (only the asked one, if any)."""
         if spec.name not in self._configs:
-            raise not_found(f"model {shown(spec.name)} is not served (served: {sorted(self._configs)})")
+            raise not_found(f"model {quoted_value(spec.name)} is not served (served: {sorted(self._configs)})")
         states = {v: get_model_status_pb2.ModelVersionStatus(
             version=v, state=get_model_status_pb2.ModelVersionStatus.AVAILABLE, status=status_pb2.StatusProto(error_code=0))
             for v in self._loaded.get(spec.name, {})}  # fmt: skip
@@ -340,7 +347,7 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
     @answers_errors
     def GetModelMetadata(self, request, context):
         if list(request.metadata_field) != ["signature_def"]:
-            raise invalid(f"metadata_field must be ['signature_def'], got {[shown(f) for f in request.metadata_field][:5]}")
+            raise invalid(f"metadata_field must be ['signature_def'], got {[quoted_value(f) for f in request.metadata_field][:5]}")
         loaded = self.registry.resolve(request.model_spec)
         response = get_model_metadata_pb2.GetModelMetadataResponse()
         response.model_spec.name = request.model_spec.name

@@ -15,11 +15,11 @@ parsing) runs on one core at a time (the GIL), so a second core is used by a sec
   own user where that matters.
 * REST: the parent opens the listening socket; the children inherit it and accept from it.
 * Status: every child publishes what it serves at each look for a newer pair
-  (:mod:`tfhash.serving.siblings`); health, ``/readyz`` and GetStatus of every child report the
+  (:mod:`tfhash.serving.shared_status`); health, ``/readyz`` and GetStatus of every child report the
   whole service, ready only while every child is.
 * Versions: each child loads a new version at its own look, and serves it only once every child
   with a fresh status holds it; then all switch together (the ``version`` cell of
-  :mod:`tfhash.serving.siblings`). A response names the version that answered it, no request
+  :mod:`tfhash.serving.shared_status`). A response names the version that answered it, no request
   sees two, and a request that starts after any answer named the new version gets it too.
 * Supervision: a child that exits while the service runs is restarted; more than
   ``max_restarts`` exits within ``restart_window`` seconds stop the service with an error (a child
@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tfhash.serving.grpc_server import EXIT_SECONDS, LOOPBACK, grpc_address, run_until_signal
-from tfhash.serving.siblings import Siblings, service_status, slot_path, withdraw
+from tfhash.serving.shared_status import SharedStatus, service_status, slot_path, withdraw
 
 if TYPE_CHECKING:
     from tfhash.serving.search_service import SearchServer
@@ -92,7 +92,7 @@ class SearchSpec:
     event_loop: str = "auto"
 
 
-def build_server(spec: SearchSpec, siblings: Siblings | None = None, reuse_port: bool = False,
+def build_server(spec: SearchSpec, siblings: SharedStatus | None = None, reuse_port: bool = False,
                  rest_sockets: list | None = None) -> SearchServer:  # fmt: skip
     """The search server of one process (bound, not started); the thread settings apply to this
     process. Raises ValueError for an unreadable items file, OSError for a port that cannot be bound."""
@@ -160,6 +160,24 @@ def read_until(process: subprocess.Popen, marker: str, seconds: float) -> tuple[
     return lines, False
 
 
+def start_command(args: list[str], ready: str, module: str = "tfhash.cli", executable: str = sys.executable) -> tuple[subprocess.Popen, str]:
+    """Start ``<executable> -m <module> <args>`` (``tfhash <args>`` by default) and wait for the line
+    of its stderr holding ``ready``; returns the process and the address that follows ``ready`` on
+    that line. The process keeps its last 400 lines of stderr in ``log`` (drained on a thread) and
+    the ready line in ``ready_line``. RuntimeError, with its log, when it exits or takes longer
+    than :data:`START_SECONDS` first."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    process = subprocess.Popen([executable, "-m", module, *args], stderr=subprocess.PIPE, text=True, env=env)
+    lines, started = read_until(process, ready, START_SECONDS)
+    process.log = deque(lines, maxlen=400)
+    if not started:
+        raise RuntimeError(f"{module} {' '.join(args)} did not start (exit code {process.wait(10)}):\n{''.join(process.log)}")
+    process.ready_line = process.log[-1]
+    process.drain = threading.Thread(target=process.log.extend, args=(process.stderr,), daemon=True)
+    process.drain.start()
+    return process, process.ready_line.split(ready, 1)[1].split()[0].rstrip(",;")
+
+
 class ServiceFailed(RuntimeError):
     """The service's processes could not start or kept dying."""
 
@@ -220,7 +238,7 @@ class ProcessFront:
 
     def status(self) -> dict:
         """The service's status, as any child would answer GetStatus about every process."""
-        return service_status(Siblings(self.status_dir, 0, self.processes, self.spec.poll_seconds).gather())
+        return service_status(SharedStatus(self.status_dir, 0, self.processes, self.spec.poll_seconds).gather())
 
     def _spawn(self, slot: int) -> subprocess.Popen:
         withdraw(self.status_dir, slot)
@@ -352,7 +370,7 @@ def child_main(argument: str) -> None:
         sock = socket.socket(fileno=fd)
         sock.setblocking(False)
         sockets.append(sock)
-    siblings = Siblings(child["status_dir"], child["slot"], child["processes"], spec.poll_seconds)
+    siblings = SharedStatus(child["status_dir"], child["slot"], child["processes"], spec.poll_seconds)
     server = build_server(spec, siblings, reuse_port=True, rest_sockets=sockets or None)
     run_until_signal(server, child["grace"], exit_within=EXIT_SECONDS)
 

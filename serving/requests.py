@@ -10,7 +10,7 @@
   nested lists of JSON numbers (no strings, booleans, ``null`` or ``NaN``).
 
 Range, width and the model's own shape are checked by the exported signature itself
-(:mod:`tfhash.components.export`), so TF Serving refuses what the search service refuses. Every
+(:mod:`tfhash.export`), so TF Serving refuses what the search service refuses. Every
 refusal is a :class:`~tfhash.serving.errors.ServingError` INVALID_ARGUMENT that names the value.
 """
 
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from google.protobuf.message import DecodeError
-from tfhash.serving.errors import invalid, shown
+from tfhash.serving.errors import invalid, quoted_value
 
 #: Batch axis plus at most seven feature axes.
 MAX_FEATURE_DIMS = 8
@@ -62,7 +62,7 @@ def check_features(features) -> np.ndarray:
 
 
 # protobuf's C++ parser stops at a tag 0 or an end-group tag with only this warning and returns
-# what it read so far; check_whole detects that case itself and refuses the bytes.
+# what it read so far; require_complete_parse detects that case itself and refuses the bytes.
 warnings.filterwarnings("ignore", message="Unexpected end-group tag", category=RuntimeWarning)
 
 
@@ -79,7 +79,7 @@ def _varint(value: int) -> bytes:
 _END_PROBE = _varint((2**29 - 1) << 3) + b"\x00"
 
 
-def check_whole(message_type, data: bytes) -> None:
+def require_complete_parse(message_type, data: bytes) -> None:
     """Refuse bytes that ``message_type.FromString`` read only in part: the parser stopped at a
     tag 0 or an end-group tag and ignored the rest (it raises only for truncated bytes)."""
     if message_type().ParseFromString(data + _END_PROBE) != len(data) + len(_END_PROBE):
@@ -88,10 +88,10 @@ def check_whole(message_type, data: bytes) -> None:
 
 def decode_whole(decode, data: bytes):
     """``decode(data)`` (a message type's ``FromString``, a gRPC request deserializer), refused
-    when the parser read the bytes only in part (:func:`check_whole`): the one rule both servers'
+    when the parser read the bytes only in part (:func:`require_complete_parse`): the one rule both servers'
     request bytes pass."""
     message = decode(data)
-    check_whole(type(message), data)
+    require_complete_parse(type(message), data)
     return message
 
 
@@ -107,12 +107,12 @@ def check_examples(serialized) -> list[bytes]:
             raise invalid(f"examples[{i}] must be bytes (a serialized tf.Example), got {type(record).__name__}")
         try:
             example = example_pb2.Example.FromString(record)
-            check_whole(example_pb2.Example, record)
+            require_complete_parse(example_pb2.Example, record)
         except DecodeError as err:
             raise invalid(f"examples[{i}] is not a serialized tf.Example (truncated or malformed: {err})") from err
         for name, feature in example.features.feature.items():
             if feature.WhichOneof("kind") == "float_list" and not np.all(np.isfinite(np.asarray(feature.float_list.value, np.float32))):
-                raise invalid(f"examples[{i}]: feature {shown(name)} holds NaN or infinite values")
+                raise invalid(f"examples[{i}]: feature {quoted_value(name)} holds NaN or infinite values")
     return records
 
 

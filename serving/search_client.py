@@ -21,6 +21,8 @@ from tfhash.serving.search_service import SERVICE_NAME
 
 from tfhash.artifacts import split_labels
 
+__all__ = ["SearchClient", "SearchAnswer", "search_request"]
+
 
 @dataclass
 class SearchAnswer:

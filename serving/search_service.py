@@ -62,7 +62,7 @@ from tfhash.serving.requests import (
     query_from_proto,
 )
 from tfhash.serving.searcher import Neighbours, ServedPair, VersionedSearcher
-from tfhash.serving.siblings import Siblings, service_status
+from tfhash.serving.shared_status import SharedStatus, service_status
 from tfhash.serving.versions import list_versions
 
 from tfhash.artifacts import join_labels, model_version_dir
@@ -160,7 +160,7 @@ class SearchServer:
 
     def __init__(self, searcher: VersionedSearcher, host: str = LOOPBACK, port: int = 0, rest_port: int | None = None,
                  poll_seconds: float = 2.0, max_message_bytes: int = 8 << 20, max_concurrent_rpcs: int | None = 128,
-                 rest_options: dict | None = None, siblings: Siblings | None = None, reuse_port: bool = False,
+                 rest_options: dict | None = None, siblings: SharedStatus | None = None, reuse_port: bool = False,
                  rest_sockets: list | None = None, join_rows: int = JOIN_ROWS, search_threads: int | None = None,
                  event_loop: str = "auto"):  # fmt: skip
         self.searcher, self.host, self.poll_seconds, self.siblings = searcher, host, float(poll_seconds), siblings

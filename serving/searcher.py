@@ -21,7 +21,7 @@ Convergence (:meth:`VersionedSearcher.refresh`, called by the service's watcher 
   none, nothing is served (UNAVAILABLE, health NOT_SERVING) until one pairs again;
 * one process of several (:meth:`VersionedSearcher.follow`): a newer pair, once loaded, waits
   until every process of the service holds it, and then all switch together
-  (:mod:`tfhash.serving.siblings`);
+  (:mod:`tfhash.serving.shared_status`);
 * when the encoder side cannot be asked (TF Serving unreachable) the pair is kept but reported
   not ready, since queries that need encoding cannot be answered.
 
@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from tfhash.serving.encoders import Encoder
-from tfhash.serving.errors import invalid, not_found, shown, unavailable
+from tfhash.serving.errors import invalid, not_found, quoted_value, unavailable
 from tfhash.serving.requests import DEFAULT_LIMITS, Limits, Query
 from tfhash.serving.versions import Retries, check_fingerprint, tree_stamp
 
@@ -137,7 +137,7 @@ class VersionedSearcher:
 
     def follow(self, agreed_version: Callable[[], int]) -> None:
         """Serve a newer pair only once ``agreed_version()`` names it: this is one process of a
-        service whose processes switch together (:mod:`tfhash.serving.siblings`). Until then the
+        service whose processes switch together (:mod:`tfhash.serving.shared_status`). Until then the
         newer pair waits loaded (:meth:`held_versions`) and the served one keeps answering. A
         withdrawn version is still left at once, and a process with nothing to serve serves the
         newest pair it loads."""
@@ -235,7 +235,7 @@ class VersionedSearcher:
         if pair is None:
             raise unavailable("no model version with its index is ready")
         if model_version and model_version != str(pair.version):
-            raise not_found(f"model version {shown(model_version, 40)} is not served; this service serves version {pair.version}")
+            raise not_found(f"model version {quoted_value(model_version, 40)} is not served; this service serves version {pair.version}")
         return pair
 
     def check(self, query: Query) -> None:

@@ -16,9 +16,9 @@ import sys
 import keras
 import numpy as np
 import tensorflow as tf
-from tfhash.components.export import export_feature_model
 from tfhash.components.trainer import export_directory, is_chief, make_strategy, train
 
+from tfhash.export import export_feature_model
 from tfhash.models import build_scdh, mlp
 
 ROWS, DIM, CLASSES, BITS, GLOBAL_BATCH, EPOCHS = 256, 16, 4, 16, 32, 2

@@ -5,11 +5,9 @@ answer to compare with, and the serving CLI started as a process."""
 
 from __future__ import annotations
 
-import collections
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 
@@ -61,8 +59,8 @@ def export_version(base_dir: str, version: int, seed: int) -> str:
     """Export an (untrained, seeded) SCDH model as ``<base_dir>/<version>``; different seeds give
     different codes."""
     import keras
-    from tfhash.components.export import export_feature_model
 
+    from tfhash.export import export_feature_model
     from tfhash.models import build_scdh, mlp
 
     keras.utils.set_random_seed(seed)
@@ -120,26 +118,8 @@ def graph_mode_outputs(model_dir: str, signature: str, inputs: dict, output: str
         return session.run(signature_def.outputs[output].name, feeds)
 
 
-def start_cli(args: list[str], ready: str, module: str = "tfhash.cli", executable: str = sys.executable) -> tuple[subprocess.Popen, str]:
-    """Start ``tfhash <args>`` (``<executable> -m <module> <args>``) and wait for the line holding
-    ``ready``; returns the process (the line as its ``ready_line``, the last 400 lines of its stderr
-    in ``log``) and the address that follows ``ready`` on that line (stderr keeps being drained)."""
-    from tfhash.serving.processes import START_SECONDS, read_until
-
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    process = subprocess.Popen([executable, "-m", module, *args], stderr=subprocess.PIPE, text=True, env=env)
-    lines, started = read_until(process, ready, START_SECONDS)
-    process.log = collections.deque(lines, maxlen=400)
-    if not started:
-        raise RuntimeError(f"tfhash {' '.join(args)} did not start (exit code {process.wait(10)}):\n{''.join(process.log)}")
-    process.ready_line = process.log[-1]
-    process.drain = threading.Thread(target=process.log.extend, args=(process.stderr,), daemon=True)
-    process.drain.start()
-    return process, process.ready_line.split(ready, 1)[1].split()[0].rstrip(",;")
-
-
 def stop_cli(process, limit: float = 60.0) -> None:
-    """SIGTERM a :func:`start_cli` process and wait for exit code 0 and the end of its log; any
+    """SIGTERM a :func:`~tfhash.serving.processes.start_command` process and wait for exit code 0 and the end of its log; any
     other code, or a process still running ``limit`` seconds later (then killed), fails the test
     with the end of its log."""
     process.send_signal(signal.SIGTERM)
@@ -155,7 +135,7 @@ def stop_cli(process, limit: float = 60.0) -> None:
 
 
 def cli_rest_port(process) -> int | None:
-    """The REST port on the ready line of a :func:`start_cli` search service (None without REST)."""
+    """The REST port on the ready line of a :func:`start_command` search service (None without REST)."""
     line = process.ready_line
     if "REST on " not in line:
         return None

@@ -8,7 +8,10 @@
 * the library imports no stage and no entry point;
 * a stage imports the library and the contract, never another stage; the one composition edge is
   the pipeline definition, which names the components it runs (:data:`COMPOSITION`);
-* the entry points (the command line, the benchmarks) drive the stages and may import any of them.
+* the entry points (the command line, the benchmarks) drive the stages and may import any of them;
+* the benchmarks only measure: they import no test code (``tests/``), and the tests' helpers (the
+  fuzz oracle, the robustness scenarios, the fixtures) import no benchmark but its results writer
+  (``benchmarks.common``); the test files themselves may import the benchmarks they test.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 #: Source folder -> the package it is installed as (pyproject.toml's package-dir).
 PACKAGES = {"tfhash": "tfhash", "components": "tfhash.components", "pipelines": "tfhash.pipelines",
-            "serving": "tfhash.serving", "benchmarks": "benchmarks"}  # fmt: skip
+            "serving": "tfhash.serving", "benchmarks": "benchmarks", "tests": "tests"}  # fmt: skip
 STAGES = ("components", "pipelines", "serving")
 #: (importing module, imported module) pairs allowed across stages: the pipeline is its components.
 COMPOSITION = {("tfhash.pipelines.pipeline", "tfhash.components.index_builder"),
@@ -36,6 +39,8 @@ def layer(module: str) -> str | None:
     parts = module.split(".")
     if parts[0] == "benchmarks":
         return "entry"
+    if parts[0] == "tests":
+        return "tests"
     if parts[0] != "tfhash":
         return None
     if len(parts) == 1:
@@ -82,6 +87,11 @@ def violations(modules: dict[str, str]) -> list[str]:
             elif (source_layer in STAGES and target_layer not in ("library", "contract", source_layer)
                   and (importer, imported) not in COMPOSITION):  # fmt: skip
                 broken.append(f"{importer} -> {imported}: a stage imports no other stage ({source_layer} -> {target_layer})")
+            elif importer.startswith("benchmarks") and target_layer == "tests":
+                broken.append(f"{importer} -> {imported}: the benchmarks import no test code")
+            elif (source_layer == "tests" and not importer.rsplit(".", 1)[-1].startswith("test_")
+                  and imported.startswith("benchmarks") and imported not in ("benchmarks", "benchmarks.common")):  # fmt: skip
+                broken.append(f"{importer} -> {imported}: a test helper imports no benchmark but benchmarks.common")
     return broken
 
 
@@ -98,6 +108,7 @@ def project_modules(root: Path = ROOT) -> dict[str, str]:
 def test_the_import_graph_follows_the_dependency_rule():
     modules = project_modules()
     assert "tfhash.artifacts" in modules and "tfhash.serving.searcher" in modules and "benchmarks.peers" in modules
+    assert "tests.serving_fuzz" in modules and "tests.test_architecture" in modules
     assert violations(modules) == []
 
 
@@ -109,6 +120,8 @@ def test_the_import_graph_follows_the_dependency_rule():
     ("tfhash.index.base", "from tfhash.components.encoding import encode_split\n", "the library imports no stage"),
     ("tfhash.models.scdh", "from tfhash import cli\n", "the library imports no stage or entry point"),
     ("tfhash.artifacts", "from tfhash.codes import pack_codes\n", "the contract imports no other tfhash module"),
+    ("benchmarks.serving", "def f():\n    from tests.serving_fixtures import stop_cli\n", "the benchmarks import no test code"),
+    ("tests.serving_fixtures", "from benchmarks.serving import run_level\n", "a test helper imports no benchmark"),
 ])
 def test_the_rule_catches_an_import_across_stages(importer, source, why):
     modules = {**{name: "" for name in project_modules()}, importer: source}
@@ -122,7 +135,9 @@ def test_allowed_imports_are_not_flagged():
                "tfhash.pipelines.pipeline": "from tfhash.components.index_builder import IndexBuilder\n",
                "tfhash.components.index_builder": "", "tfhash.artifacts": "import os\n", "tfhash.index": "",
                "tfhash.serving.errors": "", "benchmarks.x": "from tfhash.serving.x import y\nfrom tfhash.pipelines import z\n",
-               "tfhash.cli": "from tfhash.serving.x import y\n", "tfhash.pipelines.z": ""}  # fmt: skip
+               "tfhash.cli": "from tfhash.serving.x import y\n", "tfhash.pipelines.z": "",
+               "tests.test_x": "from benchmarks.x import y\n", "tests.helper": "from benchmarks.common import write_results\n",
+               "benchmarks.common": ""}  # fmt: skip
     assert violations(modules) == []
 
 

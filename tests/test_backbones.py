@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from PIL import Image
-from tfhash.components.export import export_image_model
 from tfhash.serving.client import ModelClient
 from tfhash.serving.deployment import model_config, models_config
 from tfhash.serving.errors import ServingError
 from tfhash.serving.model_server import DevModelServer
 
+from tfhash.export import export_image_model
 from tfhash.fine_tuning import (
     FINE_TUNING_DEFAULTS,
     FineTuning,

@@ -1,5 +1,5 @@
-"""A folder of one's own photos to a searchable service: the README's "Your own images" block
-run as written, on a folder this test makes, and the README's table of config keys."""
+"""A folder of one's own photos to a searchable service: the "Your own images" page's block run as
+written, on a folder this test makes, and the pipeline page's table of config keys."""
 
 from __future__ import annotations
 
@@ -15,11 +15,7 @@ import pytest
 from PIL import Image
 from tfhash.pipelines.config import key_table
 
-README = Path(__file__).resolve().parents[1] / "README.md"
-
-
-def readme_section(title: str) -> str:
-    return README.read_text().split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
+DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 
 def make_photos(root: Path, seed: int = 0) -> None:
@@ -39,13 +35,13 @@ def make_photos(root: Path, seed: int = 0) -> None:
     (root / "dog" / "corrupt.jpg").write_bytes(b"\xff\xd8\xff not really a jpeg")
 
 
-def test_the_readme_lists_every_config_key_as_the_config_does():
-    assert key_table() in readme_section("Your own images")
+def test_the_pipeline_page_lists_every_config_key_as_the_config_does():
+    assert key_table() in (DOCS / "pipeline.md").read_text().split("## Every config key\n", 1)[1]
 
 
 @pytest.mark.process
-def test_the_own_images_journey_runs_as_the_readme_writes_it(tmp_path):
-    block = re.search(r"```bash\n(.*?)```", readme_section("Your own images"), re.S).group(1)
+def test_the_own_images_journey_runs_as_the_page_writes_it(tmp_path):
+    block = re.search(r"```bash\n(.*?)```", (DOCS / "own-images.md").read_text(), re.S).group(1)
     make_photos(tmp_path / "photos")
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     run = subprocess.run(["bash", "-e", "-c", block], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1200)

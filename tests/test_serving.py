@@ -35,6 +35,7 @@ from tfhash.serving.deployment import (
 from tfhash.serving.errors import ServingError
 from tfhash.serving.event_loop import EVENT_LOOPS, new_event_loop
 from tfhash.serving.model_server import DevModelServer
+from tfhash.serving.processes import start_command
 from tfhash.serving.requests import Limits
 from tfhash.serving.rest import PARSED_ON_THE_LOOP
 from tfhash.serving.search_client import SearchClient, search_request
@@ -49,7 +50,6 @@ from tests.serving_fixtures import (
     push_version,
     queued_behind,
     reference,
-    start_cli,
     stop_cli,
     vector_example,
     wait_for,
@@ -575,10 +575,10 @@ def test_shutdown_drains_in_flight_requests(artifacts):
 @pytest.mark.process
 def test_cli_serves_models_and_search_and_stops_on_sigterm(artifacts, tmp_path):
     write_deployment(artifacts["models"], MODEL, str(tmp_path / "tfs"))
-    models, address = start_cli(["serve", "model", "--model-config-file", str(tmp_path / "tfs" / "models.local.config"),
+    models, address = start_command(["serve", "model", "--model-config-file", str(tmp_path / "tfs" / "models.local.config"),
                                   "--port", "0"], "development model server on ")  # fmt: skip
     try:
-        search, search_address = start_cli(["serve", "search", "--index-base-dir", artifacts["indexes"], "--model-server",
+        search, search_address = start_command(["serve", "search", "--index-base-dir", artifacts["indexes"], "--model-server",
                                              address, "--model-name", MODEL, "--port", "0"], "search service on ")  # fmt: skip
         try:
             with SearchClient(search_address) as client:

@@ -17,15 +17,15 @@ import psutil
 import pytest
 from tfhash.serving import search_pb2, search_pb2_grpc
 from tfhash.serving.errors import ServingError
+from tfhash.serving.processes import start_command
 from tfhash.serving.search_client import SearchClient
-from tfhash.serving.siblings import Siblings, common_version, withdraw
+from tfhash.serving.shared_status import SharedStatus, common_version, withdraw
 
 from tests.serving_fixtures import (
     cli_rest_port,
     database,
     push_version,
     reference,
-    start_cli,
     stop_cli,
     wait_for,
 )
@@ -45,7 +45,7 @@ def versions(tmp_path_factory):
 
 def serve(versions, *extra: str):
     """``tfhash serve search`` over the fixture's versions; returns (process, gRPC address, REST port)."""
-    process, address = start_cli(["serve", "search", "--model-base-dir", versions["models"], "--index-base-dir", versions["indexes"],
+    process, address = start_command(["serve", "search", "--model-base-dir", versions["models"], "--index-base-dir", versions["indexes"],
                                   "--port", "0", "--poll-seconds", "0.3", *extra], "search service on ")  # fmt: skip
     return process, address
 
@@ -170,7 +170,7 @@ def test_hot_swap_moves_every_process_together_and_no_answer_mixes_versions(vers
     models, indexes = str(tmp_path / "models"), str(tmp_path / "indexes")
     shutil.copytree(versions["models"], models)
     shutil.copytree(versions["indexes"], indexes)
-    process, address = start_cli(["serve", "search", "--model-base-dir", models, "--index-base-dir", indexes, "--port", "0",
+    process, address = start_command(["serve", "search", "--model-base-dir", models, "--index-base-dir", indexes, "--port", "0",
                                   "--poll-seconds", "0.3", "--processes", "2"], "search service on ")  # fmt: skip
     queries = versions["vectors"][:4]
     answers, failures, done = [], [], threading.Event()
@@ -219,7 +219,7 @@ def test_common_version_is_the_newest_every_known_process_holds():
 
 
 def test_siblings_agree_through_one_shared_cell(tmp_path):
-    first, second = (Siblings(str(tmp_path), slot, 2, poll_seconds=0.5) for slot in (0, 1))
+    first, second = (SharedStatus(str(tmp_path), slot, 2, poll_seconds=0.5) for slot in (0, 1))
     assert first.agreed_version() == 0 and second.agreed_version() == 0
     ready = {"ready": True, "model_version": "1"}
     first.publish(ready, [1, 2])

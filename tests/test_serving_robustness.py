@@ -25,19 +25,15 @@ from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
 from tfhash.serving.deployment import models_config, write_deployment
 from tfhash.serving.errors import ServingError
 from tfhash.serving.model_server import DevModelServer, tensor_value
-from tfhash.serving.requests import check_examples, check_whole, json_numbers, json_object
+from tfhash.serving.requests import (
+    check_examples,
+    json_numbers,
+    json_object,
+    require_complete_parse,
+)
 from tfhash.serving.search_client import SearchClient
 from tfhash.serving.versions import Retries, tree_stamp
 
-from benchmarks.serving_fuzz import FAULTS, search_cases
-from benchmarks.serving_robustness import (
-    copy_non_atomically,
-    hot_swap_trial,
-    largest_request,
-    serving_stack,
-    sigterm_trial,
-)
-from benchmarks.serving_robustness import fuzz as run_fuzz
 from tests.serving_fixtures import (
     DIM,
     database,
@@ -46,6 +42,15 @@ from tests.serving_fixtures import (
     vector_example,
     wait_for,
 )
+from tests.serving_fuzz import FAULTS, search_cases
+from tests.serving_robustness import (
+    copy_non_atomically,
+    hot_swap_trial,
+    largest_request,
+    serving_stack,
+    sigterm_trial,
+)
+from tests.serving_robustness import fuzz as run_fuzz
 from tests.tiers import starts
 
 POLL = 0.25
@@ -88,7 +93,7 @@ def test_fuzz_through_two_processes_on_one_port(tmp_path):
 
 def test_fuzz_oracle_sees_a_lenient_server():
     """The oracle is not vacuous: an answer of OK to a bad request, a fault and a hang are failures."""
-    from benchmarks.serving_fuzz import INVALID, OK, Tally
+    from tests.serving_fuzz import INVALID, OK, Tally
 
     tally = Tally()
     tally.record("x", "bad", INVALID, "OK")
@@ -115,7 +120,7 @@ def test_hot_swap_under_load_with_broken_and_non_atomic_pushes(tmp_path, mode, p
     """Broken versions 2 and 3 never disturb version 1; version 4, copied file by file, is served
     once complete and never before, and no valid request fails; also with two serving processes,
     which switch together. (How soon after the copy version 4 answers, in polls, is measured by
-    ``python -m benchmarks.serving_robustness``, not asserted here.)"""
+    ``python -m tests.serving_robustness``, not asserted here.)"""
     result = hot_swap_trial(str(tmp_path), mode, poll=POLL, processes=processes)
     assert result["failed"] == 0, result["failures"]
     assert result["stayed_on_1_while_broken"] and result["versions_answering"] == ["1", "4"]
@@ -296,7 +301,7 @@ def test_request_checks():
     with pytest.raises(ServingError, match="NaN or infinite"):
         check_examples([vector_example([float("inf")] * DIM)])
     with pytest.raises(DecodeError):
-        check_whole(tensor_pb2.TensorProto, tensor_pb2.TensorProto(dtype=1).SerializeToString() + b"\x0c")
+        require_complete_parse(tensor_pb2.TensorProto, tensor_pb2.TensorProto(dtype=1).SerializeToString() + b"\x0c")
     assert json_numbers([[1, 2.5]], "f", np.float32).shape == (1, 2)
     for value in ([[1, "2"]], [[True, 1]], [[1], [1, 2]], [1.0, 2.0], [[[[[[[[[[1.0]]]]]]]]]], {"a": 1}, [[None]]):
         with pytest.raises(ServingError):
@@ -335,8 +340,8 @@ def test_model_server_tensor_checks_before_allocation():
 def test_deployment_pins_only_versions_that_pair(tmp_path):
     """A pushed model that does not load, or whose index fails its checksum, is not pinned, so TF
     Serving never unloads the served pair for it."""
-    from benchmarks.serving_robustness import push_broken_versions
     from tests.serving_fixtures import push_version
+    from tests.serving_robustness import push_broken_versions
 
     models, indexes = str(tmp_path / "models"), str(tmp_path / "indexes")
     vectors, ids = database()
@@ -385,7 +390,7 @@ def test_error_messages_are_bounded():
     from tfhash.serving.errors import MAX_MESSAGE, invalid
 
     assert len(invalid("x" * 100_000).message) == MAX_MESSAGE
-    from benchmarks.serving_fuzz import example
+    from tests.serving_fuzz import example
 
     with pytest.raises(ServingError) as err:  # a 50 kB feature name is quoted cut short
         check_examples([example([float("nan")] * DIM, "f" * 50_000)])

@@ -158,7 +158,8 @@ def test_mixup_trains_scdh_and_is_refused_for_a_method_without_clusters(weights,
 
 def test_the_returned_model_encodes_raw_images_with_the_trained_weights(weights, tmp_path):
     import tensorflow as tf
-    from tfhash.components.export import export_image_model
+
+    from tfhash.export import export_image_model
 
     model, _, _, split, images = cached_fit(weights, tmp_path)
     trained_top = split.top  # the cached model's layers above the cut

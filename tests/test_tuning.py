@@ -192,3 +192,12 @@ def test_uneven_classes_are_held_out_at_random_and_a_wrong_kind_is_refused():
         tune({"a": x, "b": x, "c": x}, y, bits=16, budget=SMALL)
 
 
+def test_the_tuner_is_importable_from_tuning_and_subclassable():
+    import keras_tuner
+
+    from tfhash import tuner, tuning
+
+    assert tuning.RecipeTuner is tuner.RecipeTuner and issubclass(tuner.RecipeTuner, keras_tuner.Tuner)
+    assert issubclass(tuner.RecipeOracle, keras_tuner.oracles.HyperbandOracle)
+    with pytest.raises(AttributeError, match="no attribute 'RecipeTunner'"):
+        tuning.RecipeTunner  # noqa: B018 - a misspelt name is refused as for any module

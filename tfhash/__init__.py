@@ -17,8 +17,10 @@ from tfhash._version import __version__
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
+#: The public modules (each documented in the API reference, docs/reference/).
 _SUBMODULES = (
     "codes",
+    "labels",
     "data",
     "metrics",
     "layers",
@@ -26,7 +28,13 @@ _SUBMODULES = (
     "models",
     "callbacks",
     "proxies",
+    "export",
     "index",
+    "recipes",
+    "tuning",
+    "fine_tuning",
+    "registry",
+    "artifacts",
 )
 
 __all__ = ["__version__", *_SUBMODULES]

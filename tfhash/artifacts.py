@@ -27,6 +27,22 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+__all__ = [
+    "ITEMS_FILE",
+    "Item",
+    "read_items",
+    "write_items",
+    "join_labels",
+    "split_labels",
+    "signature_fingerprint",
+    "model_version_dir",
+    "index_dir",
+    "RunLayout",
+    "EXAMPLES_SIGNATURE",
+    "FEATURES_SIGNATURE",
+    "PIXELS_SIGNATURE",
+]
+
 # --- records -------------------------------------------------------------------------------------
 
 #: Feature of every record: the row's int64 id.

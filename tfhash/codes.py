@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
+__all__ = ["check_bits", "sign_codes", "pack_codes", "unpack_codes", "as_packed", "hamming_distances"]
+
 #: popcount of every byte value.
 POPCOUNT_TABLE = np.array([bin(i).count("1") for i in range(256)], dtype=np.uint8)
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, fields, replace
 
+__all__ = ["FineTuning", "TrunkCache", "compile_fine_tuning", "learning_rate_schedule", "precision_policy", "cpu_has_bfloat16", "backbone_variables"]
+
 SCHEDULES = ("constant", "step", "cosine")
 #: The run config's ``mixed_precision`` values (:func:`precision_policy`).
 PRECISIONS = ("auto", "on", "off", "bfloat16")

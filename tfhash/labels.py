@@ -27,6 +27,8 @@ import sys
 
 import numpy as np
 
+__all__ = ["LabelError", "multi_hot", "UNLABELLED_ID"]
+
 #: The class id of an unlabelled row (where unlabelled rows are allowed).
 UNLABELLED_ID = -1
 #: How many offending rows an error message lists.

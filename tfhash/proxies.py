@@ -25,6 +25,17 @@ import numpy as np
 
 from tfhash.labels import multi_hot
 
+__all__ = [
+    "hclm_proxies",
+    "code_quality",
+    "hadamard_codes",
+    "lexicode",
+    "assign_proxies",
+    "class_mean_similarity",
+    "tag_cooccurrence_similarity",
+    "cooccurrence_similarity",
+]
+
 logger = logging.getLogger(__name__)
 
 

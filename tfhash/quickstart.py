@@ -1,6 +1,6 @@
 """The small end-to-end job: train SCDH on MNIST (standard protocol), encode, search, mAP.
 
-This is README command 1 until the TFX pipeline replaces it as the main job.
+The main job without TFX (the README's first command runs the pipeline).
 """
 
 from __future__ import annotations

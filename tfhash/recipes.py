@@ -36,6 +36,8 @@ from tfhash.labels import multi_hot
 if TYPE_CHECKING:  # Keras loads when a recipe builds or trains, not when a config names one
     import keras
 
+__all__ = ["Recipe", "recommended", "DATA_KINDS", "RECOMMENDED", "PAPER_LIKE"]
+
 SCHEDULES = ("constant", "cosine")
 DATA_KINDS = ("single-label", "single-label pixels", "multi-label", "cross-modal")
 #: The kinds whose recipes the TFX pipeline trains (``training.recipe``, its Tuner): the single-label

@@ -22,6 +22,8 @@ import numpy as np
 if TYPE_CHECKING:  # the table itself imports no TensorFlow: `tfhash methods` and config checks start fast
     import keras
 
+__all__ = ["Method", "BuildInputs", "TagStatistics", "register_method", "unregister_method", "get_method", "method_names", "build_method"]
+
 
 @dataclass(frozen=True)
 class TagStatistics:

@@ -7,8 +7,8 @@ One call picks a :class:`tfhash.recipes.Recipe` for feature vectors and their la
     model = result.fit(features, class_ids)                            # all training rows: result.recipe.fit
     print(result.table())                                              # every trial, its score and time
 
-The search is KerasTuner's Hyperband (:class:`RecipeOracle`, :class:`RecipeTuner`), so the same
-tuner runs inside the TFX pipeline's stock ``Tuner`` component. What it searches is declared once,
+The search is KerasTuner's Hyperband (:class:`tfhash.tuner.RecipeTuner`, also importable from
+here), so the same tuner runs inside the TFX pipeline's stock ``Tuner`` component. What it searches is declared once,
 in :data:`SEARCH_SPACES` (one :class:`SearchSpace` per kind of data of
 :data:`tfhash.recipes.DATA_KINDS`): the registered methods that fit the labels, with their own
 settings, and the recipe's settings (MLP width, dropout, learning rate and schedule, weight decay,
@@ -51,6 +51,8 @@ from tfhash.recipes import (
     Recipe,
     with_unlabelled,
 )
+
+__all__ = ["tune", "TuneResult", "Budget", "SearchSpace", "TuningError", "TuningTask", "prepare", "data_kind", "carve_validation"]
 
 #: Objective of the search: mAP@all on the validation split (maximised).
 OBJECTIVE = "val_map"
@@ -396,8 +398,10 @@ def carve_validation(labels: np.ndarray, seed: int, held_out: float = HELD_OUT, 
 
 
 @dataclass
-class _Task:
-    """What every trial trains and scores on."""
+class TuningTask:
+    """What every trial of a search trains and scores on (:func:`prepare` makes it): the rows,
+    their validation split, the kind of data, the code length, the seed, the space, the budget;
+    the trials land in ``trials``."""
 
     x: object
     labels: np.ndarray
@@ -482,103 +486,6 @@ class _Task:
         return {k: float(v) for k, v in scores.items()}
 
 
-def _oracle_class():
-    """:class:`RecipeOracle`, defined when KerasTuner is imported (an optional dependency)."""
-    import keras_tuner
-
-    class RecipeOracle(keras_tuner.oracles.HyperbandOracle):
-        """Hyperband whose first trial trains the space's defaults (the recommended recipe) at full
-        fidelity, which stops starting trials when the :class:`Budget`'s trials or seconds are
-        spent, and whose best trial is the best at the highest fidelity reached, the recommended
-        recipe kept unless beaten by ``margin`` (:func:`beats`)."""
-
-        def __init__(self, budget: Budget, hyperparameters, seed: int, has_default: bool, margin: float):
-            super().__init__(objective=_objective(), max_epochs=budget.max_units, factor=budget.factor,
-                             # KerasTuner draws a random seed for a falsy one: 0 must stay a seed
-                             hyperband_iterations=budget.iterations, seed=seed + 1, hyperparameters=hyperparameters,
-                             max_consecutive_failed_trials=10**9)  # fmt: skip
-            self.budget, self.started, self.margin = budget, time.monotonic(), margin
-            self.default_pending, self.default_trial, self.kept_default = has_default, None, False
-
-        def populate_space(self, trial_id):
-            spent = self.budget.seconds is not None and time.monotonic() - self.started >= self.budget.seconds
-            if spent or (self.budget.trials is not None and len(self.trials) >= self.budget.trials):
-                return {"status": "STOPPED", "values": None}
-            if self.default_pending:  # the recommended recipe, at full fidelity, outside Hyperband's brackets
-                self.default_pending, self.default_trial = False, trial_id
-                values = {hp.name: hp.default for hp in self.hyperparameters.space}
-                return {"status": "RUNNING", "values": {**values, "tuner/epochs": self.max_epochs, "tuner/initial_epoch": 0,
-                                                        "tuner/bracket": 0, "tuner/round": 0}}  # fmt: skip
-            return super().populate_space(trial_id)
-
-        def get_best_trials(self, num_trials=1):
-            """The best completed trials, highest fidelity first, then by score; the recommended
-            recipe first unless a trial of the same fidelity :func:`beats` it (then the best such
-            trial first; ``num_trials=None``: every completed trial, as the TFX Tuner's
-            ``tuner_results`` asks)."""
-            done = [t for t in self.trials.values() if t.status == "COMPLETED" and t.score is not None]
-            done.sort(key=lambda t: (t.hyperparameters.values.get("tuner/epochs", 0), t.score), reverse=True)
-            default = self.trials.get(self.default_trial)
-            if done and default in done and done[0] is not default:
-                units = default.hyperparameters.values["tuner/epochs"]
-                rivals = [t for t in done if t is not default and t.hyperparameters.values["tuner/epochs"] == units]
-                winners = [t for t in rivals if beats(_metrics(t), _metrics(default), self.margin)]
-                first = winners[0] if winners else default
-                done.remove(first)
-                done.insert(0, first)
-                self.kept_default = first is default
-            return done[:num_trials]
-
-    return RecipeOracle
-
-
-def _metrics(trial) -> dict[str, float]:
-    """A completed KerasTuner trial's last value of each metric it reported (:meth:`_Task.score`)."""
-    return {name: trial.metrics.get_last_value(name) for name in trial.metrics.metrics}
-
-
-def _objective():
-    import keras_tuner
-
-    return keras_tuner.Objective(OBJECTIVE, direction="max")
-
-
-def make_tuner(task: _Task, default: Recipe | None, directory: str, project: str = "tfhash_tuning",
-               margin: float = KEEP_RECOMMENDED_WITHIN):  # fmt: skip
-    """A KerasTuner tuner searching ``task.space`` under ``task.budget`` (its ``search()`` takes no
-    arguments; the trials land in ``task.trials``), its first trial ``default`` at full fidelity,
-    kept unless beaten by ``margin`` (:func:`beats`); a search starts afresh in ``directory`` (no
-    resuming: the trial table lives in ``task``). ``search()`` raises :class:`TuningError` when
-    every trial failed. The TFX Tuner component runs the same tuner.
-
-    Raises:
-        TuningError: a negative ``margin`` (it would let a worse recipe win).
-    """
-    import keras_tuner
-
-    if not margin >= 0:
-        raise TuningError(f"margin must be >= 0 (the validation gain a trial needs over the recommended recipe); got {margin}")
-
-    class RecipeTuner(keras_tuner.Tuner):
-        """Each trial trains :meth:`SearchSpace.recipe` of its values and scores it on the
-        validation split (:class:`_Task`)."""
-
-        def run_trial(self, trial, *args, **kwargs):
-            return task.run(trial.trial_id, trial.hyperparameters.values)
-
-        def on_search_end(self):
-            super().on_search_end()
-            if not self.oracle.get_best_trials(1):
-                failed = [t for t in task.trials if t["status"] == "failed"]
-                first = failed[0]["error"] if failed else "no trial ran"
-                raise TuningError(f"all {len(task.trials)} trials failed; the first: {first}")
-
-    hp = task.space.hyperparameters(default)
-    hp.Fixed("kind", task.kind)  # names the space, so that the values alone give the recipe (tuned_recipe)
-    oracle = _oracle_class()(task.budget, hp, task.seed, default is not None, margin)
-    return RecipeTuner(oracle, directory=directory, project_name=project, overwrite=True)
-
-
 def tuned_recipe(values: dict, modalities: tuple[str, ...] = (), chosen: str = "") -> Recipe:
     """The recipe of a search's hyperparameter ``values`` over :data:`SEARCH_SPACES` (their
     ``kind`` names the space): how the pipeline's Trainer reads the Tuner's best hyperparameters."""
@@ -587,11 +494,11 @@ def tuned_recipe(values: dict, modalities: tuple[str, ...] = (), chosen: str = "
 
 def prepare(x, labels, bits: int, seed: int = 0, budget: Budget | None = None, *, kind: str | None = None,
             unlabelled=None, in_pipeline: bool = False, space: SearchSpace | None = None, num_classes: int | None = None,
-            train_in_database: float = TRAIN_IN_DATABASE) -> tuple[_Task, Recipe | None]:  # fmt: skip
+            train_in_database: float = TRAIN_IN_DATABASE) -> tuple[TuningTask, Recipe | None]:  # fmt: skip
     """What a search runs on (:func:`tune`'s arguments, checked): ``(task, the space's default
-    recipe)``, for :func:`make_tuner`. The pipeline's Tuner component calls it too, with
-    ``in_pipeline=True``: the recipes the pipeline trains, of the kinds it tunes
-    (:data:`tfhash.recipes.PIPELINE_KINDS`)."""
+    recipe)``, for :class:`tfhash.tuner.RecipeTuner`. ``in_pipeline``: only the recipes the TFX
+    pipeline trains, of the kinds it tunes (:data:`tfhash.recipes.PIPELINE_KINDS`), as the
+    pipeline's Tuner component asks."""
     from tfhash.codes import check_bits
     from tfhash.models.inputs import checked_features
 
@@ -625,13 +532,13 @@ def prepare(x, labels, bits: int, seed: int = 0, budget: Budget | None = None, *
     recommended = RECOMMENDED.get(kind)
     default = recommended if recommended is not None and any(
         (recommended.method, recommended.options) == m for m in space.methods.values()) else None  # fmt: skip
-    task = _Task(x=x, labels=labels, split=carve_validation(labels, seed, train_in_database=train_in_database), kind=kind, bits=bits, seed=seed, space=space,
+    task = TuningTask(x=x, labels=labels, split=carve_validation(labels, seed, train_in_database=train_in_database), kind=kind, bits=bits, seed=seed, space=space,
                  budget=budget, unlabelled=unlabelled)  # fmt: skip
     return task, default
 
 
 def tune(x, labels, bits: int, seed: int = 0, budget: Budget | None = None, *, kind: str | None = None,
-         unlabelled=None, in_pipeline: bool = False, space: SearchSpace | None = None, directory: str | None = None,
+         unlabelled=None, space: SearchSpace | None = None, directory: str | None = None,
          num_classes: int | None = None, margin: float = KEEP_RECOMMENDED_WITHIN, train_in_database: float = TRAIN_IN_DATABASE,
          verbose: int = 0) -> TuneResult:  # fmt: skip
     """Choose the method and recipe for ``x`` and ``labels`` on a validation split of these rows.
@@ -648,7 +555,6 @@ def tune(x, labels, bits: int, seed: int = 0, budget: Budget | None = None, *, k
         unlabelled: ``(m, d)`` rows without labels: the space's semi-supervised variants (MT-SCDH
             with :data:`tfhash.recipes.MEAN_TEACHER`) join the search, the only ones training on
             them too.
-        in_pipeline: only methods the TFX pipeline trains.
         space: a :class:`SearchSpace` (default ``SEARCH_SPACES[kind]``).
         directory: where KerasTuner writes its state, kept for inspection (default a temporary
             folder, removed after); a search starts afresh there.
@@ -670,11 +576,13 @@ def tune(x, labels, bits: int, seed: int = 0, budget: Budget | None = None, *, k
             rows for a validation split, every trial failing.
         ValueError: bad labels, inputs or bits (as :meth:`tfhash.recipes.Recipe.fit` says).
     """
-    task, default = prepare(x, labels, bits, seed, budget, kind=kind, unlabelled=unlabelled, in_pipeline=in_pipeline,
-                            space=space, num_classes=num_classes, train_in_database=train_in_database)  # fmt: skip
+    from tfhash.tuner import RecipeTuner
+
+    task, default = prepare(x, labels, bits, seed, budget, kind=kind, unlabelled=unlabelled, space=space, num_classes=num_classes,
+                            train_in_database=train_in_database)  # fmt: skip
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="tfhash-tune-") as scratch:
-        tuner = make_tuner(task, default, directory or scratch, margin=margin)
+        tuner = RecipeTuner(task, default, directory or scratch, margin=margin)
         tuner.search(verbose=verbose)
         best = tuner.oracle.get_best_trials(1)[0]
     values, score = best.hyperparameters.values, float(best.score)
@@ -691,3 +599,11 @@ def tune(x, labels, bits: int, seed: int = 0, budget: Budget | None = None, *, k
                       kind=task.kind, validation=task.split.protocol, budget=task.budget,
                       seconds=round(time.perf_counter() - start, 1), seed=seed, bits=bits,
                       unlabelled=values["variant"] in task.space.semi_supervised)  # fmt: skip
+
+
+def __getattr__(name: str):
+    if name == "RecipeTuner":  # KerasTuner (the tuning extra) is imported only when it is asked for
+        from tfhash.tuner import RecipeTuner
+
+        return RecipeTuner
+    raise AttributeError(f"module 'tfhash.tuning' has no attribute {name!r}")

@@ -79,7 +79,7 @@ def build_jcch(backbones: dict, num_classes: int, bits: int, preset: str | None 
     ``fixed_centres`` (ours): instead of learning the centres, hold them at this scale times the
     hash-consistent proxies of :func:`tfhash.proxies.hclm_proxies` (``seed``), so every centre
     coordinate has the same magnitude and a code near its centre has the centre's signs. On Wiki
-    it lifts image->text mAP (see the README); None learns them (the paper).
+    it lifts image->text mAP (docs/evidence.md, Cross-modal: Wiki); None learns them (the paper).
     """
     check_bits(bits)
     params = {k: v for k, v in resolve_preset(preset, overrides).items() if k not in _WARMUP_KEYS}

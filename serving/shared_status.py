@@ -49,7 +49,7 @@ def withdraw(folder: str, slot: int) -> None:
         pass
 
 
-class Siblings:
+class SharedStatus:
     """The status folder of a service of ``processes`` processes, as seen by the one in ``slot``.
 
     Args:

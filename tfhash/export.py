@@ -43,6 +43,8 @@ from tfhash.artifacts import (
     pixels_signature,
 )
 
+__all__ = ["export_feature_model", "export_image_model", "export_serving_model", "IMAGE_RANGE", "DEFAULT_VALUE_BOUND"]
+
 #: Inputs of unknown range are bounded by +-this: beyond it float32 arithmetic in the first layers
 #: overflows or loses the input, so such values are refused instead of encoded.
 DEFAULT_VALUE_BOUND = 1e6

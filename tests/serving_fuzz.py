@@ -14,7 +14,7 @@ survival:
 Outcomes counted as failures: a fault (gRPC INTERNAL or UNKNOWN, HTTP 500), a hang (no answer and
 no closed connection within the deadline), a bad input answered OK, a valid request refused, and
 a refusal with a code the category does not allow. :func:`run` returns the counts per target and
-category; :mod:`benchmarks.serving_robustness` runs it at scale and writes the results, and
+category; :mod:`tests.serving_robustness` runs it at scale and writes the results, and
 ``tests/test_serving_robustness.py`` runs a smaller draw in the suite.
 """
 

@@ -1,9 +1,9 @@
 """Serving under hostile input and real deployments: the evidence run.
 
-    python -m benchmarks.serving_robustness [--seed 0] [--requests 12000] [--trials 10] [--size 1000000]
+    python -m tests.serving_robustness [--seed 0] [--requests 12000] [--trials 10] [--size 1000000]
                                             [--processes 1] [--name serving_robustness]
 
-* **fuzz**: :func:`benchmarks.serving_fuzz.run` against the search service (in-process and remote
+* **fuzz**: :func:`tests.serving_fuzz.run` against the search service (in-process and remote
   encoding, gRPC and REST) and the development model server, all on loopback;
 * **hot swap under load**: client threads search without pause while broken versions are pushed
   (a SavedModel that does not load, an index whose checksum fails) and a good version is copied
@@ -37,10 +37,9 @@ from collections import Counter
 
 import grpc
 import numpy as np
+from tfhash.serving.processes import start_command
 
 from benchmarks.common import markdown_table, write_results
-from benchmarks.serving_fuzz import Target
-from benchmarks.serving_fuzz import run as fuzz
 from tests.serving_fixtures import (
     BITS,
     DIM,
@@ -48,10 +47,11 @@ from tests.serving_fixtures import (
     database,
     push_version,
     reference,
-    start_cli,
     stop_cli,
     vector_example,
 )
+from tests.serving_fuzz import Target
+from tests.serving_fuzz import run as fuzz
 
 MODEL = "vectors"
 
@@ -61,7 +61,7 @@ class ServiceProcesses:
     serving processes on one port), with the :class:`SearchServer` attributes the scenarios use."""
 
     def __init__(self, args: list[str], processes: int, poll: float):
-        self.process, self.address = start_cli(["serve", "search", *args, "--port", "0", "--poll-seconds", str(poll),
+        self.process, self.address = start_command(["serve", "search", *args, "--port", "0", "--poll-seconds", str(poll),
                                                 "--processes", str(processes), "--grace-seconds", "1"],
                                                "search service on ")  # fmt: skip
         self.rest_port = cli_rest_port(self.process)
@@ -298,11 +298,11 @@ def sigterm_trial(root: str, kind: str, grace: float = 10.0, clients: int = 8, s
         push_version(models, indexes, 1, 0, vectors, ids)
         write_deployment(models, MODEL, os.path.join(root, "tfs"), index_base_dir=indexes)
     if kind == "search":
-        process, address = start_cli(["serve", "search", "--model-base-dir", models, "--index-base-dir", indexes, "--port", "0",
+        process, address = start_command(["serve", "search", "--model-base-dir", models, "--index-base-dir", indexes, "--port", "0",
                                        "--rest-port", "0", "--grace-seconds", str(grace), "--processes", str(processes)],
                                       "search service on ")  # fmt: skip
     else:
-        process, address = start_cli(["serve", "model", "--model-config-file", os.path.join(root, "tfs", "models.local.config"),
+        process, address = start_command(["serve", "model", "--model-config-file", os.path.join(root, "tfs", "models.local.config"),
                                         "--port", "0", "--grace-seconds", str(grace)], "development model server on ")  # fmt: skip
     results, stop = [], threading.Event()
     watch = {"statuses": [], "ended_ok_at": None}
@@ -370,7 +370,7 @@ def largest_request(size: int, bits: int = 64, queries: int = 256, radius: int =
     and with the range search it used before. Time and peak resident memory above the start."""
     from tfhash.serving.searcher import ServedPair, VersionedSearcher
 
-    from benchmarks.index import clustered_packed
+    from benchmarks.common import clustered_packed
     from tfhash.index import index_factory
 
     rng = np.random.default_rng(seed)
@@ -488,7 +488,7 @@ def main(argv=None) -> None:
                         help="run the search services as this many processes of one command (tfhash serve search --processes)")
     parser.add_argument("--name", default="serving_robustness", help="results file name")
     args = parser.parse_args(argv)
-    command = "python -m benchmarks.serving_robustness " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m tests.serving_robustness " + " ".join(argv if argv is not None else sys.argv[1:])
     with tempfile.TemporaryDirectory() as root:
         with serving_stack(os.path.join(root, "fuzz"), processes=args.processes) as (target, servers):
             tally = fuzz(target, args.requests, args.seed, allowed_root=servers["models"])

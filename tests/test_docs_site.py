@@ -1,0 +1,143 @@
+"""The documentation site (``mkdocs.yml``, ``docs/``) and the README: the site builds in strict
+mode (a broken link, anchor or API reference fails), the API reference names exactly each public
+module's ``__all__``, every Python block of the README and of the pages runs as written, and every
+command of their shell blocks exists with the options it is given."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import pytest
+
+from tfhash.cli import main as tfhash_command
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+#: The README and the pages whose code blocks are run or checked (the reference is generated).
+PAGES = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+#: A reference entry: the module and the public names it lists, one per line.
+ENTRY = re.compile(r"^::: (\S+)\n    options:\n      members:\n((?:        - \S+\n)+)", re.M)
+#: A fenced block, with the reason it is not run when the line before it gives one
+#: (``<!-- not run: why -->``).
+BLOCK = re.compile(r"^(?:<!-- not run: (?P<why>.+?) -->\n)?```(?P<language>\w*)\n(?P<body>.*?)^```", re.S | re.M)
+#: The top-level folders that install inside the tfhash package (pyproject.toml's package-dir).
+MAPPED = ("components", "pipelines", "serving")
+#: What each page's blocks must print (beyond running without error).
+PRINTS = {
+    "README.md": [r"^mAP: 0\.(8[5-9]|9[0-4])\d$"],  # 0.900 on the CPUs measured
+    "keras.md": [r"^MNIST mAP: 0\.9\d\d$", r"^validation mAP by 10 epochs: \['0\.\d{3}', '0\.\d{3}', '0\.\d{3}'\]$",
+                 r"^test mAP: 0\.(8[5-9]|9[0-4])\d$",  # 0.900 on the CPUs measured
+                 r"^1597 codes; first query's neighbours: \[.*\] classes \[.*\] query class \d$"],
+    "recipes.md": [r"validation mAP@all"],
+}  # fmt: skip
+
+
+def reference() -> dict[str, list[str]]:
+    """``{module: names}`` as the API reference pages list them."""
+    found = {}
+    for page in sorted((DOCS / "reference").glob("*.md")):
+        for module, members in ENTRY.findall(page.read_text()):
+            found[module] = [line.strip()[2:] for line in members.splitlines()]
+    return found
+
+
+def modules_declaring_all() -> set[str]:
+    """The modules of the package whose source assigns ``__all__`` (the root package aside: its
+    ``__all__`` names the public modules themselves)."""
+    found = set()
+    for folder, package in [("tfhash", "tfhash"), *((m, f"tfhash.{m}") for m in MAPPED)]:
+        for path in (ROOT / folder).rglob("*.py"):
+            tree = ast.parse(path.read_text())
+            if any(isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets) for node in tree.body):
+                parts = path.relative_to(ROOT / folder).with_suffix("").parts
+                found.add(".".join([package, *parts[:-1]] if parts[-1] == "__init__" else [package, *parts]))
+    return found - {"tfhash"}
+
+
+def blocks(page: Path, language: str, run: bool = False) -> list[str]:
+    """The ``language`` blocks of ``page`` (``run``: only those not marked as not run)."""
+    found = [m for m in BLOCK.finditer(page.read_text()) if m.group("language") == language]
+    return [m.group("body") for m in found if not (run and m.group("why"))]
+
+
+def test_the_reference_names_every_public_name_and_only_those():
+    listed = reference()
+    assert set(listed) == modules_declaring_all(), "a module with __all__ has no reference entry, or an entry has no __all__"
+    import tfhash
+
+    assert {f"tfhash.{m}" for m in tfhash.__all__ if m != "__version__"} <= set(listed)
+    for module, names in listed.items():
+        public = importlib.import_module(module).__all__
+        assert names == list(public), f"{module}: the reference lists {names}, __all__ is {public}"
+        assert all(hasattr(importlib.import_module(module), name) for name in names), module
+
+
+def test_the_reference_catches_a_name_that_appears_or_disappears(tmp_path, monkeypatch):
+    (tmp_path / "reference").mkdir()
+    (tmp_path / "reference" / "x.md").write_text("::: tfhash.codes\n    options:\n      members:\n        - pack_codes\n")
+    monkeypatch.setattr(sys.modules[__name__], "DOCS", tmp_path)
+    assert reference() == {"tfhash.codes": ["pack_codes"]}
+    with pytest.raises(AssertionError):
+        test_the_reference_names_every_public_name_and_only_those()
+
+
+def test_the_readme_is_short_and_its_keras_example_shorter():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 200
+    first = blocks(ROOT / "README.md", "python")[0]
+    assert len(first.splitlines()) <= 15 and "tfhash.components" not in first
+
+
+@pytest.mark.process
+def test_the_site_builds_in_strict_mode(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")], cwd=ROOT,
+                         capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-4000:]
+    built = (tmp_path / "site" / "reference" / "keras" / "index.html").read_text()
+    assert 'id="tfhash.codes.pack_codes"' in built and 'id="tfhash.models.build_scdh"' in built
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("page", [p for p in PAGES if blocks(p, "python", run=True)], ids=lambda p: p.name)
+def test_the_python_blocks_run_as_written(page, tmp_path):
+    code = "\n".join(blocks(page, "python", run=True))
+    assert len(blocks(page, "python")) - len(blocks(page, "python", run=True)) <= 1, f"{page.name}: more than one block not run"
+    assert "tfhash.components" not in code, f"{page.name}: an example imports a pipeline stage"
+    run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=1200, check=False)
+    assert run.returncode == 0, run.stderr[-4000:]
+    for expected in PRINTS.get(page.name, []):
+        assert re.search(expected, run.stdout, re.M), f"{page.name}: {expected!r} not in\n{run.stdout[-3000:]}"
+
+
+def command_of(words: list[str]) -> tuple[click.Command, list[str]]:
+    """The ``tfhash`` command a line names and the words after it."""
+    command, rest = tfhash_command, words[1:]
+    while isinstance(command, click.Group) and rest and not rest[0].startswith("-"):
+        assert rest[0] in command.commands, f"no command {' '.join(words[: len(words) - len(rest) + 1])}"
+        command, rest = command.commands[rest[0]], rest[1:]
+    return command, rest
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if blocks(p, "bash")], ids=lambda p: p.name)
+def test_the_shell_blocks_name_commands_and_options_that_exist(page):
+    for block in blocks(page, "bash"):
+        for line in block.replace("\\\n", " ").splitlines():
+            words = shlex.split(line, comments=True)
+            if not words:
+                continue
+            if words[0] == "tfhash":
+                command, rest = command_of(words)
+                options = {name for param in command.params for name in (*param.opts, *param.secondary_opts)}
+                given = {word.split("=", 1)[0] for word in rest if word.startswith("--")}
+                assert given <= options, f"{page.name}: {line!r}: {sorted(given - options)} not options of the command"
+            elif words[:2] == ["python", "-m"] or words[:2] == [".venv/bin/python", "-m"]:
+                assert importlib.util.find_spec(words[2]) is not None, f"{page.name}: {line!r}: no module {words[2]}"
+            elif words[0] == "bash" and words[1].endswith(".sh"):
+                assert (ROOT / words[1]).is_file(), f"{page.name}: {line!r}: no script {words[1]}"
