@@ -90,3 +90,37 @@ def test_reported_wiki_rows_used_the_current_recipes():
         mine = [r for r in rows if r["recipe label"] == label]
         assert sorted((r["bits"], r["seed"]) for r in mine) == [(b, s) for b in (16, 32, 64) for s in (0, 1, 2)]
         assert all(r["recipe"] == expected for r in mine)
+
+
+@pytest.mark.parametrize(("x", "labels", "message"), [
+    (np.zeros((0, 8), "float32"), np.zeros(0, int), r"^no rows to train on: x has 0 rows and labels 0; pass examples of at least two classes$"),
+    (np.zeros((0, 8), "float32"), np.arange(5), r"^no rows to train on: x has 0 rows and labels 5;"),
+    (np.ones((1, 8), "float32"), np.array([0]), r"^the labels hold 1 class over 1 labelled row; hashing learns codes"),
+    (np.ones((6, 8), "float32"), np.zeros(6, int), r"^the labels hold 1 class over 6 labelled rows;"),
+    (np.ones((6, 8), "float32"), np.arange(5), r"^x has \[6\] rows but labels have 5; pass one label row per example$"),
+])  # fmt: skip
+def test_training_data_that_cannot_train_is_refused_before_training(x, labels, message):
+    from tfhash.tuning import Budget, tune
+
+    with pytest.raises(ValueError, match=message):
+        recommended("single-label pixels").fit(x, labels, bits=16, epochs=1)
+    with pytest.raises(ValueError, match=message):
+        tune(x, labels, bits=16, budget=Budget(max_units=3, trials=1))
+
+
+def test_encoding_the_wrong_inputs_names_the_shape_the_model_takes():
+    import tensorflow as tf
+
+    from tfhash.labels import LabelError, multi_hot
+    from tfhash.models.inputs import InputError
+
+    x = np.random.default_rng(0).random((12, 8)).astype("float32")
+    model = recommended("single-label pixels").build(x, np.arange(12) % 3, bits=16)
+    with pytest.raises(InputError, match=r"^x has shape \(5, 7\); this model encodes inputs of shape \(n, 8\): pass the features"):
+        model.encode(x[:5, :7])
+    bad = tf.data.Dataset.from_tensor_slices(np.where(np.eye(4, 8) > 0, np.nan, 0).astype("float32")).batch(4)
+    with pytest.raises(Exception, match="a batch of the dataset holds NaN") as caught:
+        model.encode(bad)
+    assert "\\'" not in str(caught.value)
+    with pytest.raises(LabelError, match=r"its rows have different lengths \(a ragged list"):
+        multi_hot([[1, 2], [3]])

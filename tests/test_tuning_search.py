@@ -69,7 +69,7 @@ def test_tune_starts_from_the_recommended_recipe_and_returns_a_trainable_recipe(
     x, y = clusters()
     result = tune(x, y, bits=16, seed=0, budget=SMALL)
     first = result.trials[0]
-    assert first["variant"].startswith("recommended") and first["units"] == 3 and first["status"] == "ok"  # full fidelity
+    assert first["variant"].endswith("(recommended options)") and first["units"] == 3 and first["status"] == "ok"  # full fidelity
     assert len(result.trials) == 3 and all(t["status"] == "ok" and 0 <= t["score"] <= 1 for t in result.trials)
     chosen = chosen_row(result.trials, KEEP_RECOMMENDED_WITHIN)
     assert result.score == pytest.approx(chosen["score"])

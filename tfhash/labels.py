@@ -86,7 +86,11 @@ def multi_hot(labels, num_classes: int | None = None, *, unlabelled: bool = Fals
     """
     if _is_tensor(labels):
         return _multi_hot_tensor(labels, num_classes, unlabelled, name, dtype)
-    array = np.asarray(labels)
+    try:
+        array = np.asarray(labels)
+    except ValueError as err:  # NumPy refuses rows of different lengths
+        raise LabelError(f"{name} must be {_expected(num_classes)}; its rows have different lengths (a ragged list, "
+                         "such as a list of id lists): give one multi-hot row of one width per example") from err
     if array.dtype == object or not (np.issubdtype(array.dtype, np.number) or array.dtype == np.bool_):
         raise LabelError(f"{name} must be numeric {_expected(num_classes)}; got dtype {array.dtype}")
     if array.ndim == 1:

@@ -164,6 +164,7 @@ class Recipe:
         if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
             raise ValueError(f"epochs must be a positive integer, got {epochs!r}")
         method = get_method(self.method)
+        check_training_rows(x, labels)
         inputs = checked_features(x if isinstance(x, dict) else {"features": x}, "x")
         shapes = {name: array.shape for name, array in inputs.items()}
         if any(len(shape) != 2 for shape in shapes.values()):
@@ -174,6 +175,7 @@ class Recipe:
             want = "a dict of two modalities {name: (n, d)}" if method.cross_modal else "one (n, d) array"
             raise ValueError(f"{self.method} takes {want}; got inputs {sorted(shapes)}")
         labels = multi_hot(labels, num_classes, unlabelled=method.semi_supervised)
+        check_classes(labels)
         rows = {len(array) for array in inputs.values()}
         if rows != {len(labels)}:
             raise ValueError(f"x has {sorted(rows)} rows but labels have {len(labels)}; pass one label row per example")
@@ -193,6 +195,29 @@ class Recipe:
         model.compile(optimizer=self.optimizer(math.ceil(len(fit_y if not isinstance(fit_y, dict) else fit_y["labels"])
                                                          / self.batch_size), epochs))  # fmt: skip
         return model, fit_x, fit_y, epochs
+
+
+def check_training_rows(x, labels) -> None:
+    """Refuse training data that cannot train a model, before anything reads it: no rows, or
+    inputs and labels of different lengths (ValueError naming both)."""
+    arrays = x if isinstance(x, dict) else {"x": x}
+    rows = {name: int(np.shape(array)[0]) if np.ndim(array) else 0 for name, array in arrays.items()}
+    count = int(np.shape(labels)[0]) if np.ndim(labels) else 0
+    if count == 0 or 0 in rows.values():
+        raise ValueError(f"no rows to train on: x has {' / '.join(map(str, rows.values()))} rows and labels {count}; "
+                         "pass examples of at least two classes")  # fmt: skip
+    if set(rows.values()) != {count}:
+        raise ValueError(f"x has {sorted(set(rows.values()))} rows but labels have {count}; pass one label row per example")
+
+
+def check_classes(labels: np.ndarray) -> None:
+    """Refuse multi-hot ``labels`` whose labelled rows hold fewer than two classes: codes that keep
+    classes apart need two at least (one class, or one row, would train a model that learns nothing)."""
+    present = int(labels.astype(bool).any(axis=0).sum())
+    if present < 2:
+        labelled = int(labels.any(axis=1).sum())
+        raise ValueError(f"the labels hold {present} class{'' if present == 1 else 'es'} over {labelled} labelled "
+                         f"row{'' if labelled == 1 else 's'}; hashing learns codes that keep classes apart and needs rows of two classes at least")  # fmt: skip
 
 
 def preset_for(multi_label: bool) -> str:

@@ -49,6 +49,8 @@ from tfhash.recipes import (
     RECOMMENDED,
     SCHEDULES,
     Recipe,
+    check_classes,
+    check_training_rows,
     with_unlabelled,
 )
 
@@ -196,7 +198,8 @@ class SearchSpace:
 
 def _recommended_variant(kind: str) -> dict[str, tuple[str, dict]]:
     recipe = RECOMMENDED[kind]
-    return {"recommended " + recipe.method: (recipe.method, dict(recipe.options))}
+    # the method with the recommended recipe's options: a trial of it draws its other settings
+    return {recipe.method + " (recommended options)": (recipe.method, dict(recipe.options))}
 
 
 _SINGLE_LABEL = {"scdh": ("scdh", {}), "hclm": ("hclm", {}), "shclm": ("shclm", {}), "shclm triplet 1": ("shclm", {"triplet_weight": 1.0}),
@@ -504,7 +507,9 @@ def prepare(x, labels, bits: int, seed: int = 0, budget: Budget | None = None, *
 
     check_bits(bits)
     budget = Budget() if budget is None else budget
+    check_training_rows(x, labels)
     labels = multi_hot(labels, num_classes)
+    check_classes(labels)
     if isinstance(x, dict) and len(x) != 2:
         raise ValueError(f"x is a dict of {len(x)} modalities {sorted(x)}; paired items have two (one array otherwise)")
     checked = checked_features(x if isinstance(x, dict) else {"features": x}, "x")

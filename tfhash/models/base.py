@@ -118,10 +118,11 @@ class EncoderMixin:
             InputError: NaN or infinity in the inputs or the codes.
         """
         if is_dataset(x):  # batches of inputs, or of (inputs, targets, ...) as fit takes them: the inputs are checked
-            x = x.map(lambda inputs, *rest: (assert_finite_features(inputs, "the dataset's inputs"), *rest) if rest
-                      else assert_finite_features(inputs, "the dataset's inputs"))  # fmt: skip
+            x = x.map(lambda inputs, *rest: (assert_finite_features(inputs, "a batch of the dataset"), *rest) if rest
+                      else assert_finite_features(inputs, "a batch of the dataset"))  # fmt: skip
         else:
             x = checked_features(x, "x")
+            _check_input_shape(x, self.encoder(modality).input_shape, modality)
         with readable_checks():
             codes = np.asarray(self.encoder(modality).predict(x, batch_size=batch_size, verbose=0))
         bad = np.flatnonzero(~np.isfinite(codes).all(axis=-1))
@@ -134,6 +135,17 @@ class EncoderMixin:
         """+-1 ``int8`` codes of ``modality``'s inputs ``x`` (as :meth:`continuous_codes` takes
         them). ``predict`` keeps Keras's meaning: the model's continuous outputs."""
         return np.asarray(binarize(self.continuous_codes(x, modality, batch_size)))
+
+
+def _check_input_shape(x, expected, modality: str | None) -> None:
+    """Refuse arrays whose shape beyond the batch is not the encoder's (its unknown sizes match any)."""
+    if isinstance(x, dict) or not isinstance(expected, tuple):
+        return
+    want = tuple(expected[1:])
+    if len(x.shape) - 1 != len(want) or any(w is not None and w != got for w, got in zip(want, x.shape[1:], strict=False)):
+        shown = "(n, " + ", ".join("any" if w is None else str(w) for w in want) + ")"
+        raise InputError(f"x has shape {tuple(x.shape)}; this model encodes {f'{modality} ' if modality else ''}inputs of "
+                         f"shape {shown}: pass the features it was trained on")
 
 
 def loss_trackers(model: keras.Model, names) -> dict:
