@@ -26,8 +26,8 @@ def tuner_fn(fn_args) -> tfx.components.TunerFnResult:
         tfhash.tuning.TuningError: as :func:`tfhash.tuning.prepare` (data of a kind the pipeline
             does not tune, too few labelled rows, ...).
     """
-    from tfhash.tuner import RecipeTuner
     from tfhash.tuning import Budget, prepare
+    from tfhash.tuning.tuner import RecipeTuner
 
     config = fn_args.custom_config
     training, settings = config["training"], config["tuner"]

@@ -29,3 +29,9 @@ def test_wheel_has_only_the_tfhash_namespace(tmp_path):
                    "tfhash/losses/__init__.py", "tfhash/index/__init__.py", "tfhash/py.typed",
                    "tfhash/serving/search_pb2.py", "tfhash/serving/search_pb2_grpc.py"):  # fmt: skip
         assert module in names
+    # every module of the source tree is in the wheel (a subpackage missing from pyproject.toml's
+    # packages would install without it)
+    mapped = {"tfhash": "tfhash", "components": "tfhash/components", "pipelines": "tfhash/pipelines", "serving": "tfhash/serving"}
+    sources = {f"{target}/{path.relative_to(ROOT / folder).as_posix()}" for folder, target in mapped.items()
+               for path in (ROOT / folder).rglob("*.py")}  # fmt: skip
+    assert sorted(sources - set(names)) == []

@@ -195,7 +195,8 @@ def test_uneven_classes_are_held_out_at_random_and_a_wrong_kind_is_refused():
 def test_the_tuner_is_importable_from_tuning_and_subclassable():
     import keras_tuner
 
-    from tfhash import tuner, tuning
+    from tfhash import tuning
+    from tfhash.tuning import tuner
 
     assert tuning.RecipeTuner is tuner.RecipeTuner and issubclass(tuner.RecipeTuner, keras_tuner.Tuner)
     assert issubclass(tuner.RecipeOracle, keras_tuner.oracles.HyperbandOracle)

@@ -11,7 +11,14 @@ import time
 import keras_tuner
 
 from tfhash.recipes import Recipe
-from tfhash.tuning import KEEP_RECOMMENDED_WITHIN, OBJECTIVE, Budget, TuningError, TuningTask, beats
+from tfhash.tuning.search import (
+    KEEP_RECOMMENDED_WITHIN,
+    OBJECTIVE,
+    Budget,
+    TuningError,
+    TuningTask,
+    beats,
+)
 
 __all__ = ["RecipeTuner", "RecipeOracle"]
 

@@ -1,0 +1,131 @@
+"""Model selection on the user's own data: the method and recipe chosen on a validation split carved
+from the training rows, never on the queries.
+
+One call picks a :class:`tfhash.recipes.Recipe` for feature vectors and their labels::
+
+    result = tfhash.tuning.tune(features, class_ids, bits=32, seed=0)
+    model = result.fit(features, class_ids)                            # all training rows: result.recipe.fit
+    print(result.table())                                              # every trial, its score and time
+
+The search is KerasTuner's Hyperband (:class:`tfhash.tuning.tuner.RecipeTuner`, also importable from
+here), so the same tuner runs inside the TFX pipeline's stock ``Tuner`` component. What it searches is declared once,
+in :data:`SEARCH_SPACES` (one :class:`SearchSpace` per kind of data of
+:data:`tfhash.recipes.DATA_KINDS`): the registered methods that fit the labels, with their own
+settings, and the recipe's settings (MLP width, dropout, learning rate and schedule, weight decay,
+epochs). Every space holds the recommended recipe of its kind (:data:`tfhash.recipes.RECOMMENDED`);
+the first trial trains it at full fidelity, and it is kept unless another trial beats it on
+validation by :data:`KEEP_RECOMMENDED_WITHIN` without losing any of its other scores by more
+(:func:`beats`), so the search starts from tfhash's fixed choice and leaves it only for a gain
+larger than validation noise.
+
+**Fidelity.** Hyperband's "epochs" are units of a budget (:attr:`Budget.max_units`): a trial with
+``u`` units trains its recipe for ``u / max_units`` of the recipe's epochs, from scratch, with the
+learning-rate schedule spanning those epochs; only trials at the highest fidelity reached can be
+chosen (a short run's score is not comparable with a full one's).
+
+**Scoring.** mAP@all of held-out training rows against held-out training rows plus a share of the
+rows trained on (:data:`TRAIN_IN_DATABASE`, the catalogue containing what was trained on), the last
+epoch; multi-label data also records mAP@1000 (the top min(1000, validation database) items);
+cross-modal data scores the mean of the two directions.
+
+**Failures.** A trial that raises, or whose loss or score is not finite, is recorded in the trial
+table with its error and skipped; the search raises :class:`TuningError` only when every trial
+failed.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+
+from tfhash.tuning.search import (
+    KEEP_RECOMMENDED_WITHIN,
+    OBJECTIVE,
+    SEARCH_SPACES,
+    TRAIN_IN_DATABASE,
+    Budget,
+    SearchSpace,
+    TuneResult,
+    TuningError,
+    TuningTask,
+    beats,
+    carve_validation,
+    data_kind,
+    prepare,
+    tuned_recipe,
+)
+
+__all__ = ["tune", "TuneResult", "Budget", "SearchSpace", "TuningError", "TuningTask", "prepare", "data_kind", "carve_validation",
+           "beats", "tuned_recipe", "SEARCH_SPACES", "KEEP_RECOMMENDED_WITHIN", "OBJECTIVE"]
+
+
+def tune(x, labels, bits: int, seed: int = 0, budget: Budget | None = None, *, kind: str | None = None,
+         unlabelled=None, space: SearchSpace | None = None, directory: str | None = None,
+         num_classes: int | None = None, margin: float = KEEP_RECOMMENDED_WITHIN, train_in_database: float = TRAIN_IN_DATABASE,
+         verbose: int = 0) -> TuneResult:  # fmt: skip
+    """Choose the method and recipe for ``x`` and ``labels`` on a validation split of these rows.
+
+    Args:
+        x: ``(n, d)`` feature vectors, or ``{modality: (n, d_m)}`` for paired items of two
+            modalities.
+        labels: class ids ``(n,)`` or one-hot / multi-hot ``(n, C)``.
+        bits: the code length K.
+        seed: seeds the validation split, the search and every trial's initial weights.
+        budget: a :class:`Budget` (default ``Budget()``: about ten trainings' worth).
+        kind: the kind of data (:data:`tfhash.recipes.DATA_KINDS`; default from ``x`` and
+            ``labels``, :func:`data_kind`).
+        unlabelled: ``(m, d)`` rows without labels: the space's semi-supervised variants (MT-SCDH
+            with :data:`tfhash.recipes.MEAN_TEACHER`) join the search, the only ones training on
+            them too.
+        space: a :class:`SearchSpace` (default ``SEARCH_SPACES[kind]``).
+        directory: where KerasTuner writes its state, kept for inspection (default a temporary
+            folder, removed after); a search starts afresh there.
+        num_classes: C, when ids do not reach the last class.
+        margin: the recommended recipe (trained first, at full fidelity) is kept unless another
+            trial beats its validation score by this much without losing any of its other scores
+            (each direction, mAP@1000) by more (:func:`beats`; 0: any gain that loses nothing).
+        train_in_database: the share of the validation database drawn from the rows trained on:
+            set your catalogue's (a database of the training items themselves, as Wiki's, near
+            0.9; unseen items mostly, as CIFAR-10's protocol, 0.08); :data:`TRAIN_IN_DATABASE`
+            when unknown. Recipes that fit the training rows closely rank them well, so the share
+            changes which recipe wins.
+
+    Returns:
+        :class:`TuneResult`; its ``recipe`` is trained on all rows with ``recipe.fit``.
+
+    Raises:
+        TuningError: an empty search space, a budget that cannot run one trial, too few labelled
+            rows for a validation split, every trial failing.
+        ValueError: bad labels, inputs or bits (as :meth:`tfhash.recipes.Recipe.fit` says).
+    """
+    from tfhash.tuning.tuner import RecipeTuner
+
+    task, default = prepare(x, labels, bits, seed, budget, kind=kind, unlabelled=unlabelled, space=space, num_classes=num_classes,
+                            train_in_database=train_in_database)  # fmt: skip
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="tfhash-tune-") as scratch:
+        tuner = RecipeTuner(task, default, directory or scratch, margin=margin)
+        tuner.search(verbose=verbose)
+        best = tuner.oracle.get_best_trials(1)[0]
+    values, score = best.hyperparameters.values, float(best.score)
+    ok = sum(t["status"] == "ok" for t in task.trials)
+    top = values.get("tuner/epochs", task.budget.max_units)
+    rivals = [t for t in task.trials if t["status"] == "ok" and t["units"] == top and t["trial"] != best.trial_id]
+    chosen = (f"tfhash.tuning.tune({task.kind}, {bits} bits, seed {seed}): validation mAP@all {score:.4f}, best of {ok} "
+              f"completed trials ({len(task.trials) - ok} failed)"
+              + (f"; the recommended recipe kept (no other trial beat it by {margin} without losing a score by more)"
+                 if tuner.oracle.kept_default else "")
+              + ("" if rivals else "; no other trial reached full fidelity: a larger budget compares more")
+              + f"; {task.split.protocol}")  # fmt: skip
+    return TuneResult(recipe=task.space.recipe(values, task.modalities, chosen=chosen), trials=task.trials, score=score,
+                      kind=task.kind, validation=task.split.protocol, budget=task.budget,
+                      seconds=round(time.perf_counter() - start, 1), seed=seed, bits=bits,
+                      unlabelled=values["variant"] in task.space.semi_supervised)  # fmt: skip
+
+
+def __getattr__(name: str):
+    if name == "RecipeTuner":  # KerasTuner (the tuning extra) is imported only when it is asked for
+        from tfhash.tuning.tuner import RecipeTuner
+
+        return RecipeTuner
+    raise AttributeError(f"module 'tfhash.tuning' has no attribute {name!r}")
