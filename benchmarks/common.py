@@ -10,7 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+CHECKOUT = Path(__file__).resolve().parents[1]
+RESULTS_DIR = CHECKOUT / "benchmarks" / "results"
 
 
 def positive_int(text: str) -> int:
@@ -31,10 +32,23 @@ def cpu_model() -> str:
         return platform.processor()
 
 
-def environment() -> dict:
-    import numpy as np
+def checkout_commit(checkout: str | os.PathLike = CHECKOUT) -> str:
+    """The short commit of a checkout (this one by default), ``+changes`` when its tracked files
+    differ from it; ``"unknown"`` outside git."""
+    import subprocess
 
+    try:
+        commit = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                check=True).stdout.strip()  # fmt: skip
+        dirty = subprocess.run(["git", "-C", str(checkout), "diff", "--quiet", "HEAD", "--"], check=False).returncode != 0
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return commit + ("+changes" if dirty else "")
+
+
+def environment() -> dict:
     info = {
+        "commit": checkout_commit(),
         "python": platform.python_version(),
         "machine": platform.machine(),
         "cpus": os.cpu_count(),
@@ -51,13 +65,22 @@ def environment() -> dict:
     return info
 
 
+def run_line(env: dict) -> str:
+    """The line every results page ends with: the code, the machine and the time of its run."""
+    return (f"Run at commit {env.get('commit', 'unknown')} on {env.get('cpu') or 'an unrecorded CPU'} "
+            f"({env.get('cpus', '?')} CPUs), {env.get('date', 'at an unrecorded time')}; Python {env.get('python', '?')}"
+            + (f", TensorFlow {env['tensorflow']}" if "tensorflow" in env else "") + ".")  # fmt: skip
+
+
 def write_results(name: str, payload: dict, markdown: str) -> Path:
-    """Write ``results/<name>.json`` (payload + environment) and ``results/<name>.md``."""
+    """Write ``results/<name>.json`` (payload + environment) and ``results/<name>.md`` (ending with
+    :func:`run_line`)."""
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    payload = {"environment": environment(), **payload}
+    env = environment()
+    payload = {"environment": env, **payload}
     json_path = RESULTS_DIR / f"{name}.json"
     json_path.write_text(json.dumps(payload, indent=2, default=float))
-    (RESULTS_DIR / f"{name}.md").write_text(markdown)
+    (RESULTS_DIR / f"{name}.md").write_text(markdown.rstrip("\n") + "\n\n" + run_line(env) + "\n")
     print(f"wrote {json_path} and {name}.md")
     return json_path
 

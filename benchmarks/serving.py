@@ -42,7 +42,7 @@ import numpy as np
 import psutil
 from tfhash.serving.event_loop import EVENT_LOOPS
 
-from benchmarks.common import clustered_packed, markdown_table, write_results
+from benchmarks.common import checkout_commit, clustered_packed, markdown_table, write_results
 
 DIM, K = 32, 10
 CHECKED = 200  # requests whose answers each service must give as the library does, before any load
@@ -74,13 +74,6 @@ def start_service(model_base: str, index_base: str, kind: str, search_threads: i
         return start_command([*args, "--event-loop", event_loop], "search service on ")
     checkout, front = baseline
     return start_command([*args, "--front", front], "search service on ", executable=os.path.join(checkout, ".venv", "bin", "python"))
-
-
-def checkout_commit(checkout: str) -> str:
-    """The short commit of a checkout (for the rows that name the code they ran)."""
-    import subprocess
-
-    return subprocess.run(["git", "-C", checkout, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
 
 
 def family(processes: psutil.Process | list[psutil.Process]) -> list[psutil.Process]:

@@ -141,3 +141,17 @@ def test_the_shell_blocks_name_commands_and_options_that_exist(page):
                 assert importlib.util.find_spec(words[2]) is not None, f"{page.name}: {line!r}: no module {words[2]}"
             elif words[0] == "bash" and words[1].endswith(".sh"):
                 assert (ROOT / words[1]).is_file(), f"{page.name}: {line!r}: no script {words[1]}"
+
+
+def test_every_results_page_names_the_run_that_wrote_it():
+    """The evidence pages render ``benchmarks/results/``: each ends with the code, CPU and time of
+    its run (:func:`benchmarks.common.run_line`), or says that its run recorded no commit."""
+    from benchmarks.common import RESULTS_DIR, run_line
+
+    pages = sorted(RESULTS_DIR.glob("*.md"))
+    assert len(pages) > 20
+    unnamed = [p.name for p in pages if not re.search(r"^(Run (at|with the code of) commit \S+|Recorded before results pages named "
+                                                      r"their commit: run) .*CPUs?\b", p.read_text().rstrip().rsplit("\n", 1)[-1])]  # fmt: skip
+    assert unnamed == []
+    assert re.fullmatch(r"Run at commit abc1234 on AMD EPYC \(2 CPUs\), 2026-01-01 00:00:00; Python 3\.10\.13\.",
+                        run_line({"commit": "abc1234", "cpu": "AMD EPYC", "cpus": 2, "date": "2026-01-01 00:00:00", "python": "3.10.13"}))  # fmt: skip
