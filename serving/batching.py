@@ -1,21 +1,5 @@
 """The search service's one batching primitive: concurrent requests of one kind joined into one
-call, with one call in flight per process.
-
-A request submitted on the service's event loop waits in a queue. While no call runs, the next
-one starts at the end of the loop's current turn (so the requests that arrived in that turn join
-it) on the coalescer's worker thread; the event loop meanwhile goes on reading and parsing
-requests, which queue. When the call returns, the oldest waiting request and every other waiting
-request of the same key (the same form of query, k, radius and pinned version) that fits within
-``max_rows`` rows make the next call. A lone request therefore runs at once, and under load the
-per-call cost (the model call, a pass over the database) is shared by the requests that queued
-while the previous call ran. A process answers one joined call at a time; more cores are used by
-more processes on one port (:mod:`tfhash.serving.processes`).
-
-A joined call that fails is retried request by request, so one request the pair refuses (codes
-of a wrong value, say) cannot fail the others that shared its call; an error that ``shared``
-accepts (the service is unavailable) is every request's at once. A request whose caller went away
-(its RPC cancelled, its deadline passed) is dropped before it is run.
-"""
+call, with one call in flight per process."""
 
 from __future__ import annotations
 
@@ -43,6 +27,21 @@ class _Waiting:
 class Coalescer:
     """Joins the items submitted on one event loop into calls ``call(joined, timeout) -> answers``
     made on a worker thread, one at a time.
+
+    A request submitted on the service's event loop waits in a queue. While no call runs, the next
+    one starts at the end of the loop's current turn (so the requests that arrived in that turn join
+    it) on the coalescer's worker thread; the event loop meanwhile goes on reading and parsing
+    requests, which queue. When the call returns, the oldest waiting request and every other waiting
+    request of the same key (the same form of query, k, radius and pinned version) that fits within
+    ``max_rows`` rows make the next call. A lone request therefore runs at once, and under load the
+    per-call cost (the model call, a pass over the database) is shared by the requests that queued
+    while the previous call ran. A process answers one joined call at a time; more cores are used by
+    more processes on one port (:mod:`tfhash.serving.processes`).
+
+    A joined call that fails is retried request by request, so one request the pair refuses (codes
+    of a wrong value, say) cannot fail the others that shared its call; an error that ``shared``
+    accepts (the service is unavailable) is every request's at once. A request whose caller went away
+    (its RPC cancelled, its deadline passed) is dropped before it is run.
 
     Args:
         call: answers a joined item with one answer per row, within ``timeout`` seconds (None:

@@ -1,27 +1,5 @@
 """Development model server: TF Serving's ``PredictionService`` and ``ModelService`` gRPC APIs,
-implemented in process over the SavedModel versions under each model's base path.
-
-It stands in for ``tensorflow_model_server`` where that binary cannot run (no Docker, no TF Serving
-package here), so that clients, tests and users have a real gRPC endpoint speaking the same protos.
-It is not a replacement: no server-side batching, no warmup replay, one process. In production run
-the official server with the artifacts of :mod:`tfhash.serving.deployment`.
-
-What it does as TF Serving does: reads the same ``models.config`` (``model_version_policy``
-latest / all / specific, ``version_labels``) and, given its file, re-reads it when it changes
-(``--model_config_file_poll_wait_seconds``); polls the base paths, loads new versions and unloads
-those that leave the policy; ``Predict`` (with ``output_filter``), ``GetModelMetadata``
-(``signature_def``), ``GetModelStatus`` and ``HandleReloadConfigRequest``; bad requests get
-INVALID_ARGUMENT, unknown models / versions NOT_FOUND. A version that fails to load is reported
-by ``GetModelStatus`` (state END with the error, paths shown relative to the base path) and retried
-(:class:`tfhash.serving.versions.Retries`): at the next poll once its files change, so a version
-copied file by file loads when the copy is complete, else with a doubling delay.
-
-Where it is stricter than TF Serving, to bound what one request can cost: a request tensor must
-carry all its values (the short form that repeats the last value for the rest of a large shape is
-refused) and no tensor may hold more than ``max_message_bytes``, both checked before anything is
-allocated; with ``allowed_root``, ``HandleReloadConfigRequest`` refuses base paths outside it
-(PERMISSION_DENIED).
-"""
+implemented in process over the SavedModel versions under each model's base path."""
 
 from __future__ import annotations
 
@@ -376,6 +354,27 @@ class ModelServicer(model_service_pb2_grpc.ModelServiceServicer):
 class DevModelServer:
     """The development model server: a gRPC server plus a thread that polls the base paths (and,
     with ``config_file``, the config file every ``config_poll_seconds``; 0: read it once).
+
+    It stands in for ``tensorflow_model_server`` where that binary cannot run (no Docker, no TF Serving
+    package here), so that clients, tests and users have a real gRPC endpoint speaking the same protos.
+    It is not a replacement: no server-side batching, no warmup replay, one process. In production run
+    the official server with the artifacts of :mod:`tfhash.serving.deployment`.
+
+    What it does as TF Serving does: reads the same ``models.config`` (``model_version_policy``
+    latest / all / specific, ``version_labels``) and, given its file, re-reads it when it changes
+    (``--model_config_file_poll_wait_seconds``); polls the base paths, loads new versions and unloads
+    those that leave the policy; ``Predict`` (with ``output_filter``), ``GetModelMetadata``
+    (``signature_def``), ``GetModelStatus`` and ``HandleReloadConfigRequest``; bad requests get
+    INVALID_ARGUMENT, unknown models / versions NOT_FOUND. A version that fails to load is reported
+    by ``GetModelStatus`` (state END with the error, paths shown relative to the base path) and retried
+    (:class:`tfhash.serving.versions.Retries`): at the next poll once its files change, so a version
+    copied file by file loads when the copy is complete, else with a doubling delay.
+
+    Where it is stricter than TF Serving, to bound what one request can cost: a request tensor must
+    carry all its values (the short form that repeats the last value for the rest of a large shape is
+    refused) and no tensor may hold more than ``max_message_bytes``, both checked before anything is
+    allocated; with ``allowed_root``, ``HandleReloadConfigRequest`` refuses base paths outside it
+    (PERMISSION_DENIED).
 
     ``start()`` loads what is there before it returns, so a client can call it at once.
     """

@@ -1,39 +1,5 @@
 """The processes of a search service: one (:func:`build_server`) or several on one port
-(:class:`ProcessFront`, ``tfhash serve search --processes N``).
-
-Why several: one process answers one joined call at a time, and its event loop (gRPC's serving,
-parsing) runs on one core at a time (the GIL), so a second core is used by a second process.
-
-:class:`ProcessFront` holds the ports and supervises; it serves nothing itself.
-
-* gRPC: the parent binds the port without ``SO_REUSEPORT`` (so a port that any socket holds is
-  refused: two services never silently share a port), then sets ``SO_REUSEPORT`` on its bound,
-  never listening socket; each child's server binds the same port with ``grpc.so_reuseport`` and
-  the kernel spreads connections over the children that listen (a child listens only once it has
-  loaded the newest pair there is). Linux lets only sockets of the same user join a port; another
-  process of that user asking for ``SO_REUSEPORT`` could join too, so run each service under its
-  own user where that matters.
-* REST: the parent opens the listening socket; the children inherit it and accept from it.
-* Status: every child publishes what it serves at each look for a newer pair
-  (:mod:`tfhash.serving.shared_status`); health, ``/readyz`` and GetStatus of every child report the
-  whole service, ready only while every child is.
-* Versions: each child loads a new version at its own look, and serves it only once every child
-  with a fresh status holds it; then all switch together (the ``version`` cell of
-  :mod:`tfhash.serving.shared_status`). A response names the version that answered it, no request
-  sees two, and a request that starts after any answer named the new version gets it too.
-* Supervision: a child that exits while the service runs is restarted; more than
-  ``max_restarts`` exits within ``restart_window`` seconds stop the service with an error (a child
-  that cannot stay up is a fault to see, not to hide). A child that fails before it first serves
-  stops the start-up with its exit code.
-* SIGTERM / Ctrl-C: forwarded to every child (each in a session of its own), which drains within
-  the grace period. A child gets SIGTERM from the kernel when the parent's thread that spawned it
-  ends: the parent dying, or its supervisor stopping. A supervisor that fails (no process can be
-  spawned) stops the service with an error.
-* Memory: a flat index's codes are mapped from the index files (``load_index(mapped=True)``), one
-  copy in the page cache for every process; an IVF index maps its codes and ids too but reads its
-  inverted lists into each process, multi-hash and ScaNN indexes build theirs in each process, and
-  each process loads its own encoder.
-"""
+(:class:`ProcessFront`, ``tfhash serve search --processes N``)."""
 
 from __future__ import annotations
 
@@ -184,8 +150,41 @@ class ServiceFailed(RuntimeError):
 
 class ProcessFront:
     """``processes`` search-service processes on one gRPC port (and one REST port), supervised
-    (module docstring). Binds now (OSError for a port in use); :meth:`start` spawns the children
+    (below). Binds now (OSError for a port in use); :meth:`start` spawns the children
     and returns once every one serves; :meth:`stop` drains them.
+
+    Why several: one process answers one joined call at a time, and its event loop (gRPC's serving,
+    parsing) runs on one core at a time (the GIL), so a second core is used by a second process.
+
+    :class:`ProcessFront` holds the ports and supervises; it serves nothing itself.
+
+    * gRPC: the parent binds the port without ``SO_REUSEPORT`` (so a port that any socket holds is
+      refused: two services never silently share a port), then sets ``SO_REUSEPORT`` on its bound,
+      never listening socket; each child's server binds the same port with ``grpc.so_reuseport`` and
+      the kernel spreads connections over the children that listen (a child listens only once it has
+      loaded the newest pair there is). Linux lets only sockets of the same user join a port; another
+      process of that user asking for ``SO_REUSEPORT`` could join too, so run each service under its
+      own user where that matters.
+    * REST: the parent opens the listening socket; the children inherit it and accept from it.
+    * Status: every child publishes what it serves at each look for a newer pair
+      (:mod:`tfhash.serving.shared_status`); health, ``/readyz`` and GetStatus of every child report the
+      whole service, ready only while every child is.
+    * Versions: each child loads a new version at its own look, and serves it only once every child
+      with a fresh status holds it; then all switch together (the ``version`` cell of
+      :mod:`tfhash.serving.shared_status`). A response names the version that answered it, no request
+      sees two, and a request that starts after any answer named the new version gets it too.
+    * Supervision: a child that exits while the service runs is restarted; more than
+      ``max_restarts`` exits within ``restart_window`` seconds stop the service with an error (a child
+      that cannot stay up is a fault to see, not to hide). A child that fails before it first serves
+      stops the start-up with its exit code.
+    * SIGTERM / Ctrl-C: forwarded to every child (each in a session of its own), which drains within
+      the grace period. A child gets SIGTERM from the kernel when the parent's thread that spawned it
+      ends: the parent dying, or its supervisor stopping. A supervisor that fails (no process can be
+      spawned) stops the service with an error.
+    * Memory: a flat index's codes are mapped from the index files (``load_index(mapped=True)``), one
+      copy in the page cache for every process; an IVF index maps its codes and ids too but reads its
+      inverted lists into each process, multi-hash and ScaNN indexes build theirs in each process, and
+      each process loads its own encoder.
 
     Args:
         spec: what each child serves; ``spec.host`` must be a numeric address.

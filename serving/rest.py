@@ -1,32 +1,5 @@
 """REST/JSON of the search service, on Tornado's HTTP server, served from the service's event loop
-and answered through the same path as gRPC (:meth:`tfhash.serving.search_service.SearchServer.search`).
-
-* ``POST /v1/search`` with ``Content-Type: application/json`` and a JSON object holding exactly
-  one of ``examples`` (base64 serialized tf.Examples), ``features`` (nested lists, batch first),
-  ``codes`` (nested lists of +-1) or ``packed_codes`` (base64, one string per query), plus ``k``,
-  optional ``radius`` and ``model_version`` (:mod:`tfhash.serving.requests`). Answers
-  ``{"model_version", "index_kind", "exact", "results": [{"ids", "distances"}]}``; a service started
-  with the data's ``items.csv`` adds ``"paths"`` and ``"labels"`` (a list of class names) to each result.
-* ``GET /v1/status``; ``GET /healthz`` (alive); ``GET /readyz`` (200 once a pair can answer, in
-  every process of the service, else 503).
-
-Errors answer ``{"error": {"code": "INVALID_ARGUMENT", "message": ...}}`` with the HTTP status of
-:data:`tfhash.serving.errors.HTTP_STATUS`, and: 414 for a target over ``max_uri_bytes``, 431 for
-headers over ``max_header_bytes`` (beyond four times that, Tornado's parser closes the connection
-without a status), 400 for any query parameter (no route takes one: ``model_version`` belongs in
-the body, and a parameter silently ignored would let a client believe it pinned a version), 415 for
-a POST that is not ``application/json`` or declares a charset other than UTF-8 (JSON's, RFC 8259),
-413 for a declared body over ``max_body_bytes`` (answered from the
-headers, before any body byte is read), 429 when the bodies of the requests accepted and not yet
-answered would exceed ``max_concurrent * max_body_bytes`` bytes (each reserves its declared
-length, a chunked one the limit), 503 while shutting down.
-
-Slow or broken clients: the event loop reads and writes every connection (an open socket holds no
-thread), the request line and headers must arrive within ``header_timeout`` seconds (also the
-keep-alive idle limit) and the body within ``body_timeout`` seconds, else the connection is
-closed; malformed HTTP (a TLS handshake, garbage) gets 400 and a closed connection from Tornado's
-parser. A search is bounded by ``search_timeout`` seconds.
-"""
+and answered through the same path as gRPC (:meth:`tfhash.serving.search_service.SearchServer.search`)."""
 
 from __future__ import annotations
 
@@ -187,6 +160,32 @@ class RestFront:
     """The HTTP server of a search service: binds ``host:port`` now (port 0: any free port; an
     address that cannot be bound raises OSError), serves on the running event loop after
     :meth:`start`.
+
+    * ``POST /v1/search`` with ``Content-Type: application/json`` and a JSON object holding exactly
+      one of ``examples`` (base64 serialized tf.Examples), ``features`` (nested lists, batch first),
+      ``codes`` (nested lists of +-1) or ``packed_codes`` (base64, one string per query), plus ``k``,
+      optional ``radius`` and ``model_version`` (:mod:`tfhash.serving.requests`). Answers
+      ``{"model_version", "index_kind", "exact", "results": [{"ids", "distances"}]}``; a service started
+      with the data's ``items.csv`` adds ``"paths"`` and ``"labels"`` (a list of class names) to each result.
+    * ``GET /v1/status``; ``GET /healthz`` (alive); ``GET /readyz`` (200 once a pair can answer, in
+      every process of the service, else 503).
+
+    Errors answer ``{"error": {"code": "INVALID_ARGUMENT", "message": ...}}`` with the HTTP status of
+    :data:`tfhash.serving.errors.HTTP_STATUS`, and: 414 for a target over ``max_uri_bytes``, 431 for
+    headers over ``max_header_bytes`` (beyond four times that, Tornado's parser closes the connection
+    without a status), 400 for any query parameter (no route takes one: ``model_version`` belongs in
+    the body, and a parameter silently ignored would let a client believe it pinned a version), 415 for
+    a POST that is not ``application/json`` or declares a charset other than UTF-8 (JSON's, RFC 8259),
+    413 for a declared body over ``max_body_bytes`` (answered from the
+    headers, before any body byte is read), 429 when the bodies of the requests accepted and not yet
+    answered would exceed ``max_concurrent * max_body_bytes`` bytes (each reserves its declared
+    length, a chunked one the limit), 503 while shutting down.
+
+    Slow or broken clients: the event loop reads and writes every connection (an open socket holds no
+    thread), the request line and headers must arrive within ``header_timeout`` seconds (also the
+    keep-alive idle limit) and the body within ``body_timeout`` seconds, else the connection is
+    closed; malformed HTTP (a TLS handshake, garbage) gets 400 and a closed connection from Tornado's
+    parser. A search is bounded by ``search_timeout`` seconds.
 
     ``search``: the service's path from a parsed query to its answer; ``status``: what
     ``/v1/status`` and ``/readyz`` report; ``sockets``: listening sockets to accept from instead of

@@ -1,33 +1,7 @@
 """The search service: one front serving gRPC (``tfhash.serving.HashSearch``, see
 ``search.proto``, and the standard health service) and, optionally, REST/JSON
 (:mod:`tfhash.serving.rest`) from one asyncio event loop, with a watcher that hot-swaps to newer
-model/index pairs, request limits and graceful shutdown.
-
-    searcher = in_process_searcher("runs/serving/m", "runs/indexes/m", "BFlat")
-    server = SearchServer(searcher, port=8600, rest_port=8601).start()
-    ...
-    server.stop()
-
-A request's bytes are parsed once, on the loop, into a :class:`~tfhash.serving.requests.Query`
-(bytes that are no message of the method's type: INVALID_ARGUMENT) and checked against the limits;
-then both fronts hand it to one :class:`~tfhash.serving.batching.Coalescer`, which joins the
-searches of one kind that wait while a call runs into the next call (at most ``join_rows`` rows),
-made on its worker thread: one joined call in flight per process. More cores take more processes
-on one port (:mod:`tfhash.serving.processes`).
-
-Health: ``grpc.health.v1.Health/Check`` answers SERVING for "" and ``tfhash.serving.HashSearch``
-while a pair can answer (in every process of a multi-process service); NOT_SERVING before the
-first pair, whenever none can answer (the paired version withdrawn with no other pair, TF Serving
-unreachable) and from the start of a shutdown, which also ends every Watch stream. Deadlines: the
-caller's gRPC deadline bounds its wait and the encode call (remote TF Serving gets the time that
-is left). Errors: every client mistake is INVALID_ARGUMENT, NOT_FOUND (a pinned version not
-served) or RESOURCE_EXHAUSTED (a request over a size limit, too many concurrent RPCs); UNAVAILABLE
-while no pair is ready or while stopping; INTERNAL only for a server fault, which is logged.
-
-Stop (:meth:`SearchServer.stop`): NOT_SERVING at once; every RPC that reaches a handler from then
-on is refused UNAVAILABLE (retryable: never executed) except the health service's, REST answers
-503, the requests already inside finish for up to ``grace`` seconds, then the servers stop.
-"""
+model/index pairs, request limits and graceful shutdown."""
 
 from __future__ import annotations
 
@@ -143,8 +117,33 @@ def remote_searcher(target: str, model_name: str, index_base_dir: str, kind: str
 
 class SearchServer:
     """The gRPC (and optionally REST) front of a :class:`VersionedSearcher`, with the swap watcher
-    (module docstring). Binds now (port 0: any free port; OSError when the address cannot be
+    (below). Binds now (port 0: any free port; OSError when the address cannot be
     bound); serves from an event loop thread of its own after :meth:`start`.
+
+        searcher = in_process_searcher("runs/serving/m", "runs/indexes/m", "BFlat")
+        server = SearchServer(searcher, port=8600, rest_port=8601).start()
+        ...
+        server.stop()
+
+    A request's bytes are parsed once, on the loop, into a :class:`~tfhash.serving.requests.Query`
+    (bytes that are no message of the method's type: INVALID_ARGUMENT) and checked against the limits;
+    then both fronts hand it to one :class:`~tfhash.serving.batching.Coalescer`, which joins the
+    searches of one kind that wait while a call runs into the next call (at most ``join_rows`` rows),
+    made on its worker thread: one joined call in flight per process. More cores take more processes
+    on one port (:mod:`tfhash.serving.processes`).
+
+    Health: ``grpc.health.v1.Health/Check`` answers SERVING for "" and ``tfhash.serving.HashSearch``
+    while a pair can answer (in every process of a multi-process service); NOT_SERVING before the
+    first pair, whenever none can answer (the paired version withdrawn with no other pair, TF Serving
+    unreachable) and from the start of a shutdown, which also ends every Watch stream. Deadlines: the
+    caller's gRPC deadline bounds its wait and the encode call (remote TF Serving gets the time that
+    is left). Errors: every client mistake is INVALID_ARGUMENT, NOT_FOUND (a pinned version not
+    served) or RESOURCE_EXHAUSTED (a request over a size limit, too many concurrent RPCs); UNAVAILABLE
+    while no pair is ready or while stopping; INTERNAL only for a server fault, which is logged.
+
+    Stop (:meth:`SearchServer.stop`): NOT_SERVING at once; every RPC that reaches a handler from then
+    on is refused UNAVAILABLE (retryable: never executed) except the health service's, REST answers
+    503, the requests already inside finish for up to ``grace`` seconds, then the servers stop.
 
     Requests larger than ``max_message_bytes`` are refused with RESOURCE_EXHAUSTED, and RPCs
     beyond ``max_concurrent_rpcs`` the same way instead of queueing. ``rest_options`` go to

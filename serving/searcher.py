@@ -1,41 +1,5 @@
 """The search service's core: a model version paired with the index that version built, swapped
-atomically for a newer pair, and the search that both fronts (gRPC, REST) use.
-
-Pairing rule: version V is served only when the encoder serves V (the SavedModel folder
-``<model_base_dir>/V`` in process, or ``AVAILABLE`` on TF Serving) and ``<index_base_dir>/V/<kind>``
-is an index whose manifest names model version V, whose checksums verify, whose code width is the
-model's, and whose recorded signature fingerprint (when both sides have one) is the model's. A
-request reads the active pair once, so a swap never mixes two versions inside one answer, and the
-old pair serves the requests that started on it.
-
-Convergence (:meth:`VersionedSearcher.refresh`, called by the service's watcher every poll):
-
-* the newest available version whose pair loads is served; a newer one replaces it as soon as
-  its pair loads;
-* a pair that fails to load (a copy still in progress, a corrupt file, a model server still
-  loading) is retried at the next poll once any of its files changed, else with a doubling
-  delay (:class:`tfhash.serving.versions.Retries`), so a version copied file by file is served
-  at the first poll after the copy completes;
-* when the encoder side withdraws the active version (its folder removed, or TF Serving no longer
-  reports it AVAILABLE), the newest other version that pairs takes over, even an older one; with
-  none, nothing is served (UNAVAILABLE, health NOT_SERVING) until one pairs again;
-* one process of several (:meth:`VersionedSearcher.follow`): a newer pair, once loaded, waits
-  until every process of the service holds it, and then all switch together
-  (:mod:`tfhash.serving.shared_status`);
-* when the encoder side cannot be asked (TF Serving unreachable) the pair is kept but reported
-  not ready, since queries that need encoding cannot be answered.
-
-Queries: serialized examples or raw features (encoded by the pair's model), or codes already
-computed by the client (the caller then pins ``model_version`` to be sure they came from the
-model whose index answers). Codes are binarised with sign (sign(0) = +1) and searched in Hamming
-space, also on a ScaNN index (dot product of +-1 codes), so every index kind answers in the same
-units. A radius filters the k nearest neighbours (it never widens the search), so a request's
-cost is bounded by its queries and k whatever the radius.
-
-Items: given the exported data's ``items.csv`` (:func:`tfhash.artifacts.read_items`), every
-neighbour is answered with its source file and class names too (an id the file does not name gets
-an empty path and no labels).
-"""
+atomically for a newer pair, and the search that both fronts (gRPC, REST) use."""
 
 from __future__ import annotations
 
@@ -96,6 +60,41 @@ class Neighbours:
 
 class VersionedSearcher:
     """Serves the newest complete model/index pair; :meth:`refresh` converges on it.
+
+    Pairing rule: version V is served only when the encoder serves V (the SavedModel folder
+    ``<model_base_dir>/V`` in process, or ``AVAILABLE`` on TF Serving) and ``<index_base_dir>/V/<kind>``
+    is an index whose manifest names model version V, whose checksums verify, whose code width is the
+    model's, and whose recorded signature fingerprint (when both sides have one) is the model's. A
+    request reads the active pair once, so a swap never mixes two versions inside one answer, and the
+    old pair serves the requests that started on it.
+
+    Convergence (:meth:`VersionedSearcher.refresh`, called by the service's watcher every poll):
+
+    * the newest available version whose pair loads is served; a newer one replaces it as soon as
+      its pair loads;
+    * a pair that fails to load (a copy still in progress, a corrupt file, a model server still
+      loading) is retried at the next poll once any of its files changed, else with a doubling
+      delay (:class:`tfhash.serving.versions.Retries`), so a version copied file by file is served
+      at the first poll after the copy completes;
+    * when the encoder side withdraws the active version (its folder removed, or TF Serving no longer
+      reports it AVAILABLE), the newest other version that pairs takes over, even an older one; with
+      none, nothing is served (UNAVAILABLE, health NOT_SERVING) until one pairs again;
+    * one process of several (:meth:`VersionedSearcher.follow`): a newer pair, once loaded, waits
+      until every process of the service holds it, and then all switch together
+      (:mod:`tfhash.serving.shared_status`);
+    * when the encoder side cannot be asked (TF Serving unreachable) the pair is kept but reported
+      not ready, since queries that need encoding cannot be answered.
+
+    Queries: serialized examples or raw features (encoded by the pair's model), or codes already
+    computed by the client (the caller then pins ``model_version`` to be sure they came from the
+    model whose index answers). Codes are binarised with sign (sign(0) = +1) and searched in Hamming
+    space, also on a ScaNN index (dot product of +-1 codes), so every index kind answers in the same
+    units. A radius filters the k nearest neighbours (it never widens the search), so a request's
+    cost is bounded by its queries and k whatever the radius.
+
+    Items: given the exported data's ``items.csv`` (:func:`tfhash.artifacts.read_items`), every
+    neighbour is answered with its source file and class names too (an id the file does not name gets
+    an empty path and no labels).
 
     Args:
         index_base_dir: holds ``<version>/<kind>/`` index directories (the IndexBuilder's layout).
@@ -158,7 +157,7 @@ class VersionedSearcher:
         return self._active
 
     def refresh(self) -> bool:
-        """Converge on the newest available version whose pair loads (module docstring); True if
+        """Converge on the newest available version whose pair loads (the class docstring); True if
         the served pair changed (or, following the service, a newer pair now waits)."""
         with self._refresh_lock:
             available = self._available_versions()

@@ -1,23 +1,4 @@
-"""What every process of a multi-process search service serves, shared through a folder.
-
-Each process (a slot, ``0 .. processes - 1``) writes ``<slot>.json`` (its pid, whether it is
-ready, the model version it serves, the time) at every look for a newer pair and every
-``poll_seconds`` between them (a look that loads a pair may take longer), replacing the file
-atomically; every process reads all of them to answer health, readiness and GetStatus for the
-whole service. A slot whose file is missing, unreadable or older than ``stale_seconds`` counts
-as not ready: a process that died, hangs or is being restarted takes the service's readiness with
-it until it reports again. The parent (:mod:`tfhash.serving.processes`) withdraws a slot's file
-when its process exits.
-
-The version switch is the service's, not each process's: every process also publishes the
-versions it holds loaded (the one it serves and a newer one waiting), and the newest version that
-every process with a fresh status holds is written to the folder's ``version`` cell (8 bytes,
-memory-mapped by every process; written under a file lock by whichever process sees the agreement
-first). A process serves a waiting pair only once the cell names it, and reads the cell for each
-request while a pair waits: a request that starts after any process answered with the new
-version is answered with it by every process (:meth:`VersionedSearcher.follow
-<tfhash.serving.searcher.VersionedSearcher.follow>`).
-"""
+"""What every process of a multi-process search service serves, shared through a folder."""
 
 from __future__ import annotations
 
@@ -51,6 +32,24 @@ def withdraw(folder: str, slot: int) -> None:
 
 class SharedStatus:
     """The status folder of a service of ``processes`` processes, as seen by the one in ``slot``.
+
+    Each process (a slot, ``0 .. processes - 1``) writes ``<slot>.json`` (its pid, whether it is
+    ready, the model version it serves, the time) at every look for a newer pair and every
+    ``poll_seconds`` between them (a look that loads a pair may take longer), replacing the file
+    atomically; every process reads all of them to answer health, readiness and GetStatus for the
+    whole service. A slot whose file is missing, unreadable or older than ``stale_seconds`` counts
+    as not ready: a process that died, hangs or is being restarted takes the service's readiness with
+    it until it reports again. The parent (:mod:`tfhash.serving.processes`) withdraws a slot's file
+    when its process exits.
+
+    The version switch is the service's, not each process's: every process also publishes the
+    versions it holds loaded (the one it serves and a newer one waiting), and the newest version that
+    every process with a fresh status holds is written to the folder's ``version`` cell (8 bytes,
+    memory-mapped by every process; written under a file lock by whichever process sees the agreement
+    first). A process serves a waiting pair only once the cell names it, and reads the cell for each
+    request while a pair waits: a request that starts after any process answered with the new
+    version is answered with it by every process (:meth:`VersionedSearcher.follow
+    <tfhash.serving.searcher.VersionedSearcher.follow>`).
 
     Args:
         folder: the folder the parent created for the statuses.

@@ -1,37 +1,5 @@
 """Milvus as an index back-end: the codes live in a Milvus collection (``BINARY_VECTOR`` field,
-``HAMMING`` metric, ``BIN_FLAT`` index), behind the same API as the in-process indexes.
-
-    index = index_factory(64, "Milvus", uri="runs/milvus.db", collection="items_v3")
-    index.add(codes, ids)
-    index.save("runs/index/3/Milvus", model_version="3", signature_fingerprint=fp)
-    index = load_index("runs/index/3/Milvus", expected_model_version="3", expected_signature_fingerprint=fp)
-
-``uri`` is either a local file, served by the embedded Milvus Lite (tests, the demo, one process
-at a time: Milvus Lite locks the file), or the address of a Milvus server or cluster
-(``http://host:19530``). A token for a server that needs one is read from the environment variable
-:data:`TOKEN_ENV` and never written anywhere.
-
-The index directory that :meth:`MilvusIndex.save` writes holds no data, only the manifest naming
-the URI, the collection and the model version, like every index directory. The model-version lock
-is kept in Milvus too: ``save`` writes a lock row (model version, signature fingerprint, bits,
-count) into the collection :data:`LOCKS_COLLECTION` of the same Milvus, and every change made
-through tfhash (add, remove, upsert) deletes it first. Loading checks the manifest against the
-expected model (:func:`~tfhash.index.persistence.check_model`, before connecting), then the
-collection's dimension, its lock against the manifest (a collection rebuilt or changed since the
-save is refused) and its item count: the collection is checked against the expected model through
-its manifest. Changes made to the collection by other Milvus clients are not seen by the lock
-except through the count.
-
-Answers: ``BIN_FLAT`` scans every code, so distances are exact; Milvus orders equal distances as
-it likes, so at the k-th distance the ids may differ from ``BFlat``'s (ties). Within one answer,
-ties are returned in ascending id order. Milvus answers at most :data:`MAX_RESULTS` results per
-query: a larger ``k`` is refused, and a range search that reaches the limit raises instead of
-returning a truncated list. Milvus keeps no insertion order, so :meth:`MilvusIndex.ids` returns
-the ids in ascending order.
-
-Milvus Lite 2.5 is the last version with binary vectors, and it builds only ``BIN_FLAT``; the IVF
-index types of a Milvus server are not offered here because they cannot be tested without one.
-"""
+``HAMMING`` metric, ``BIN_FLAT`` index), behind the same API as the in-process indexes."""
 
 from __future__ import annotations
 
@@ -169,6 +137,37 @@ def _ids_filter(ids: np.ndarray) -> str:
 
 class MilvusIndex(HashIndex):
     """Hamming k-NN and range search over codes kept in a Milvus collection, with int64 ids.
+
+        index = index_factory(64, "Milvus", uri="runs/milvus.db", collection="items_v3")
+        index.add(codes, ids)
+        index.save("runs/index/3/Milvus", model_version="3", signature_fingerprint=fp)
+        index = load_index("runs/index/3/Milvus", expected_model_version="3", expected_signature_fingerprint=fp)
+
+    ``uri`` is either a local file, served by the embedded Milvus Lite (tests, the demo, one process
+    at a time: Milvus Lite locks the file), or the address of a Milvus server or cluster
+    (``http://host:19530``). A token for a server that needs one is read from the environment variable
+    :data:`TOKEN_ENV` and never written anywhere.
+
+    The index directory that :meth:`MilvusIndex.save` writes holds no data, only the manifest naming
+    the URI, the collection and the model version, like every index directory. The model-version lock
+    is kept in Milvus too: ``save`` writes a lock row (model version, signature fingerprint, bits,
+    count) into the collection :data:`LOCKS_COLLECTION` of the same Milvus, and every change made
+    through tfhash (add, remove, upsert) deletes it first. Loading checks the manifest against the
+    expected model (:func:`~tfhash.index.persistence.check_model`, before connecting), then the
+    collection's dimension, its lock against the manifest (a collection rebuilt or changed since the
+    save is refused) and its item count: the collection is checked against the expected model through
+    its manifest. Changes made to the collection by other Milvus clients are not seen by the lock
+    except through the count.
+
+    Answers: ``BIN_FLAT`` scans every code, so distances are exact; Milvus orders equal distances as
+    it likes, so at the k-th distance the ids may differ from ``BFlat``'s (ties). Within one answer,
+    ties are returned in ascending id order. Milvus answers at most :data:`MAX_RESULTS` results per
+    query: a larger ``k`` is refused, and a range search that reaches the limit raises instead of
+    returning a truncated list. Milvus keeps no insertion order, so :meth:`MilvusIndex.ids` returns
+    the ids in ascending order.
+
+    Milvus Lite 2.5 is the last version with binary vectors, and it builds only ``BIN_FLAT``; the IVF
+    index types of a Milvus server are not offered here because they cannot be tested without one.
 
     Creating one creates its collection (``BIN_FLAT``, ``HAMMING``, strong consistency); an
     existing collection of that name is refused unless ``replace=True``, which drops it first.

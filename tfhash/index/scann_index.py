@@ -1,22 +1,4 @@
-"""ScaNN over +-1 (or continuous) codes with dot-product scoring.
-
-For +-1 codes of K bits, ``q.x = K - 2 d_H(q, x)``, so maximum inner product search is Hamming
-search; distances are reported as ``(K - q.x) / 2`` (the Hamming distance for binary queries).
-Asymmetric mode: continuous queries against the binary database, same formula (no longer an
-integer). Method ``brute`` is exact up to tie order; method ``ah`` is a tree (partitioning) +
-asymmetric hashing + exact reordering, approximate.
-
-The tree is trained with k-means++ initialisation and ``clustering_seed = seed``, so a build is a
-function of the codes and the parameters: an index loaded from disk (which rebuilds its tree) and
-every replica of the search service answer exactly as the index did when it was saved. ScaNN's
-default random initialisation is not seeded by ``clustering_seed`` and gives a different tree on
-each build (measured with scann 1.3.2). k-means++ builds more slowly: 6.1 s against 3.9 s for
-100,000 x 64-bit codes and 1,000 leaves in the quick evidence report (``python -m benchmarks.report
---quick``), at recall within 0.002 of the random initialisation's there and in the index benchmark.
-
-ScaNN is imported when the searcher is first built; creating an index only checks that it is
-installed, so ``import tfhash.index`` works without it.
-"""
+"""ScaNN over +-1 (or continuous) codes with dot-product scoring."""
 
 from __future__ import annotations
 
@@ -50,12 +32,29 @@ def seeded_config(config: str, seed: int) -> str:
 class ScannIndex(InProcessIndex):
     """ScaNN searcher over codes with int64 external ids (rebuilt lazily after add / remove).
 
+    For +-1 codes of K bits, ``q.x = K - 2 d_H(q, x)``, so maximum inner product search is Hamming
+    search; distances are reported as ``(K - q.x) / 2`` (the Hamming distance for binary queries).
+    Asymmetric mode: continuous queries against the binary database, same formula (no longer an
+    integer). Method ``brute`` is exact up to tie order; method ``ah`` is a tree (partitioning) +
+    asymmetric hashing + exact reordering, approximate.
+
+    The tree is trained with k-means++ initialisation and ``clustering_seed = seed``, so a build is a
+    function of the codes and the parameters: an index loaded from disk (which rebuilds its tree) and
+    every replica of the search service answer exactly as the index did when it was saved. ScaNN's
+    default random initialisation is not seeded by ``clustering_seed`` and gives a different tree on
+    each build (measured with scann 1.3.2). k-means++ builds more slowly: 6.1 s against 3.9 s for
+    100,000 x 64-bit codes and 1,000 leaves in the quick evidence report (``python -m benchmarks.report
+    --quick``), at recall within 0.002 of the random initialisation's there and in the index benchmark.
+
+    ScaNN is imported when the searcher is first built; creating an index only checks that it is
+    installed, so ``import tfhash.index`` works without it.
+
     Args:
         bits: K.
         method: ``"ah"`` (tree + AH + reorder) or ``"brute"``.
         num_leaves, leaves_to_search, reorder: ScaNN tree and reordering settings (``ah``).
         training_sample_size: tree training sample.
-        seed: seed of the tree's k-means (``ah``); see the module docstring.
+        seed: seed of the tree's k-means (``ah``); see the class docstring.
 
     Capabilities: none (no separate training, no range search).
     """

@@ -1,17 +1,4 @@
-"""Keras metrics of a training batch, for ``model.compile(metrics=...)`` (docs/design.md s.3).
-
-They follow :mod:`tfhash.metrics`'s definitions on the batch instead of a query set against a
-database: every row of a batch is a query, the other rows are its database. Rows without a label
-(MT-SCDH's unlabelled rows) are no query and, having no class, are relevant to nothing.
-
-* :class:`ClassAccuracy` (``"accuracy"``): the share of rows whose top-scored class is one of
-  theirs, on a model's class scores (the classifier, proxy or centre logits); for single-label
-  data, Keras's categorical accuracy.
-* :class:`PrecisionAtRadius` (``"precision_h2"``): P@H<=r of the batch, on the continuous codes
-  binarised with sign(0) = +1 (docs/design.md s.2); an empty ball scores 0, as in the report.
-
-``sample_weight`` weights each query (a row of weight 0 is no query).
-"""
+"""Keras metrics of a training batch, for ``model.compile(metrics=...)`` (docs/design.md s.3)."""
 
 from __future__ import annotations
 
@@ -70,8 +57,21 @@ class ClassAccuracy(_WeightedMean):
 
 @keras.saving.register_keras_serializable(package="tfhash")
 class PrecisionAtRadius(_WeightedMean):
-    """P@H<=``radius`` within the batch (module docstring); ``y_true`` the ``(n, C)`` multi-hot
-    labels, ``y_pred`` the ``(n, K)`` continuous codes."""
+    """P@H<=``radius`` within the batch (below); ``y_true`` the ``(n, C)`` multi-hot
+    labels, ``y_pred`` the ``(n, K)`` continuous codes.
+
+    They follow :mod:`tfhash.metrics`'s definitions on the batch instead of a query set against a
+    database: every row of a batch is a query, the other rows are its database. Rows without a label
+    (MT-SCDH's unlabelled rows) are no query and, having no class, are relevant to nothing.
+
+    * :class:`ClassAccuracy` (``"accuracy"``): the share of rows whose top-scored class is one of
+      theirs, on a model's class scores (the classifier, proxy or centre logits); for single-label
+      data, Keras's categorical accuracy.
+    * :class:`PrecisionAtRadius` (``"precision_h2"``): P@H<=r of the batch, on the continuous codes
+      binarised with sign(0) = +1 (docs/design.md s.2); an empty ball scores 0, as in the report.
+
+    ``sample_weight`` weights each query (a row of weight 0 is no query).
+    """
 
     def __init__(self, radius: int = 2, name: str | None = None, dtype=None):
         if isinstance(radius, bool) or not isinstance(radius, int) or radius < 0:
