@@ -125,6 +125,20 @@ def test_training_on_the_cache_moves_only_the_layers_above_the_cut(weights, tmp_
     assert model.compute_dtype == "float32"
 
 
+def test_fine_tuning_fit_trains_above_the_cache_or_end_to_end(weights, tmp_path):
+    images, labels = images_and_labels()
+    options = {"backbone_learning_rate": 0.01, "learning_rate": 0.05}
+    cached = FineTuning.for_backbone("squeezenet", trunk_cache={"cut": "fire5_concat", "views": 2, "directory": str(tmp_path / "cache")},
+                                     **options)  # fmt: skip
+    model = cached.fit(scdh(), images, labels, "squeezenet", epochs=1, batch_size=16, size=SIDE, weights=weights)
+    assert model.compute_dtype == "float32" and any((tmp_path / "cache").iterdir())
+    assert model.encode(images[:3]).shape == (3, 16)
+    plain = FineTuning.for_backbone("squeezenet", trunk_cache=False, **options)
+    assert plain.trunk_cache is None
+    model = plain.fit(scdh(), images, labels, "squeezenet", epochs=1, batch_size=16, size=SIDE, weights=weights)
+    assert np.isfinite(model.history.history["loss"]).all() and model.encode(images[:3]).shape == (3, 16)
+
+
 def test_mixup_mixes_rows_and_their_scul_weights_alike():
     features = np.arange(12, dtype=np.float16).reshape(3, 2, 2)
     labels = np.array([[1, 0, 0], [0, 1, 1], [1, 0, 0]], np.float32)

@@ -239,6 +239,48 @@ class FineTuning:
         rate = self.input_dropout.get(modality, 0.0) if isinstance(self.input_dropout, dict) else self.input_dropout
         return {"dropout": self.dropout, "input_dropout": float(rate)}
 
+    def fit(self, build, images, labels, backbone: str, epochs: int, batch_size: int = 32, seed: int = 0, size: int | None = None,
+            weights: str | None = "imagenet", precision: str = "off", callbacks=(), verbose: int = 0):  # fmt: skip
+        """Train the tfhash model that ``build`` makes around the image network ``backbone`` on
+        ``images`` (uint8 pixels ``(n, H, W[, 3])``) and ``labels`` with these settings; returns the
+        trained float32 model on raw images. With :attr:`trunk_cache` set, only the layers above its
+        cut train, on cached activations of the frozen layers below it (:mod:`tfhash.trunk_cache`,
+        the cache kept in its ``directory`` for the next run); otherwise the network trains end to end.
+
+        Args:
+            build: a backbone -> a tfhash model, e.g. ``lambda net: build_scdh(net, 10, 48)``.
+            backbone: a name of :data:`tfhash.models.IMAGE_NETWORKS` (or an encoder's path), built
+                by :func:`tfhash.models.image_backbone` at ``size`` with ``weights`` and these
+                settings' :meth:`backbone_options`.
+            precision: the mixed precision of the cached training (:func:`precision_policy`:
+                ``"off"``, ``"on"``, ``"auto"`` or ``"bfloat16"``); end-to-end training is float32.
+            callbacks, verbose: as for ``keras.Model.fit``.
+
+        Raises:
+            tfhash.trunk_cache.CacheError: a cut the network does not have, a method with several
+                backbones; tfhash.models.BackboneError: an unknown network or unusable weights.
+        """
+        import keras
+        import numpy as np
+
+        from tfhash.models import image_backbone
+
+        def make_backbone():
+            return image_backbone(backbone, np.shape(images)[1:], size=size, weights=weights, **self.backbone_options())
+
+        if self.trunk_cache is not None:
+            from tfhash.trunk_cache import fit_on_cache
+
+            model, _, _ = fit_on_cache(build, make_backbone, images, labels, self,
+                                       lambda model, steps: compile_fine_tuning(model, self, epochs, steps), epochs, batch_size,
+                                       seed, backbone, precision_policy(precision, gpu=False), callbacks, verbose)  # fmt: skip
+            return model
+        keras.utils.set_random_seed(seed)
+        model = build(make_backbone())
+        compile_fine_tuning(model, self, epochs, math.ceil(len(images) / batch_size))
+        model.fit(images, labels, epochs=epochs, batch_size=batch_size, callbacks=list(callbacks), verbose=verbose)
+        return model
+
     def scaled_to_batch(self, factor: float) -> FineTuning:
         """This recipe for a batch ``factor`` times larger: learning rates scaled linearly (the
         linear scaling rule of Goyal et al., 2017), the rest unchanged."""
