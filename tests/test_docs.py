@@ -110,10 +110,10 @@ LONG_DOCSTRINGS = {
     "serving/requests.py", "serving/versions.py", "tfhash/artifacts.py",
     "tfhash/console.py", "tfhash/data/export.py", "tfhash/data/image_lists.py",
     "tfhash/data/user.py", "tfhash/export.py", "tfhash/fine_tuning.py", "tfhash/hamming.py", "tfhash/index/__init__.py",
-    "tfhash/index/base.py", "tfhash/index/binary.py", "tfhash/index/factory.py",
+    "tfhash/index/factory.py",
     "tfhash/index/persistence.py", "tfhash/labels.py", "tfhash/losses/keras_losses.py",
     "tfhash/losses/reduction.py", "tfhash/metrics/kernels.py", "tfhash/metrics/retrieval.py",
-    "tfhash/models/backbones.py", "tfhash/models/efficientnet_lite.py", "tfhash/models/training.py", "tfhash/optimizers.py",
+    "tfhash/models/backbones.py", "tfhash/models/efficientnet_lite.py", "tfhash/models/training.py",
     "tfhash/proxies.py", "tfhash/recipes.py", "tfhash/registry.py", "tfhash/state_dicts.py", "tfhash/trunk_cache.py",
     "tfhash/tuning/__init__.py",
 }  # fmt: skip

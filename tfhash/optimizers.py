@@ -1,15 +1,5 @@
 """Optimizers with a separate rate for a pretrained backbone, as the papers fine-tune (see
-:mod:`tfhash.fine_tuning`, whose :class:`~tfhash.fine_tuning.FineTuning` makes them).
-
-The optimizer's learning rate (a schedule) drives the new layers, and the variables registered with
-:meth:`~_BackboneRates.set_backbone_variables` move at ``backbone_scale`` times it, or not at all
-during the first ``frozen_steps`` (a frozen warm-up). Weight decay is the coupled L2 of the papers'
-frameworks (``gradient + weight_decay * variable``, as PyTorch's and Caffe's SGD apply it) for SGD
-and Adam, and AdamW's decoupled decay for ``"adamw"`` (:class:`BackboneRateAdamW`).
-Like Keras's ``exclude_from_weight_decay``, the registered variables are not part of the
-optimizer's config: recompile with :func:`tfhash.fine_tuning.compile_fine_tuning` after loading a
-model to resume.
-"""
+:mod:`tfhash.fine_tuning`, whose :class:`~tfhash.fine_tuning.FineTuning` makes them)."""
 
 from __future__ import annotations
 
@@ -19,7 +9,17 @@ from keras import ops
 
 class _BackboneRates:
     """Mixin for a Keras optimizer: registered backbone variables step at ``backbone_scale`` times
-    the learning rate, 0 before ``frozen_steps``; coupled L2 ``weight_decay`` on every variable."""
+    the learning rate, 0 before ``frozen_steps``; coupled L2 ``weight_decay`` on every variable.
+
+    The optimizer's learning rate (a schedule) drives the new layers, and the variables registered with
+    :meth:`~_BackboneRates.set_backbone_variables` move at ``backbone_scale`` times it, or not at all
+    during the first ``frozen_steps`` (a frozen warm-up). Weight decay is the coupled L2 of the papers'
+    frameworks (``gradient + weight_decay * variable``, as PyTorch's and Caffe's SGD apply it) for SGD
+    and Adam, and AdamW's decoupled decay for ``"adamw"`` (:class:`BackboneRateAdamW`).
+    Like Keras's ``exclude_from_weight_decay``, the registered variables are not part of the
+    optimizer's config: recompile with :func:`tfhash.fine_tuning.compile_fine_tuning` after loading a
+    model to resume.
+    """
 
     def __init__(self, *args, backbone_scale: float = 1.0, frozen_steps: int = 0, l2: float = 0.0, **kwargs):
         super().__init__(*args, **kwargs)

@@ -1,25 +1,4 @@
-"""The abstract index every tfhash index implements (add / search / save / load).
-
-Words used across :mod:`tfhash.index`:
-
-* **index type**: the name a user writes to ask for an index, ``BFlat``, ``BIVF1024``, ``ScaNN``,
-  ``Milvus`` (the table in :mod:`tfhash.index.factory`);
-* **method**: the search method inside one index class, ``flat`` / ``ivf`` / ``multihash`` for
-  :class:`~tfhash.index.binary.BinaryIndex`, ``ah`` / ``brute`` for
-  :class:`~tfhash.index.scann_index.ScannIndex`;
-* **format tag**: ``<format family>-<method>``, e.g. ``binary-flat``, recorded in an index
-  directory's manifest (under the field ``kind``) so that a loader knows which class reads it.
-
-:class:`HashIndex` owns what every index shares wherever its items live: the checks on codes,
-queries, ids and ``k``, automatic ids, upsert, the declared capabilities and the manifest. Where
-the items are kept is a subclass's: it implements the storage primitives ``ntotal``, ``ids``,
-``_insert``, ``_delete`` (and may speed up ``_existing`` / ``_next_ids``) and ``_search``.
-:class:`InProcessIndex` keeps rows and ids in this process, in insertion order, and writes them
-into the index directory; its subclasses implement only their search structure through the
-``_add_rows`` / ``_items_removed`` / ``_search`` hooks (plus ``_train`` and ``_range_search``
-when they declare those capabilities). :class:`~tfhash.index.milvus.MilvusIndex` keeps its items
-in a Milvus collection, and its index directory only points at it.
-"""
+"""The abstract index every tfhash index implements (add / search / save / load)."""
 
 from __future__ import annotations
 
@@ -194,6 +173,26 @@ def empty_rows(layout: str, bits: int) -> np.ndarray:
 
 class HashIndex(abc.ABC):
     """Codes with int64 external ids, wherever a subclass keeps them.
+
+    Words used across :mod:`tfhash.index`:
+
+    * **index type**: the name a user writes to ask for an index, ``BFlat``, ``BIVF1024``, ``ScaNN``,
+      ``Milvus`` (the table in :mod:`tfhash.index.factory`);
+    * **method**: the search method inside one index class, ``flat`` / ``ivf`` / ``multihash`` for
+      :class:`~tfhash.index.binary.BinaryIndex`, ``ah`` / ``brute`` for
+      :class:`~tfhash.index.scann_index.ScannIndex`;
+    * **format tag**: ``<format family>-<method>``, e.g. ``binary-flat``, recorded in an index
+      directory's manifest (under the field ``kind``) so that a loader knows which class reads it.
+
+    :class:`HashIndex` owns what every index shares wherever its items live: the checks on codes,
+    queries, ids and ``k``, automatic ids, upsert, the declared capabilities and the manifest. Where
+    the items are kept is a subclass's: it implements the storage primitives ``ntotal``, ``ids``,
+    ``_insert``, ``_delete`` (and may speed up ``_existing`` / ``_next_ids``) and ``_search``.
+    :class:`InProcessIndex` keeps rows and ids in this process, in insertion order, and writes them
+    into the index directory; its subclasses implement only their search structure through the
+    ``_add_rows`` / ``_items_removed`` / ``_search`` hooks (plus ``_train`` and ``_range_search``
+    when they declare those capabilities). :class:`~tfhash.index.milvus.MilvusIndex` keeps its items
+    in a Milvus collection, and its index directory only points at it.
 
     Class attributes a subclass sets:
         format_family: first part of the format tag (``binary``, ``scann``, ``milvus``).

@@ -1,19 +1,4 @@
-"""Binary Hamming indexes over packed codes.
-
-Methods: ``flat``: exact k-NN and range search with tfhash's compiled kernel
-(:mod:`tfhash.hamming`: vectorised popcount, a histogram threshold instead of a heap), ties in
-insertion order, the same answers as FAISS's ``IndexBinaryFlat`` with ``use_heap = False``, which
-the tests and ``benchmarks/index.py`` keep as the reference; it holds nothing but the codes.
-``ivf``: inverted lists over a binary k-means quantizer (FAISS ``IndexBinaryIVF``), approximate,
-``nprobe`` lists visited. ``multihash``: multi-index hashing (FAISS ``IndexBinaryMultiHash``),
-approximate for k-NN (an item is found only if one of its sub-codes lies within ``nflip`` bits of
-the query's).
-
-:class:`~tfhash.index.base.InProcessIndex` keeps the packed codes and external ids (insertion order);
-FAISS holds positions. Removal compacts the arrays and rebuilds the FAISS structure (O(n); an IVF
-keeps its trained quantizer). FAISS is imported when an ``ivf`` or ``multihash`` index is created,
-so ``import tfhash.index`` and ``flat`` work without it.
-"""
+"""Binary Hamming indexes over packed codes."""
 
 from __future__ import annotations
 
@@ -54,6 +39,20 @@ def nearest_first(distances: np.ndarray, positions: np.ndarray) -> np.ndarray:
 
 class BinaryIndex(InProcessIndex):
     """Hamming k-NN and range search over packed binary codes with int64 external ids.
+
+    Methods: ``flat``: exact k-NN and range search with tfhash's compiled kernel
+    (:mod:`tfhash.hamming`: vectorised popcount, a histogram threshold instead of a heap), ties in
+    insertion order, the same answers as FAISS's ``IndexBinaryFlat`` with ``use_heap = False``, which
+    the tests and ``benchmarks/index.py`` keep as the reference; it holds nothing but the codes.
+    ``ivf``: inverted lists over a binary k-means quantizer (FAISS ``IndexBinaryIVF``), approximate,
+    ``nprobe`` lists visited. ``multihash``: multi-index hashing (FAISS ``IndexBinaryMultiHash``),
+    approximate for k-NN (an item is found only if one of its sub-codes lies within ``nflip`` bits of
+    the query's).
+
+    :class:`~tfhash.index.base.InProcessIndex` keeps the packed codes and external ids (insertion order);
+    FAISS holds positions. Removal compacts the arrays and rebuilds the FAISS structure (O(n); an IVF
+    keeps its trained quantizer). FAISS is imported when an ``ivf`` or ``multihash`` index is created,
+    so ``import tfhash.index`` and ``flat`` work without it.
 
     Args:
         bits: code length K (multiple of 8).
