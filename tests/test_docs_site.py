@@ -6,7 +6,7 @@ command of their shell blocks exists with the options it is given."""
 from __future__ import annotations
 
 import ast
-import importlib
+import importlib.util
 import re
 import shlex
 import subprocess

@@ -176,9 +176,6 @@ class Recipe:
             raise ValueError(f"{self.method} takes {want}; got inputs {sorted(shapes)}")
         labels = multi_hot(labels, num_classes, unlabelled=method.semi_supervised)
         check_classes(labels)
-        rows = {len(array) for array in inputs.values()}
-        if rows != {len(labels)}:
-            raise ValueError(f"x has {sorted(rows)} rows but labels have {len(labels)}; pass one label row per example")
         keras.utils.set_random_seed(seed)
         statistics = TagStatistics.of_labels(labels)
         dims = {name: array.shape[1] for name, array in inputs.items()}

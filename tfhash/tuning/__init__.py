@@ -35,8 +35,6 @@ failed.
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import tempfile
 import time
 
@@ -105,7 +103,7 @@ def tune(x, labels, bits: int, seed: int = 0, budget: Budget | None = None, *, k
     task, default = prepare(x, labels, bits, seed, budget, kind=kind, unlabelled=unlabelled, space=space, num_classes=num_classes,
                             train_in_database=train_in_database)  # fmt: skip
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="tfhash-tune-") as scratch, _quiet_retracing():
+    with tempfile.TemporaryDirectory(prefix="tfhash-tune-") as scratch:
         tuner = RecipeTuner(task, default, directory or scratch, margin=margin)
         tuner.search(verbose=verbose)
         best = tuner.oracle.get_best_trials(1)[0]
@@ -123,23 +121,6 @@ def tune(x, labels, bits: int, seed: int = 0, budget: Budget | None = None, *, k
                       kind=task.kind, validation=task.split.protocol, budget=task.budget,
                       seconds=round(time.perf_counter() - start, 1), seed=seed, bits=bits,
                       unlabelled=values["variant"] in task.space.semi_supervised)  # fmt: skip
-
-
-class _NotRetracing(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "triggered tf.function retracing" not in record.getMessage()
-
-
-@contextlib.contextmanager
-def _quiet_retracing():
-    """TensorFlow's retracing warnings held back while a search runs: every trial builds a new
-    model, whose first predictions retrace Keras's predict function by design (no cost to warn of)."""
-    logger, quiet = logging.getLogger("tensorflow"), _NotRetracing()
-    logger.addFilter(quiet)
-    try:
-        yield
-    finally:
-        logger.removeFilter(quiet)
 
 
 def __getattr__(name: str):

@@ -478,9 +478,7 @@ def prepare(x, labels, bits: int, seed: int = 0, budget: Budget | None = None, *
     check_classes(labels)
     if isinstance(x, dict) and len(x) != 2:
         raise ValueError(f"x is a dict of {len(x)} modalities {sorted(x)}; paired items have two (one array otherwise)")
-    checked = checked_features(x if isinstance(x, dict) else {"features": x}, "x")
-    if any(len(v) != len(labels) for v in checked.values()):
-        raise ValueError(f"x has {sorted({len(v) for v in checked.values()})} rows but labels have {len(labels)}")
+    checked_features(x if isinstance(x, dict) else {"features": x}, "x")
     if unlabelled is not None:
         if isinstance(x, dict):
             raise TuningError("unlabelled rows serve MT-SCDH on single-modality features; cross-modal data has no such method")

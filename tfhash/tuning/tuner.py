@@ -6,6 +6,7 @@ extra)."""
 
 from __future__ import annotations
 
+import logging
 import time
 
 import keras_tuner
@@ -89,7 +90,14 @@ class RecipeTuner(keras_tuner.Tuner):
         super().__init__(oracle, directory=directory, project_name=project, overwrite=True)
 
     def run_trial(self, trial, *args, **kwargs):
-        return self.task.run(trial.trial_id, trial.hyperparameters.values)
+        # every trial's new model retraces Keras's predict function by design: TensorFlow's warning
+        # about it says nothing to act on, and is held back while the trial runs
+        tensorflow_log = logging.getLogger("tensorflow")
+        tensorflow_log.addFilter(_not_retracing)
+        try:
+            return self.task.run(trial.trial_id, trial.hyperparameters.values)
+        finally:
+            tensorflow_log.removeFilter(_not_retracing)
 
     def on_search_end(self):
         super().on_search_end()
@@ -97,6 +105,11 @@ class RecipeTuner(keras_tuner.Tuner):
             failed = [t for t in self.task.trials if t["status"] == "failed"]
             first = failed[0]["error"] if failed else "no trial ran"
             raise TuningError(f"all {len(self.task.trials)} trials failed; the first: {first}")
+
+
+def _not_retracing(record: logging.LogRecord) -> bool:
+    """A logging filter: every record but TensorFlow's warnings of ``tf.function`` retracing."""
+    return "triggered tf.function retracing" not in record.getMessage()
 
 
 def _last_metrics(trial) -> dict[str, float]:
