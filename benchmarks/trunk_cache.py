@@ -43,7 +43,6 @@ from tfhash.fine_tuning import FineTuning, compile_fine_tuning  # noqa: E402
 from tfhash.metrics import evaluate_retrieval  # noqa: E402
 from tfhash.models import build_hclm, build_hyp2, build_scdh, image_backbone  # noqa: E402
 from tfhash.networks import EFFICIENTNET_LITE  # noqa: E402
-from tfhash.trunk_cache import fit_on_cache  # noqa: E402
 
 BATCH = 64
 #: The settings of the shipped config (pipelines/configs/cifar10.json), the baseline of --recipe.
@@ -168,11 +167,10 @@ def run(args, images, labels, split) -> dict:
                 flipped[f"ema{m}"] = flipped["mAP@all"]
 
     policy = {"float32": "float32", "bfloat16": "mixed_bfloat16"}[args.precision]
-    compile_model = lambda model, steps: compile_fine_tuning(model, recipe, args.epochs, steps)  # noqa: E731
     start = time.perf_counter()
-    model, history, cache = fit_on_cache(build(args.method, args.bits, args.seed), make_backbone(args.backbone, args.size, recipe), x_train,
-                                         y_train, recipe, compile_model, args.epochs, BATCH, args.seed,
-                                         args.backbone, policy, callbacks)  # fmt: skip
+    model, history, cache = recipe.fit_on_cache(build(args.method, args.bits, args.seed), make_backbone(args.backbone, args.size, recipe),
+                                                x_train, y_train, epochs=args.epochs, batch_size=BATCH, seed=args.seed,
+                                         backbone_name=args.backbone, policy=policy, callbacks=callbacks)  # fmt: skip
     seconds = time.perf_counter() - start - sum(c.seconds for c in curve)
     history = history.history
     points = [{"epoch": args.eval_every * (i + 1), "mAP@all": value, "loss": history["loss"][args.eval_every * (i + 1) - 1],
@@ -219,10 +217,9 @@ def timing(args, images, labels, split) -> dict:
     try:
         cached_times = EpochTimes()
         start = time.perf_counter()
-        compile_model = lambda model, steps: compile_fine_tuning(model, recipe, measured + 1, steps)  # noqa: E731
-        _, _, cache = fit_on_cache(build(args.method, args.bits, args.seed), make_backbone(args.backbone, args.size, recipe), x_train, y_train,
-                                   recipe, compile_model, measured + 1, BATCH, args.seed, args.backbone,
-                                   policy, [cached_times])  # fmt: skip
+        _, _, cache = recipe.fit_on_cache(build(args.method, args.bits, args.seed), make_backbone(args.backbone, args.size, recipe), x_train,
+                                          y_train, epochs=measured + 1, batch_size=BATCH, seed=args.seed, backbone_name=args.backbone,
+                                   policy=policy, callbacks=[cached_times])  # fmt: skip
         cached_total = time.perf_counter() - start
         build_seconds = cached_total - sum(cached_times.times)
         disk = sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(cache_dir) for f in files)

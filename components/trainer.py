@@ -214,18 +214,17 @@ def training_arrays(data_accessor, file_pattern, schema, input_names: list[str],
 
 def fit_cached(fn_args, schema, training: dict, inputs: dict, num_classes: int, statistics, recipe, batch: int, policy: str,
                callbacks: list):  # fmt: skip
-    """Train on a trunk cache (:func:`tfhash.trunk_cache.fit_on_cache`) kept in the run's
+    """Train on a trunk cache (:meth:`tfhash.fine_tuning.FineTuning.fit_on_cache`) kept in the run's
     ``trunk_cache_dir``, built from one pass over the transformed training records (``schema``);
     returns the float32 model on raw images.
 
     Raises:
         tfhash.trunk_cache.CacheError: several workers (each would build its own cache), or as
-            ``fit_on_cache`` does.
+            ``FineTuning.fit_on_cache`` does.
     """
     from dataclasses import replace
 
-    from tfhash.fine_tuning import compile_fine_tuning
-    from tfhash.trunk_cache import CacheError, fit_on_cache
+    from tfhash.trunk_cache import CacheError
 
     config = fn_args.custom_config
     if is_multi_worker():
@@ -237,12 +236,11 @@ def fit_cached(fn_args, schema, training: dict, inputs: dict, num_classes: int, 
     arrays, labels = training_arrays(fn_args.data_accessor, fn_args.train_files, schema, [name], batch)
     images = arrays[name]
     seed, epochs = int(training["seed"]), int(training["epochs"])
-    model, _, _ = fit_on_cache(
+    model, _, _ = recipe.fit_on_cache(
         build=lambda backbone: build_model(training, inputs, num_classes, statistics, config.get("data_root"), backbone),
         make_backbone=lambda: backbone_for(training, inputs[name], "backbone", config.get("data_root")),
-        images=images, labels=labels, recipe=recipe, epochs=epochs, batch_size=batch, seed=seed, backbone_name=training["backbone"],
-        compile_model=lambda model, steps: compile_fine_tuning(model, recipe, epochs, steps),
-        training_policy=policy, callbacks=callbacks)  # fmt: skip
+        images=images, labels=labels, epochs=epochs, batch_size=batch, seed=seed, backbone_name=training["backbone"],
+        policy=policy, callbacks=callbacks)  # fmt: skip
     return model
 
 

@@ -30,8 +30,32 @@ def on_startup(command, dirty):
         (package / folder).symlink_to(ROOT / folder)
 
 
+#: The generated page listing every results file (a name no benchmark writes: they write ``<name>.md``).
+CONTENTS = "results/contents.md"
+
+
+def run_line(text: str) -> str:
+    """The line a results file ends with, naming its commit, CPU and date (``benchmarks.common.run_line``)."""
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def contents(pages: list[Path]) -> str:
+    """The page listing ``pages``: each file's title and its run line (commit, CPU, date)."""
+    rows = [f"| [{path.stem}]({path.name}) | {path.read_text().splitlines()[0].lstrip('# ').replace('|', '/')} "
+            f"| {run_line(path.read_text()).replace('|', '/')} |" for path in pages]  # fmt: skip
+    return "\n".join(["# Every results file", "",
+                      "Each file of `benchmarks/results/` as its benchmark wrote it, with the line that names the commit whose "
+                      "code it ran, the CPU and the date. Compare timings only within one file: they are ratios of one run.", "",
+                      "| file | what it measures | run |", "|---|---|---|", *rows, ""])  # fmt: skip
+
+
 def on_files(files, config):
+    pages = []
     for path in sorted(RESULTS.iterdir()):
         if path.suffix in (".md", ".png", ".json"):
             files.append(File.generated(config, f"results/{path.name}", abs_src_path=str(path)))
+        if path.suffix == ".md":
+            pages.append(path)
+    files.append(File.generated(config, CONTENTS, content=contents(pages)))
     return files

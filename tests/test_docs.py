@@ -114,7 +114,7 @@ LONG_DOCSTRINGS = {
     "tfhash/index/persistence.py", "tfhash/labels.py", "tfhash/losses/keras_losses.py",
     "tfhash/losses/reduction.py", "tfhash/metrics/kernels.py", "tfhash/metrics/retrieval.py",
     "tfhash/models/backbones.py", "tfhash/models/efficientnet_lite.py", "tfhash/models/training.py",
-    "tfhash/proxies.py", "tfhash/recipes.py", "tfhash/registry.py", "tfhash/state_dicts.py", "tfhash/trunk_cache.py",
+    "tfhash/proxies.py", "tfhash/recipes.py", "tfhash/registry.py", "tfhash/state_dicts.py",
     "tfhash/tuning/__init__.py",
 }  # fmt: skip
 

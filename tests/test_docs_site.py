@@ -102,6 +102,11 @@ def test_the_site_builds_in_strict_mode(tmp_path):
     assert run.returncode == 0, run.stderr[-4000:]
     built = (tmp_path / "site" / "reference" / "keras" / "index.html").read_text()
     assert 'id="tfhash.codes.pack_codes"' in built and 'id="tfhash.models.build_scdh"' in built
+    listing = (tmp_path / "site" / "results" / "contents" / "index.html").read_text()
+    results = sorted((ROOT / "benchmarks" / "results").glob("*.md"))
+    for page in results:  # every results file listed (results/index.md is the folder's own page), with its run line
+        assert f'href="../{"" if page.stem == "index" else page.stem + "/"}"' in listing, page.name
+    assert len(re.findall(r"<td>(Run at|Run with the code of|Recorded before results pages named their) commit", listing)) == len(results)
 
 
 @pytest.mark.process

@@ -14,7 +14,6 @@ import pytest
 from tfhash.fine_tuning import (
     FineTuning,
     TrunkCache,
-    compile_fine_tuning,
     cpu_has_bfloat16,
     precision_policy,
 )
@@ -23,7 +22,6 @@ from tfhash.networks import SQUEEZENET_LAYERS
 from tfhash.trunk_cache import (
     CacheError,
     build_cache,
-    fit_on_cache,
     layer_names,
     mixup_batch,
     open_cache,
@@ -101,9 +99,9 @@ def cached_fit(weights, tmp_path, epochs=1, views=2, policy="float32", mixup=0.0
         seen["split"] = split
         return []
 
-    model, history, cache = fit_on_cache(scdh(), lambda: backbone(weights, **recipe.backbone_options()), images, labels,
-                                         recipe, lambda m, steps: compile_fine_tuning(m, recipe, epochs, steps), epochs, 16,
-                                         0, "squeezenet", policy, callbacks)  # fmt: skip
+    model, history, cache = recipe.fit_on_cache(scdh(), lambda: backbone(weights, **recipe.backbone_options()), images, labels,
+                                                epochs=epochs, batch_size=16, seed=0, backbone_name="squeezenet", policy=policy,
+                                         callbacks=callbacks)  # fmt: skip
     return model, history, cache, seen["split"], images
 
 
@@ -163,9 +161,12 @@ def test_mixup_trains_scdh_and_is_refused_for_a_method_without_clusters(weights,
         return build_hclm(net, 4, 16)
 
     with pytest.raises(CacheError, match="mixup mixes SCUL's label weights"):
-        fit_on_cache(hclm, lambda: backbone(weights), images, labels, recipe, lambda m, steps: compile_fine_tuning(m, recipe, 1, steps),
-                     1, 16, 0, "squeezenet")  # fmt: skip
+        recipe.fit_on_cache(hclm, lambda: backbone(weights), images, labels, epochs=1, batch_size=16, seed=0,
+                            backbone_name="squeezenet")  # fmt: skip
     assert not (tmp_path / "c").exists()  # refused before the cache was built
+    with pytest.raises(CacheError, match="no trunk_cache; set trunk_cache=True"):
+        FineTuning.for_backbone("squeezenet", trunk_cache=False).fit_on_cache(hclm, lambda: backbone(weights), images, labels, epochs=1,
+                                                                              batch_size=16, seed=0, backbone_name="squeezenet")  # fmt: skip
     with pytest.raises(ValueError, match="mixup must be a finite number"):
         TrunkCache(mixup=-1)
 

@@ -269,17 +269,90 @@ class FineTuning:
             return image_backbone(backbone, np.shape(images)[1:], size=size, weights=weights, **self.backbone_options())
 
         if self.trunk_cache is not None:
-            from tfhash.trunk_cache import fit_on_cache
-
-            model, _, _ = fit_on_cache(build, make_backbone, images, labels, self,
-                                       lambda model, steps: compile_fine_tuning(model, self, epochs, steps), epochs, batch_size,
-                                       seed, backbone, precision_policy(precision, gpu=False), callbacks, verbose)  # fmt: skip
+            model, _, _ = self.fit_on_cache(build, make_backbone, images, labels, epochs=epochs, batch_size=batch_size, seed=seed,
+                                       backbone_name=backbone, policy=precision_policy(precision, gpu=False), callbacks=callbacks,
+                                       verbose=verbose)  # fmt: skip
             return model
         keras.utils.set_random_seed(seed)
         model = build(make_backbone())
         compile_fine_tuning(model, self, epochs, math.ceil(len(images) / batch_size))
         model.fit(images, labels, epochs=epochs, batch_size=batch_size, callbacks=list(callbacks), verbose=verbose)
         return model
+
+    def fit_on_cache(self, build, make_backbone, images, labels, *, epochs: int, batch_size: int, seed: int, backbone_name: str,
+                     policy: str = "float32", callbacks=(), verbose: int = 2):  # fmt: skip
+        """Train a tfhash model on a trunk cache of these settings' :attr:`trunk_cache` (what
+        :meth:`fit` does when it is set); returns ``(model, history, cache)``: ``model`` is a float32
+        model on raw images (the full backbone) holding the trained weights, ``cache`` the
+        :class:`tfhash.trunk_cache.Cache` trained on.
+
+        The backbone is cut by :func:`tfhash.trunk_cache.split_backbone` into the *trunk* (stored pixels -> the cut's
+        activations, in inference mode) and the *top*, which shares its layers with the backbone. The
+        cache holds the trunk's activations of ``trunk_cache.views`` copies of the training images
+        (view 0: as they are; view 1: mirrored; the others: :attr:`augment`'s random augmentation,
+        seeded), in ``float16`` on disk under a key of everything they depend on
+        (:class:`tfhash.trunk_cache.CacheKey`), reused by a later run with the same key. The cached
+        model is compiled with these settings (:func:`compile_fine_tuning`, the backbone rate on the
+        layers above the cut) and trained under ``policy``; the global mixed-precision policy is
+        restored afterwards.
+
+        Args:
+            build: backbone -> a tfhash model (a method's builder; one image input).
+            make_backbone: a new full backbone (weights loaded), called under ``policy`` and again
+                under float32.
+            images, labels: the training rows.
+            epochs, batch_size, seed: of the cached model's training (the seed also draws the views).
+            backbone_name: how the run names the backbone (part of the cache's key).
+            policy: ``"float32"`` or ``"mixed_bfloat16"`` for the cache and the training.
+            callbacks: Keras callbacks of the cached model's ``fit``, or ``callbacks(split)`` returning
+                them (e.g. a validation curve on the trunk's activations of held-out images).
+            verbose: as for ``keras.Model.fit``.
+
+        Raises:
+            tfhash.trunk_cache.CacheError: no :attr:`trunk_cache` set; as
+                :func:`tfhash.trunk_cache.split_backbone` and :func:`tfhash.trunk_cache.build_cache`;
+                a method with several backbones (cross-modal, Mean Teacher).
+        """
+        import keras
+
+        from tfhash.trunk_cache import CacheError, build_cache, head_weights, split_backbone
+
+        if self.trunk_cache is None:
+            raise CacheError("these fine-tuning settings have no trunk_cache; set trunk_cache=True (or its settings) or call fit")
+        previous = keras.mixed_precision.global_policy().name
+        keras.mixed_precision.set_global_policy(policy)
+        try:
+            backbone = make_backbone()
+            settings = self.trunk_cache
+            split = split_backbone(backbone, settings.cut)
+            cached = build(split.top)  # refused before the cache costs anything
+            if len(cached.modalities) != 1 or cached.modality_backbone() is not split.top:
+                raise CacheError(f"{type(cached).__name__} trains several backbones; the trunk cache serves models with one "
+                                 "image backbone (not cross-modal or Mean-Teacher models)")  # fmt: skip
+            if settings.mixup and not hasattr(cached, "clusters"):
+                raise CacheError(f"trunk_cache.mixup mixes SCUL's label weights; {type(cached).__name__} has no semantic "
+                                 "clusters (use it with SCDH, or set mixup to 0)")  # fmt: skip
+            cache = build_cache(split, images, labels, settings.directory, backbone_name, settings.views, self.augment, seed)
+            compile_fine_tuning(cached, self, int(epochs), -(-len(labels) // int(batch_size)))
+            callbacks = callbacks(split) if callable(callbacks) else list(callbacks)
+            history = cached.fit(cache.dataset(int(batch_size), seed, settings.mixup), epochs=int(epochs), callbacks=callbacks, verbose=verbose)
+        finally:
+            keras.mixed_precision.set_global_policy(previous)
+        keras.mixed_precision.set_global_policy("float32")
+        try:
+            full_backbone = make_backbone()
+            model = build(full_backbone)
+            model(keras.ops.zeros((1, *images.shape[1:]), images.dtype), training=False)  # creates the head's variables
+        finally:
+            keras.mixed_precision.set_global_policy(previous)
+        full_backbone.set_weights(backbone.get_weights())
+        source, target = head_weights(cached), head_weights(model)
+        if [tuple(v.shape) for v in source] != [tuple(v.shape) for v in target]:
+            raise CacheError("the model built on the full backbone does not have the cached model's head; "
+                             "the builder must build the same model for any backbone")  # fmt: skip
+        for src, dst in zip(source, target, strict=True):
+            dst.assign(keras.ops.cast(src, dst.dtype))
+        return model, history, cache
 
     def scaled_to_batch(self, factor: float) -> FineTuning:
         """This recipe for a batch ``factor`` times larger: learning rates scaled linearly (the

@@ -1,25 +1,12 @@
 """Training on a cached frozen trunk: fine-tuning the upper layers of an image network at the
 cost of those layers alone.
 
-When the layers of a pretrained network below a *cut* do not train, their output for a training
-image never changes, so it is computed once (for several augmented *views* of each image) and
-stored, and every epoch runs only the layers above the cut and the hash head. On SqueezeNet v1.1
-at 224x224 the step above ``pool5`` costs a third of the whole network's
-(``benchmarks/results/trunk_cache.md``), which is what makes the papers' long fine-tuning
-schedules fit on two CPU cores.
-
-* :func:`split_backbone` cuts a backbone of :func:`tfhash.models.image_backbone` (or any
-  functional Keras image model) at a named layer into the *trunk* (stored pixels -> the cut's
-  activations, in inference mode) and the *top* (the cut's activations -> features), which shares
-  its layers with the backbone.
-* :func:`build_cache` computes the trunk's activations of ``views`` augmented copies of the
-  training images (view 0: the images as they are; view 1: mirrored; the others: the recipe's
-  random augmentation, seeded) into a ``float16`` array on disk, under a key of everything they
-  depend on (:class:`CacheKey`), and reuses a cache with the same key.
-* :func:`fit_on_cache` trains a tfhash model on the cache and returns the model on raw images:
-  a float32 copy with the full backbone carrying the trained weights, what the Trainer exports.
-
-The cache is a training device only: the exported SavedModel is the whole network on raw images.
+The layers below a *cut* do not train, so their activations for several augmented *views* of each
+training image are computed once and stored (:func:`build_cache`); every epoch then runs only the
+layers above the cut and the hash head. That is what makes the papers' long fine-tuning schedules
+fit on two CPU cores. The cache is a training device only: the exported model is the whole network
+on raw images. Users reach it through :meth:`tfhash.fine_tuning.FineTuning.fit` with
+``trunk_cache`` set, which trains with :meth:`tfhash.fine_tuning.FineTuning.fit_on_cache`.
 """
 
 from __future__ import annotations
@@ -37,7 +24,6 @@ from dataclasses import asdict, dataclass
 import keras
 import numpy as np
 
-from tfhash.fine_tuning import FineTuning
 from tfhash.networks import augmentation_policy
 
 logger = logging.getLogger(__name__)
@@ -349,63 +335,3 @@ def head_weights(model: keras.Model) -> list:
     inside = {id(v) for v in model.modality_backbone().weights}
     return [v for v in model.weights if id(v) not in inside]
 
-
-def fit_on_cache(build: Callable[[keras.Model], keras.Model], make_backbone: Callable[[], keras.Model],
-                 images: np.ndarray, labels: np.ndarray, recipe: FineTuning, compile_model: Callable,
-                 epochs: int, batch_size: int, seed: int, backbone_name: str, training_policy: str = "float32",
-                 callbacks=(), verbose: int = 2):  # fmt: skip
-    """Train a tfhash model on a trunk cache; returns ``(model, history, cache)``: ``model`` is a
-    float32 model on raw images (the full backbone) holding the trained weights.
-
-    Args:
-        build: backbone -> a tfhash model (a method's builder; one image input).
-        make_backbone: a new full backbone (weights loaded), called under the training policy and
-            again under float32.
-        images, labels: the training rows.
-        recipe: the :class:`tfhash.fine_tuning.FineTuning` whose ``trunk_cache`` (cut, views,
-            directory) and ``augment`` (the views' policy) shape the cache.
-        compile_model: ``compile_model(model, steps_per_epoch)`` compiles the cached model (the
-            recipe's optimizer, its backbone rate on the layers above the cut).
-        backbone_name: how the run names the backbone (part of the cache's key).
-        training_policy: ``"float32"`` or ``"mixed_bfloat16"`` for the cache and the training.
-        callbacks: Keras callbacks of the cached model's ``fit``, or ``callbacks(split)`` returning
-            them (e.g. a validation curve on the trunk's activations of held-out images).
-
-    Raises:
-        CacheError: as :func:`split_backbone` and :func:`build_cache`; a method with several
-            backbones (cross-modal, Mean Teacher).
-    """
-    previous = keras.mixed_precision.global_policy().name
-    keras.mixed_precision.set_global_policy(training_policy)
-    try:
-        backbone = make_backbone()
-        settings = recipe.trunk_cache
-        split = split_backbone(backbone, settings.cut)
-        cached = build(split.top)  # refused before the cache costs anything
-        if len(cached.modalities) != 1 or cached.modality_backbone() is not split.top:
-            raise CacheError(f"{type(cached).__name__} trains several backbones; the trunk cache serves models with one "
-                             "image backbone (not cross-modal or Mean-Teacher models)")  # fmt: skip
-        if settings.mixup and not hasattr(cached, "clusters"):
-            raise CacheError(f"trunk_cache.mixup mixes SCUL's label weights; {type(cached).__name__} has no semantic "
-                             "clusters (use it with SCDH, or set mixup to 0)")  # fmt: skip
-        cache = build_cache(split, images, labels, settings.directory, backbone_name, settings.views, recipe.augment, seed)
-        compile_model(cached, -(-len(labels) // int(batch_size)))
-        callbacks = callbacks(split) if callable(callbacks) else list(callbacks)
-        history = cached.fit(cache.dataset(int(batch_size), seed, settings.mixup), epochs=int(epochs), callbacks=callbacks, verbose=verbose)
-    finally:
-        keras.mixed_precision.set_global_policy(previous)
-    keras.mixed_precision.set_global_policy("float32")
-    try:
-        full_backbone = make_backbone()
-        model = build(full_backbone)
-        model(keras.ops.zeros((1, *images.shape[1:]), images.dtype), training=False)  # creates the head's variables
-    finally:
-        keras.mixed_precision.set_global_policy(previous)
-    full_backbone.set_weights(backbone.get_weights())
-    source, target = head_weights(cached), head_weights(model)
-    if [tuple(v.shape) for v in source] != [tuple(v.shape) for v in target]:
-        raise CacheError("the model built on the full backbone does not have the cached model's head; "
-                         "the builder must build the same model for any backbone")  # fmt: skip
-    for src, dst in zip(source, target, strict=True):
-        dst.assign(keras.ops.cast(src, dst.dtype))
-    return model, history, cache
