@@ -11,6 +11,7 @@ import json
 import os
 
 import apache_beam as beam
+import numpy as np
 import tensorflow as tf
 from tfhash.components.encoding import (
     ShardJob,
@@ -72,6 +73,57 @@ def retrieval_metrics(saved_model_dir: str, examples_uri: str, num_classes: int,
     return summary, report
 
 
+def record_images(files: list[str], wanted: set[int]) -> dict:
+    """``{id: uint8 pixels}`` of the records of ``files`` whose id is in ``wanted``: each record's
+    first image-file feature (in feature-name order), decoded; records without one are left out
+    (feature-vector data: the gallery shows labels only)."""
+    import io
+
+    from PIL import Image
+
+    from tfhash.artifacts import ID
+    from tfhash.data.export import image_type
+
+    found = {}
+    for path in files:
+        for record in tf.data.TFRecordDataset(path, compression_type="GZIP"):
+            example = tf.train.Example.FromString(record.numpy())
+            features = example.features.feature
+            item = int(features[ID].int64_list.value[0]) if features[ID].int64_list.value else None
+            if item not in wanted or item in found:
+                continue
+            for name in sorted(features):
+                values = features[name].bytes_list.value
+                if values and image_type(values[0][:16]):
+                    with Image.open(io.BytesIO(values[0])) as image:
+                        found[item] = np.asarray(image.convert("L" if image.mode in ("L", "1", "I;16") else "RGB"))
+                    break
+    return found
+
+
+def evaluation_gallery(output_dir: str, saved_model_dir: str, examples_uri: str, num_classes: int, query_split: str,
+                       database_split: str, shards, query_signature: str, curve: dict, class_names: list[str] | None,
+                       seed: int = 0) -> dict:  # fmt: skip
+    """Write the gallery of an evaluation (:func:`tfhash.metrics.gallery.write_gallery`) beside it:
+    queries chosen with ``seed`` among the query split, encoded by ``query_signature``, each with
+    its 10 nearest items of the database's code ``shards``, with their pictures when the records
+    hold images."""
+    from tfhash.metrics.gallery import gallery_queries, gallery_rows, nearest, write_gallery
+
+    q_codes, q_labels, q_ids = encode_split(saved_model_dir, split_files(examples_uri, query_split), num_classes,
+                                            signature=query_signature)  # fmt: skip
+    chosen = gallery_queries(q_labels, seed=seed)
+    ids, distances = nearest(q_codes[chosen], ((codes, shard_ids) for codes, _, shard_ids in shards), 10)
+    wanted = set(ids.ravel().tolist())
+    labels = {int(i): label for _, shard_labels, shard_ids in shards for i, label in zip(shard_ids, shard_labels, strict=True)
+              if int(i) in wanted}  # fmt: skip
+    pictures = record_images(split_files(examples_uri, query_split), set(q_ids[chosen].tolist()))
+    pictures.update(record_images(split_files(examples_uri, database_split), wanted))
+    rows = gallery_rows(q_ids[chosen], q_labels[chosen], ids, distances, labels.__getitem__,
+                        pictures.get if pictures else None, class_names)  # fmt: skip
+    return write_gallery(output_dir, rows, curve, f"Queries of the {query_split} split and their 10 nearest items", seed=seed)
+
+
 def blessing_decision(candidate_map: float, baseline_map: float | None, threshold: float, max_regression: float) -> tuple[bool, str]:
     """Bless when mAP >= threshold and mAP >= baseline - max_regression (no baseline: threshold only)."""
     if candidate_map < threshold:
@@ -95,6 +147,8 @@ def RetrievalEvaluator(
     query_split: Parameter[str] = "query",
     database_split: Parameter[str] = "database",
     modalities: Parameter[str] = "",
+    class_names: Parameter[str] = "",
+    gallery_seed: Parameter[int] = 0,
     beam_pipeline: BeamComponentParameter[beam.Pipeline] = None,
 ) -> None:
     from tfhash.metrics.plots import plot_pr_curve
@@ -121,16 +175,21 @@ def RetrievalEvaluator(
         shards = dict(zip(jobs, run_shard_jobs(beam_pipeline, list(jobs.values())), strict=True))
         summary, report = metrics("candidate")
         baseline = metrics("baseline")[0] if baseline_model is not None else None
+        curve = {"precision": report.precision_by_radius.mean(axis=0), "recall": report.recall_by_radius.mean(axis=0)}
+        query_signature, database_signature = directions(cross_modal)[0]
+        gallery = evaluation_gallery(evaluation.uri, models["candidate"], examples.uri, num_classes, query_split, database_split,
+                                     shards[("candidate", database_signature)], query_signature, curve,
+                                     json.loads(class_names) if class_names else None, gallery_seed)  # fmt: skip
     finally:
         if tf.io.gfile.exists(scratch):
             tf.io.gfile.rmtree(scratch)
     label = "mAP@all" if depth is None else f"mAP@{depth}"
     blessed, reason = blessing_decision(summary[label], baseline[label] if baseline else None, map_threshold, max_regression)
     os.makedirs(evaluation.uri, exist_ok=True)
-    result = {"metrics": summary, "baseline": baseline, "blessed": blessed, "reason": reason, "model_uri": model.uri}
+    result = {"metrics": summary, "baseline": baseline, "blessed": blessed, "reason": reason, "model_uri": model.uri,
+              "gallery": os.path.basename(gallery["html"]), "gallery_seed": gallery_seed}  # fmt: skip
     with open(os.path.join(evaluation.uri, EVALUATION_FILE), "w") as handle:
         json.dump(result, handle, indent=2)
-    curve = {"precision": report.precision_by_radius.mean(axis=0), "recall": report.recall_by_radius.mean(axis=0)}
     plot_pr_curve(curve, os.path.join(evaluation.uri, "pr_curve.png"))
     os.makedirs(blessing.uri, exist_ok=True)
     with open(os.path.join(blessing.uri, "BLESSED" if blessed else "NOT_BLESSED"), "w") as handle:

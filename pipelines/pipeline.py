@@ -107,6 +107,7 @@ def create_pipeline(config: PipelineConfig, metadata: dict, metadata_connection=
         map_threshold=config.map_threshold,
         max_regression=config.max_regression,
         modalities=cross_modal,
+        class_names=json.dumps(list(metadata.get("class_names") or [])),
     )
     pusher = tfx.components.Pusher(
         model=trainer.outputs["model"],

@@ -172,10 +172,11 @@ def summarise(config: PipelineConfig, run_id: str | None = None) -> dict:
     """Model version, metrics, index path and an example query of pipeline run ``run_id`` (None:
     the pipeline's most recent run), read from the outputs that ML Metadata recorded for that run's
     executions (:func:`run_outputs`): the RecordFilter's report, the RetrievalEvaluator's
-    evaluation, the Pusher's pushed model (version and folder, when it pushed), the
+    evaluation (its metrics and gallery), the Pusher's pushed model (version and folder, when it pushed), the
     IndexBuilder's indexes and, with a ``tuner``, the Tuner's chosen settings and completed trials."""
     outputs = run_outputs(config, run_id)
-    result = _artifact_json(outputs.get(("RetrievalEvaluator", "evaluation")), EVALUATION_FILE) or {}
+    evaluation = outputs.get(("RetrievalEvaluator", "evaluation"))
+    result = _artifact_json(evaluation, EVALUATION_FILE) or {}
     pushed = outputs.get(("Pusher", "pushed_model"))
     indexes = {"model_version": None, "model_dir": None, "indexes": None}
     if _custom_property(pushed, "pushed"):
@@ -188,6 +189,7 @@ def summarise(config: PipelineConfig, run_id: str | None = None) -> dict:
         "metrics": result.get("metrics"),
         "blessed": result.get("blessed"),
         "blessing_reason": result.get("reason"),
+        "gallery": os.path.join(evaluation.uri, result["gallery"]) if result.get("gallery") else None,
         **indexes,
         "bad_records": _artifact_json(outputs.get(("RecordFilter", "report")), RECORDS_REPORT_FILE),
     }

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from pathlib import Path
 
 import click
 
@@ -28,6 +29,16 @@ def _layout(config_path: str):
         return RunLayout.from_config_file(config_path)
     except ValueError as err:
         raise BadInput(str(err)) from err
+
+
+def exported_image_root(items_file: str) -> str | None:
+    """The folder ``tfhash data export-user`` read the images from, as the ``metadata.json`` beside
+    ``items_file`` records it, when it still exists."""
+    try:
+        root = json.loads(Path(items_file).resolve().with_name("metadata.json").read_text()).get("image_root")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return root if isinstance(root, str) and os.path.isdir(root) else None
 
 
 @serve_group.command("config")
@@ -113,6 +124,9 @@ def model(model_config_file, model_name, model_base_path, host, port, poll_secon
 @click.option("--items", "items_file", default=None, type=click.Path(exists=True, dir_okay=False),
               help="The data's items.csv (written by tfhash data export / export-user): answers name each hit's file and "
                    "classes (default with --config: the run's data folder's items.csv, when there is one).")
+@click.option("--image-root", default=None, type=click.Path(exists=True, file_okay=False),
+              help="The folder the indexed images were exported from: with --items and --rest-port, the REST port serves the "
+                   "search page at / (default: the folder the items' metadata.json names, when it exists). See docs/serving.md.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Bind address (loopback by default).")
 @click.option("--port", default=8600, show_default=True, type=click.IntRange(0, 65535))
 @click.option("--rest-port", default=None, type=click.IntRange(0, 65535), help="Also serve REST/JSON here.")
@@ -135,7 +149,7 @@ def model(model_config_file, model_name, model_base_path, host, port, poll_secon
                    "standard library's), or auto: uvloop where it is installed.")
 @click.option("--grace-seconds", default=10.0, show_default=True, type=click.FloatRange(0),
               help="On SIGTERM / Ctrl-C, how long in-flight requests may take to finish.")
-def search(config_path, index_base_dir, model_base_dir, model_server, model_name, kind, query_modality, items_file, host,
+def search(config_path, index_base_dir, model_base_dir, model_server, model_name, kind, query_modality, items_file, image_root, host,
            port, rest_port, max_k, max_batch, max_request_mb, poll_seconds, search_threads, processes, tf_threads,
            rest_timeout, event_loop, grace_seconds) -> None:  # fmt: skip
     """Run the search service until Ctrl-C / SIGTERM (then drain in-flight requests)."""
@@ -154,6 +168,10 @@ def search(config_path, index_base_dir, model_base_dir, model_server, model_name
         items = read_items(items_file) if items_file else None  # refused here, before any process starts
     except (OSError, ValueError) as err:
         raise BadInput(str(err)) from err
+    if image_root and not items:
+        raise click.UsageError("--image-root shows the items of --items: pass the data's items.csv too (or --config)")
+    if items and rest_port is not None and not image_root:
+        image_root = exported_image_root(items_file)
     if not index_base_dir or not (model_base_dir or model_server):
         raise click.UsageError("pass --config, or --index-base-dir with --model-base-dir and/or --model-server")
     if model_server and not model_name:
@@ -162,7 +180,7 @@ def search(config_path, index_base_dir, model_base_dir, model_server, model_name
         new_event_loop(event_loop).close()  # refused here, before any process starts
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--event-loop") from err
-    spec = SearchSpec(index_base_dir, kind, model_base_dir, model_server, model_name, query_modality, items_file, host, port, rest_port,
+    spec = SearchSpec(index_base_dir, kind, model_base_dir, model_server, model_name, query_modality, items_file, image_root, host, port, rest_port,
                       max_k, max_batch, max_request_mb, poll_seconds, search_threads, tf_threads, rest_timeout, event_loop)  # fmt: skip
     try:
         server = ProcessFront(spec, processes, grace_seconds) if processes > 1 else build_server(spec)
@@ -177,7 +195,8 @@ def search(config_path, index_base_dir, model_base_dir, model_server, model_name
                    + (f" ({processes} processes)" if processes > 1 else "")
                    + ("; serving model version " + ", ".join(sorted(set(status["process_versions"]))) if status["ready"]
                       else "; waiting for a model version with its index")
-                   + (f"; answers name files and classes from {items_file}" if items else ""), err=True)  # fmt: skip
+                   + (f"; answers name files and classes from {items_file}" if items else "")
+                   + (f"; search page on http://{host}:{server.rest_port}/ (images under {image_root})" if image_root else ""), err=True)  # fmt: skip
 
     try:
         run_until_signal(server, grace_seconds, on_started=started, exit_within=EXIT_SECONDS)

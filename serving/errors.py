@@ -62,6 +62,10 @@ def not_found(message: str) -> ServingError:
     return ServingError(grpc.StatusCode.NOT_FOUND, message)
 
 
+def permission_denied(message: str) -> ServingError:
+    return ServingError(grpc.StatusCode.PERMISSION_DENIED, message)
+
+
 def unavailable(message: str) -> ServingError:
     return ServingError(grpc.StatusCode.UNAVAILABLE, message)
 

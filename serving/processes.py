@@ -45,6 +45,7 @@ class SearchSpec:
     model_name: str | None = None
     query_modality: str | None = None
     items_file: str | None = None
+    image_root: str | None = None
     host: str = LOOPBACK
     port: int = 0
     rest_port: int | None = None
@@ -87,6 +88,12 @@ def build_server(spec: SearchSpec, siblings: SharedStatus | None = None, reuse_p
     else:
         searcher = in_process_searcher(spec.model_base_dir, spec.index_base_dir, spec.kind, limits, spec.query_modality, items)
     rest_options = {"header_timeout": spec.rest_timeout, "body_timeout": spec.rest_timeout}
+    if spec.image_root:  # the search page (tfhash.serving.page)
+        from tfhash.serving.page import ItemImages
+
+        if items is None:
+            raise ValueError("--image-root shows the items of --items: pass the data's items.csv too")
+        rest_options["images"] = ItemImages(spec.image_root, items, os.path.dirname(os.path.abspath(spec.items_file)))
     return SearchServer(searcher, spec.host, spec.port, spec.rest_port, spec.poll_seconds, spec.max_request_mb << 20,
                         rest_options=rest_options, siblings=siblings, reuse_port=reuse_port, rest_sockets=rest_sockets,
                         search_threads=spec.search_threads, event_loop=spec.event_loop)  # fmt: skip

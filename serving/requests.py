@@ -218,8 +218,9 @@ def _reject_constant(name: str):
     raise ValueError(f"{name} is not a JSON number")
 
 
-def json_object(raw: bytes) -> dict:
-    """A request body: a JSON object in UTF-8 (no ``NaN`` / ``Infinity``) with known fields."""
+def json_object(raw: bytes, fields=None) -> dict:
+    """A request body: a JSON object in UTF-8 (no ``NaN`` / ``Infinity``) with known fields
+    (``fields``, default those of ``POST /v1/search``)."""
     try:
         body = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
     except RecursionError as err:
@@ -228,9 +229,10 @@ def json_object(raw: bytes) -> dict:
         raise invalid(f"the body is not valid JSON in UTF-8 ({err})") from err
     if not isinstance(body, dict):
         raise invalid(f"the body must be a JSON object, got {type(body).__name__}")
-    unknown = sorted(set(body) - set(JSON_FIELDS))
+    fields = JSON_FIELDS if fields is None else fields
+    unknown = sorted(set(body) - set(fields))
     if unknown:
-        raise invalid(f"unknown fields {unknown}; the body takes {list(JSON_FIELDS)}")
+        raise invalid(f"unknown fields {unknown}; the body takes {list(fields)}")
     return body
 
 

@@ -12,7 +12,8 @@ from collections.abc import Awaitable, Callable
 import tornado.httpserver
 import tornado.netutil
 import tornado.web
-from tfhash.serving.errors import ServingError, internal_error
+from tfhash.serving.errors import ServingError, internal_error, permission_denied
+from tfhash.serving.page import ItemImages, is_loopback_host, page_html
 from tfhash.serving.requests import Query, json_object, query_from_json
 from tfhash.serving.searcher import Neighbours, ServedPair
 
@@ -96,10 +97,16 @@ class _Get(_Handler):
 
 @tornado.web.stream_request_body
 class _Search(_Handler):
+    def initialize(self, front: RestFront, parse: Callable[[bytes], Query] | None = None) -> None:
+        super().initialize(front)
+        self.parse = parse  # the body -> its query (None: POST /v1/search's JSON)
+
     def prepare(self) -> None:
         self._chunks: list[bytes] = []
         self._reserved = 0  # bytes reserved for this request's body
         super().prepare()
+        if self.parse is not None and not self._finished:
+            _refuse_foreign_host(self)
         if self.request.method != "POST" and not self._finished:
             return  # Tornado answers 405
         front, headers = self.front, self.request.headers
@@ -117,9 +124,9 @@ class _Search(_Handler):
         elif declared is not None and declared > front.max_body_bytes:
             self.answer(413, _error("RESOURCE_EXHAUSTED", f"the body must be at most {front.max_body_bytes} bytes, the request declares {declared}"))
         elif media != "application/json":
-            self.answer(415, _error("INVALID_ARGUMENT", f"POST /v1/search takes Content-Type application/json, got {media[:60] or 'none'!r}"))
+            self.answer(415, _error("INVALID_ARGUMENT", f"POST {self.request.path} takes Content-Type application/json, got {media[:60] or 'none'!r}"))
         elif charset not in ("utf-8", "utf8"):
-            self.answer(415, _error("INVALID_ARGUMENT", f"POST /v1/search takes JSON in UTF-8 (RFC 8259), the request declares charset {charset[:40]!r}"))
+            self.answer(415, _error("INVALID_ARGUMENT", f"POST {self.request.path} takes JSON in UTF-8 (RFC 8259), the request declares charset {charset[:40]!r}"))
         else:  # reserve the body's bytes (a chunked body: the limit) before any is read
             reserve = declared if declared is not None else front.max_body_bytes
             if front.reserved + reserve > front.body_budget:
@@ -150,10 +157,48 @@ class _Search(_Handler):
         front = self.front
         front.in_flight += 1
         try:
-            status, payload = await front.answer(b"".join(self._chunks))
+            status, payload = await front.answer(b"".join(self._chunks), self.parse)
         finally:
             front.in_flight -= 1
         await self.answer(status, payload)
+
+
+def _refuse_foreign_host(handler: _Handler) -> None:
+    """The page's routes of a loopback-bound service answer requests that name loopback in their
+    ``Host`` (403 otherwise): a web page of another site cannot reach them through a name of its
+    own that resolves to 127.0.0.1."""
+    if handler.front.loopback and not is_loopback_host(handler.request.headers.get("Host", "")):
+        err = permission_denied("this service binds loopback: its page answers requests for localhost only")
+        handler.answer(err.http_status, _error(err.code.name, err.message))
+
+
+class _Page(_Handler):
+    """``GET /`` (the page), ``GET /v1/items/<id>`` (an item's file and classes) and
+    ``GET /v1/items/<id>/image`` (its image file)."""
+
+    def prepare(self) -> None:
+        super().prepare()
+        if not self._finished:
+            _refuse_foreign_host(self)
+
+    def get(self, item_id: str | None = None, image: str | None = None) -> None:
+        images = self.front.images
+        if item_id is None:
+            self.set_header("Content-Type", "text/html; charset=utf-8")
+            self.set_header("Content-Security-Policy", "default-src 'self'; img-src 'self' data: blob:; style-src 'self' 'unsafe-inline'; "
+                                                       "script-src 'self' 'unsafe-inline'; frame-ancestors 'none'")  # fmt: skip
+            self.finish(page_html())
+            return
+        try:
+            if image:
+                data, kind = images.read(int(item_id))
+                self.set_header("Content-Type", kind)
+                self.set_header("Cache-Control", "private, max-age=60")
+                self.finish(data)
+            else:
+                self.answer(200, images.describe(int(item_id)))
+        except ServingError as err:
+            self.answer(err.http_status, _error(err.code.name, err.message))
 
 
 class RestFront:
@@ -187,6 +232,12 @@ class RestFront:
     closed; malformed HTTP (a TLS handshake, garbage) gets 400 and a closed connection from Tornado's
     parser. A search is bounded by ``search_timeout`` seconds.
 
+    The search page (:mod:`tfhash.serving.page`): ``GET /`` serves it; ``GET /v1/items/<id>`` and
+    ``GET /v1/items/<id>/image`` answer an item's classes and image file, and ``POST /v1/search-image``
+    (``{"image": base64 of an image file, "k", "model_version"}``) searches with an image, as
+    ``/v1/search`` answers; only with ``images`` (:class:`~tfhash.serving.page.ItemImages`), 404 without. When the
+    service binds loopback, these routes answer only requests whose ``Host`` is loopback (403).
+
     ``search``: the service's path from a parsed query to its answer; ``status``: what
     ``/v1/status`` and ``/readyz`` report; ``sockets``: listening sockets to accept from instead of
     binding (a service's processes share the one their parent opened).
@@ -195,8 +246,8 @@ class RestFront:
     def __init__(self, search: Callable[[Query, float], Awaitable[tuple[ServedPair, list[Neighbours]]]], host: str, port: int,
                  status: Callable[[], dict], max_body_bytes: int = 8 << 20, max_concurrent: int = 64, header_timeout: float = 10.0,
                  body_timeout: float = 10.0, max_header_bytes: int = 64 << 10, search_timeout: float = 30.0,
-                 max_uri_bytes: int = 8 << 10, sockets: list | None = None):  # fmt: skip
-        self.search, self.status = search, status
+                 max_uri_bytes: int = 8 << 10, sockets: list | None = None, images: ItemImages | None = None):  # fmt: skip
+        self.search, self.status, self.images = search, status, images
         self.max_body_bytes, self.max_concurrent = int(max_body_bytes), int(max_concurrent)
         self.max_header_bytes, self.max_uri_bytes = int(max_header_bytes), int(max_uri_bytes)
         self.search_timeout = float(search_timeout)
@@ -206,6 +257,7 @@ class RestFront:
         self.body_budget = self.max_concurrent * self.max_body_bytes
         self._sockets = sockets or tornado.netutil.bind_sockets(port, address=host)
         self.host, self.port = host, self._sockets[0].getsockname()[1]
+        self.loopback = is_loopback_host(host)
         # Tornado reads headers up to 4x the limit, so that the handler can answer 431 (and 414)
         self._server_options = dict(max_header_size=4 * self.max_header_bytes, idle_connection_timeout=float(header_timeout),
                                     body_timeout=float(body_timeout), max_body_size=self.max_body_bytes)  # fmt: skip
@@ -214,6 +266,9 @@ class RestFront:
     def _application(self) -> tornado.web.Application:
         routes = [(path, _Get, {"front": self}) for path in ("/healthz", "/readyz", "/v1/status")]
         routes.append(("/v1/search", _Search, {"front": self}))
+        if self.images is not None:  # the page's routes
+            routes += [("/", _Page, {"front": self}), (r"/v1/items/(-?[0-9]{1,19})(/image)?", _Page, {"front": self}),
+                       ("/v1/search-image", _Search, {"front": self, "parse": self.images.upload_query})]
         return tornado.web.Application(routes, default_handler_class=_NotFound, default_handler_args={"front": self},
                                        log_function=lambda handler: logger.debug("rest: %d %s", handler.get_status(), handler._request_summary()))  # fmt: skip
 
@@ -222,15 +277,17 @@ class RestFront:
         self._http = tornado.httpserver.HTTPServer(self._application(), **self._server_options)
         self._http.add_sockets(self._sockets)
 
-    async def answer(self, raw: bytes) -> tuple[int, dict]:
-        """One search body's answer: (HTTP status, JSON payload). A body over
-        :data:`PARSED_ON_THE_LOOP` bytes is parsed on a worker thread, so that it never holds up
-        the event loop (and with it every other request of the process) for long."""
+    async def answer(self, raw: bytes, parse: Callable[[bytes], Query] | None = None) -> tuple[int, dict]:
+        """One search body's answer: (HTTP status, JSON payload). ``parse``: the body -> its query
+        (default: ``POST /v1/search``'s JSON). A body over :data:`PARSED_ON_THE_LOOP` bytes is
+        parsed on a worker thread, so that it never holds up the event loop (and with it every
+        other request of the process) for long."""
+        parse = parse or (lambda body: query_from_json(json_object(body)))
         try:
             if len(raw) <= PARSED_ON_THE_LOOP:
-                query = query_from_json(json_object(raw))
+                query = parse(raw)
             else:
-                query = await asyncio.get_running_loop().run_in_executor(None, lambda: query_from_json(json_object(raw)))
+                query = await asyncio.get_running_loop().run_in_executor(None, parse, raw)
             pair, results = await self.search(query, self.search_timeout)
         except ServingError as err:
             return err.http_status, _error(err.code.name, err.message)

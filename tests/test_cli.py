@@ -55,8 +55,18 @@ def test_evaluate_writes_metrics_and_plots(tmp_path):
     assert result.exit_code == 0, result.output
     written = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert 0.0 <= written["metrics"]["mAP@all"] <= 1.0
-    for png in ("pr_curve.png", "precision_at_n.png", "tsne.png"):
+    for png in ("pr_curve.png", "precision_at_n.png", "tsne.png", "gallery.png"):
         assert (tmp_path / "out" / png).read_bytes()[:4] == b"\x89PNG"
+    page = (tmp_path / "out" / "gallery.html").read_text()  # feature vectors: labels only, two queries of each class
+    assert page.count('<figure class="query"') == 6 and "<img" not in page and page.count("<figure") == 6 * 11
+    images = rng.integers(0, 255, (60, 8, 8), dtype=np.uint8)
+    np.savez(path, query_codes=codes[:10], db_codes=codes[10:], query_labels=labels[:10], db_labels=labels[10:],
+             query_images=images[:10], db_images=images[10:])
+    assert CliRunner().invoke(main, ["evaluate", str(path), "--output-dir", str(tmp_path / "pictures"), "--no-tsne"]).exit_code == 0
+    page = (tmp_path / "pictures" / "gallery.html").read_text()
+    assert page.count("<img") == 6 * 11  # the same seeded queries, now with their pictures
+    shown = re.compile(r'<figure class="(query|right|wrong)" data-id="(\d+)"')
+    assert shown.findall(page) == shown.findall((tmp_path / "out" / "gallery.html").read_text())
 
 
 def test_evaluate_refuses_bad_files(tmp_path):

@@ -62,6 +62,10 @@ def test_small_pipeline_end_to_end(small_pipeline_run):
     milvus.close()
     example = summary["example_query"]  # the first query, answered by both indexes alike
     assert set(example["answers"]) == {"BFlat", "Milvus"} and example["same_distances"]
+    gallery = open(summary["gallery"]).read()  # two seeded queries of each digit, with their 10 nearest digits as pictures
+    assert gallery.count('<figure class="query"') == 20 and gallery.count("<img") == 20 * 11 and "chosen with seed 0" in gallery
+    with open(os.path.join(os.path.dirname(summary["gallery"]), "gallery.png"), "rb") as picture:
+        assert picture.read(8) == b"\x89PNG\r\n\x1a\n"
     warmup = os.path.join(config.run_dir, "serving", "tiny-mnist", version, "assets.extra", "tf_serving_warmup_requests")
     assert os.path.isfile(warmup)
     assert os.path.isfile(os.path.join(config.run_dir, "summary.json"))

@@ -8,11 +8,14 @@ from pathlib import Path
 
 import numpy as np
 
-from tfhash.codes import unpack_codes
+from tfhash.codes import pack_codes, unpack_codes
+from tfhash.labels import multi_hot
 from tfhash.metrics import evaluate_retrieval, precision_at_n_curve
 from tfhash.metrics.plots import plot_pr_curve, plot_precision_at_n, plot_tsne
 
 REQUIRED_ARRAYS = ("query_codes", "db_codes", "query_labels", "db_labels")
+#: Arrays a codes file may add: the items' pixels (``uint8``, one per code), which the gallery shows.
+IMAGE_ARRAYS = ("query_images", "db_images")
 
 
 def load_codes_file(path: str | os.PathLike) -> dict[str, np.ndarray]:
@@ -35,7 +38,11 @@ def load_codes_file(path: str | os.PathLike) -> dict[str, np.ndarray]:
 
 def write_evaluation(codes_path, output_dir, top_r=None, radius: int = 2, tsne: bool = True, seed: int = 0) -> dict:
     """Evaluate the codes of ``codes_path`` and write ``metrics.json``, ``pr_curve.png``,
-    ``precision_at_n.png`` and (optionally) ``tsne.png`` into ``output_dir``."""
+    ``precision_at_n.png``, the gallery (``gallery.html``, ``gallery.png``: queries chosen with
+    ``seed``, pictures when the file holds :data:`IMAGE_ARRAYS`) and (optionally) ``tsne.png`` into
+    ``output_dir``."""
+    from tfhash.metrics.gallery import gallery_queries, gallery_rows, nearest, write_gallery
+
     arrays = load_codes_file(codes_path)
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -54,6 +61,16 @@ def write_evaluation(codes_path, output_dir, top_r=None, radius: int = 2, tsne: 
                                                   "precision_at_n": {k: v.tolist() for k, v in pn.items()}}, indent=2))  # fmt: skip
     plot_pr_curve({k: np.asarray(v) for k, v in curve.items()}, out / "pr_curve.png")
     plot_precision_at_n(pn, out / "precision_at_n.png")
+    classes = None if ql.ndim == 2 else int(max(ql.max(), dl.max())) + 1
+    ql, dl = multi_hot(ql, classes), multi_hot(dl, classes)
+    chosen = gallery_queries(ql, seed=seed)
+    packed = [c if c.dtype == np.uint8 else pack_codes(c) for c in (q, db)]
+    ids, distances = nearest(packed[0][chosen], [(packed[1], np.arange(len(db)))], 10)
+    images = [arrays.get(name) for name in IMAGE_ARRAYS]
+    pictures = all(x is not None and x.dtype == np.uint8 and len(x) == len(c) for x, c in zip(images, (q, db), strict=True))
+    rows = gallery_rows(chosen, ql[chosen], ids, distances, lambda i: dl[i], (lambda i: images[1][i]) if pictures else None,
+                        query_image_of=(lambda i: images[0][i]) if pictures else None)  # fmt: skip
+    write_gallery(out, rows, curve, f"{Path(codes_path).name}: queries and their 10 nearest items", seed=seed)
     if tsne:
         db_codes = db if db.dtype != np.uint8 else unpack_codes(db)
         plot_tsne(db_codes, dl, out / "tsne.png", seed=seed)

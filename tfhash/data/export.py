@@ -27,6 +27,24 @@ from PIL import Image
 from tfhash.artifacts import ID, IMAGE, ITEMS_FILE, LABELS, SPLITS, VECTOR, Item, write_items
 from tfhash.data.dataset import HashingDataset
 
+#: The first bytes of each image file format tfhash reads back (exported records, the search page), and its type.
+IMAGE_SIGNATURES = (
+    (b"\x89PNG\r\n\x1a\n", "image/png"),
+    (b"\xff\xd8\xff", "image/jpeg"),
+    (b"GIF87a", "image/gif"),
+    (b"GIF89a", "image/gif"),
+    (b"BM", "image/bmp"),
+    (b"II*\x00", "image/tiff"),
+    (b"MM\x00*", "image/tiff"),
+)
+
+
+def image_type(head: bytes) -> str | None:
+    """The media type of an image file from its first bytes (WebP: ``RIFF....WEBP``), or None."""
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "image/webp"
+    return next((kind for signature, kind in IMAGE_SIGNATURES if head.startswith(signature)), None)
+
 
 def _png_bytes(image: np.ndarray) -> bytes:
     buffer = io.BytesIO()
@@ -96,6 +114,7 @@ def export_tfrecords(dataset: HashingDataset, output_dir: str | os.PathLike, sha
         "split": {**dataset.split.describe(), **counts},
         "compression": "GZIP",
         **({"notes": dataset.extra["notes"]} if dataset.extra.get("notes") else {}),
+        **({"image_root": dataset.extra["image_root"]} if dataset.extra.get("image_root") else {}),
         "items": ITEMS_FILE,
     }
     paths = dataset.extra.get("paths") or [""] * len(dataset.labels)

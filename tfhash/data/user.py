@@ -328,7 +328,8 @@ def load_user_dataset(features: dict[str, str] | None = None, labels: str | None
             raise ValueError("an image folder takes its labels from its class folders (a list, from its labels column); "
                              "drop the labels file")  # fmt: skip
         array, label_matrix, class_names, paths, notes = load_image_folder(images, image_size, skip_bad)
-        inputs, extra = {"image": array}, {"paths": paths, "notes": {"images": notes}}
+        root = Path(images).parent if Path(images).is_file() else Path(images)  # what the paths are relative to
+        inputs, extra = {"image": array}, {"paths": paths, "notes": {"images": notes}, "image_root": str(root.resolve())}
     else:
         if not labels:
             raise ValueError("feature files need a labels file (class ids, class names or multi-hot)")
