@@ -1,20 +1,10 @@
 """Hash-consistent large-margin proxies (HCLM, Morgado et al., IJCV 2020, Sec. 4; docs/design.md s.4).
 
-Construction of C binary proxies of K bits, each step a small NumPy function:
-
-1. :func:`tammes_points`: C points on the sphere of radius sqrt(K) that (approximately) maximise
-   the minimum pairwise distance (the Tammes problem), by projected gradient descent on a
-   log-sum-exp smoothing of the largest pairwise cosine, with a temperature schedule.
-2. :func:`itq_rotation`: the rotation that makes them as binary as possible (ITQ: alternate
-   B = sign(W R) and the orthogonal Procrustes solution until the quantization error stops falling).
-3. sign.
-4. :func:`improve_min_distance` (not in the paper; docs/design.md s.4): a bit-flip local search on the signed
-   codes that raises the minimum Hamming distance, and then lowers the number of pairs at it.
-
-:func:`hclm_proxies` runs this from several starts (Tammes restarts, and the Hadamard rows when K
-is a power of two and C <= 2K, and a greedy lexicode for short codes) and keeps the code with the best (minimum distance, fewest pairs at
-the minimum). With a class similarity it then permutes the class/proxy assignment by greedy best
-swaps (HCLM Eq. 18, sHCLM).
+:func:`hclm_proxies` builds C binary proxies of K bits with a large minimum Hamming distance, each step a
+small NumPy function: Tammes points (:func:`tammes_points`), an ITQ rotation (:func:`itq_rotation`), sign
+and a bit-flip local search (:func:`improve_min_distance`). With a class similarity
+(:func:`class_mean_similarity`, :func:`tag_cooccurrence_similarity`) it then assigns the proxies to the
+classes (sHCLM, :func:`assign_proxies`).
 """
 
 from __future__ import annotations
@@ -196,6 +186,20 @@ def hclm_proxies(num_classes: int, bits: int, similarity: np.ndarray | None = No
     """C x K ``int8`` +-1 proxies: Tammes + ITQ + sign, improved by restarts, a Hadamard start
     (when it applies) and the bit-flip local search; with ``similarity`` (C x C), the class/proxy
     assignment is permuted by greedy best swaps (sHCLM, HCLM Eq. 18).
+
+    The construction, one small NumPy function a step:
+
+    1. :func:`tammes_points`: C points on the sphere of radius sqrt(K) that (approximately)
+       maximise the minimum pairwise distance (the Tammes problem).
+    2. :func:`itq_rotation`: the rotation that makes them as binary as possible.
+    3. sign.
+    4. :func:`improve_min_distance` (not in the paper; docs/design.md s.4): a bit-flip local
+       search on the signed codes that raises the minimum Hamming distance, and then lowers the
+       number of pairs at it.
+
+    This runs from several starts (Tammes restarts, and the Hadamard rows when K is a power of two
+    and C <= 2K, and a greedy lexicode for short codes) and keeps the code with the best (minimum
+    distance, fewest pairs at the minimum).
 
     Raises:
         ValueError: non-positive sizes or a similarity of the wrong shape.

@@ -1,25 +1,9 @@
 """Recommended recipes: for each kind of data, the method, its settings and how to train it.
 
-A :class:`Recipe` states everything a run needs beyond the data: the method and its own settings
-(the builder's keyword arguments), the network on fixed input features (:func:`tfhash.models.mlp`
-widths and dropout), and the training (Adam, or AdamW when ``weight_decay`` > 0; a constant or
-cosine learning rate; epochs; batch). :data:`RECOMMENDED` holds tfhash's choice per kind of data;
-:data:`PAPER_LIKE` the settings the methods were first run with here, for comparison.
-
-A recipe trains in one call on feature vectors (images are fine-tuned with
-:class:`tfhash.fine_tuning.FineTuning` instead)::
-
-    model = recommended("single-label").fit(features, class_ids, bits=32, seed=0)
-    codes = model.encode(features)
-
-:meth:`Recipe.build` returns the compiled model for users who call ``fit`` themselves.
-
-Every value of :data:`RECOMMENDED` was chosen on a validation split carved from the training rows
-(never on the queries), the last epoch: first at 32 bits (16 on MNIST) on seed 0, later additions
-(the pairwise terms, MNIST's MT-SCDH) at 16 / 32 / 64 bits on seeds 0-2; ``chosen`` says by which
-command, over which settings, and what it scored. Settings beyond the papers are ours:
-HyP2's ``pair_scope="labelled"``, the pairwise likelihood on cosines (``pairwise_weight``), JCCH's
-``fixed_centres``, and MT-SCDH without unlabelled rows and without its consistency term.
+A :class:`Recipe` states everything a run on fixed input features needs beyond the data, and trains in one
+call (:meth:`Recipe.fit`; images are fine-tuned with :class:`tfhash.fine_tuning.FineTuning` instead).
+:func:`recommended` returns tfhash's choice per kind of data (:data:`RECOMMENDED`); :data:`PAPER_LIKE`
+holds the settings the methods were first run with here, for comparison.
 """
 
 from __future__ import annotations
@@ -351,6 +335,19 @@ def training_data(method: str, x, labels: np.ndarray, seed: int, options: dict) 
 
 def recommended(kind: str) -> Recipe:
     """The recommended recipe for ``kind`` (one of :data:`DATA_KINDS`).
+
+    A recipe trains in one call on feature vectors::
+
+        model = recommended("single-label").fit(features, class_ids, bits=32, seed=0)
+        codes = model.encode(features)
+
+    Every value of :data:`RECOMMENDED` was chosen on a validation split carved from the training
+    rows (never on the queries), the last epoch: first at 32 bits (16 on MNIST) on seed 0, later
+    additions (the pairwise terms, MNIST's MT-SCDH) at 16 / 32 / 64 bits on seeds 0-2; a recipe's
+    ``chosen`` says by which command, over which settings, and what it scored. Settings beyond the
+    papers are ours: HyP2's ``pair_scope="labelled"``, the pairwise likelihood on cosines
+    (``pairwise_weight``), JCCH's ``fixed_centres``, and MT-SCDH without unlabelled rows and
+    without its consistency term.
 
     Raises:
         ValueError: an unknown kind.

@@ -2,13 +2,7 @@
 
 The pipeline's config validation and Trainer, the command line and the benchmarks all read this
 table, so a method is known everywhere by one name, and adding one is one :func:`register_method`
-call beside its model::
-
-    register_method(Method("my-method", "MyMethod", build_my_method))
-
-A builder takes a :class:`BuildInputs` (what any method may draw on: a fresh backbone per
-modality, C, K, the seed, a preset, the training labels' tag statistics) plus the method's own
-options, and returns a compiled-ready Keras model.
+call beside its model.
 """
 
 from __future__ import annotations
@@ -76,6 +70,10 @@ class BuildInputs:
 class Method:
     """One method.
 
+    A builder takes a :class:`BuildInputs` (what any method may draw on: a fresh backbone per
+    modality, C, K, the seed, a preset, the training labels' tag statistics) plus the method's own
+    options, and returns a compiled-ready Keras model.
+
     Args:
         name: its one name (config files, command line, benchmarks).
         label: how reports print it.
@@ -102,7 +100,13 @@ _METHODS: dict[str, Method] = {}
 
 
 def register_method(method: Method) -> Method:
-    """Add ``method`` to the table (ValueError when its name is taken)."""
+    """Add ``method`` to the table, one call beside its model::
+
+        register_method(Method("my-method", "MyMethod", build_my_method))
+
+    Raises:
+        ValueError: its name is taken.
+    """
     if method.name in _METHODS:
         raise ValueError(f"a method named {method.name!r} is already registered")
     _METHODS[method.name] = method

@@ -1,19 +1,9 @@
 """PyTorch state dicts read without PyTorch, as untrusted input.
 
 A ``.pth`` file is a pickle, and unpickling runs whatever callables the stream names. This reader
-admits only what a state dict is made of (tensors and the ordered dicts that hold them): the
-pickle globals ``collections.OrderedDict``, ``torch._utils._rebuild_tensor_v2`` and the
-``torch.<Type>Storage`` tags, each replaced by a harmless stand-in; any other global is refused
-with :class:`CheckpointError` naming it, before anything is called. Both of ``torch.save``'s
-formats are read:
-
-* the zip format (PyTorch >= 1.6): ``<archive>/data.pkl`` and one ``<archive>/data/<key>`` entry of
-  raw little-endian bytes per storage;
-* the legacy format: pickles of the magic number, the protocol version and the system facts, the
-  object pickle, the list of storage keys, then each storage as an int64 element count and its
-  bytes, in the order of that list.
-
-:func:`read_state_dict` returns ``{name: numpy array}``; bfloat16 tensors come back as float32.
+admits only what a state dict is made of (tensors and the ordered dicts that hold them) and refuses
+any other global with :class:`CheckpointError` naming it, before anything is called.
+:func:`read_state_dict` reads both of ``torch.save``'s formats.
 """
 
 from __future__ import annotations
@@ -97,7 +87,12 @@ _ADMITTED = {("collections", "OrderedDict"): collections.OrderedDict, ("torch._u
 
 
 class _Unpickler(pickle.Unpickler):
-    """An unpickler that resolves only :data:`_ADMITTED` globals and storage tags."""
+    """An unpickler that resolves only :data:`_ADMITTED` globals and storage tags.
+
+    The admitted pickle globals are ``collections.OrderedDict``, ``torch._utils._rebuild_tensor_v2``
+    and the ``torch.<Type>Storage`` tags, each replaced by a harmless stand-in; any other global is
+    refused with :class:`CheckpointError` naming it, before anything is called.
+    """
 
     def __init__(self, stream):
         super().__init__(stream)
@@ -245,6 +240,16 @@ def _is_zip(path) -> bool:
 
 def read_state_dict(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """The tensors of a ``torch.save``-d state dict, ``{name: array}`` in the file's order.
+
+    Both of ``torch.save``'s formats are read:
+
+    * the zip format (PyTorch >= 1.6): ``<archive>/data.pkl`` and one ``<archive>/data/<key>``
+      entry of raw little-endian bytes per storage;
+    * the legacy format: pickles of the magic number, the protocol version and the system facts,
+      the object pickle, the list of storage keys, then each storage as an int64 element count
+      and its bytes, in the order of that list.
+
+    bfloat16 tensors come back as float32.
 
     Raises:
         CheckpointError: a pickle global other than tensors and ordered dicts (named, not run), a

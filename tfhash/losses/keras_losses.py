@@ -1,21 +1,11 @@
 """Keras ``Loss`` wrappers over the per-example loss functions, registered under package "tfhash".
 
-One wrapper per loss term; ``call`` returns the ``(n,)`` per-example values and Keras's reduction
-applies ``sample_weight`` (by default ``"sum_over_batch_size"``: sum_i w_i L_i / n, as
-:func:`tfhash.losses.reduce_per_example`). A paper's total is a weighted sum of wrappers over the
-model's outputs, e.g. SCDH (Eq. 18) = ``SemanticClusterUnaryLoss(lam)`` on ``-D`` +
-mu ``ClassifierCrossEntropy()`` on the logits + alpha ``QuantizationLoss()`` on the codes, and
-HyP2 = ``HyP2ProxyLoss(zeta)`` on the cosines + beta ``HyP2PairLoss(zeta)`` on the codes.
-
-Labels (``y_true``) are class ids ``(n,)`` or one-hot / multi-hot ``(n, C)``, normalised by
-:func:`tfhash.labels.multi_hot` in the graph (a wrong width or an id out of range is an error, not
-a silent broadcast). The wrappers on the codes (triplet, HyP2 pairs, pairwise likelihood) need
-``num_classes`` for class ids; on class scores C is the scores' width. ``y_true`` of
-:class:`SemanticClusterUnaryLoss` may also be the concatenation ``[labels, q, u]`` of shape
-``(n, 3C)`` carrying JCCH coefficients. The wrappers of
-terms normalised over the whole batch (:class:`HyP2ProxyLoss`, :class:`HyP2PairLoss`,
-:class:`HammingTripletLoss`, :class:`PairwiseLikelihoodLoss`) leave rows of sample weight zero out
-of the batch's counts, as the models do (:mod:`tfhash.losses.reduction`).
+One wrapper per loss term, so a paper's total is a weighted sum of wrappers over the model's outputs, e.g. SCDH (Eq. 18) =
+``SemanticClusterUnaryLoss(lam)`` on ``-D`` + mu ``ClassifierCrossEntropy()`` on the logits + alpha ``QuantizationLoss()``
+on the codes. ``call`` returns the ``(n,)`` per-example values and Keras's reduction applies ``sample_weight`` (by default
+``"sum_over_batch_size"``: sum_i w_i L_i / n, as :func:`tfhash.losses.reduce_per_example`). Labels (``y_true``) are read
+by :func:`labels_of`; the wrappers normalised over the whole batch leave rows of sample weight zero out of the batch's
+counts, as the models do (:mod:`tfhash.losses.reduction`).
 """
 
 from __future__ import annotations
@@ -46,7 +36,13 @@ from tfhash.losses.semantic_cluster import (
 
 
 def labels_of(y_true, num_classes: int | None):
-    """``y_true`` (class ids or multi-hot) as ``(n, C)`` multi-hot, checked in the graph."""
+    """``y_true`` (class ids or multi-hot) as ``(n, C)`` multi-hot, checked in the graph.
+
+    Labels are class ids ``(n,)`` or one-hot / multi-hot ``(n, C)``, normalised by
+    :func:`tfhash.labels.multi_hot` in the graph: a wrong width or an id out of range is an error,
+    not a silent broadcast. The wrappers on the codes (triplet, HyP2 pairs, pairwise likelihood)
+    need ``num_classes`` for class ids; on class scores C is the scores' width.
+    """
     return multi_hot(y_true, num_classes, name="y_true")
 
 
@@ -90,7 +86,11 @@ class _BatchLoss(_ConfiguredLoss):
 
 @keras.saving.register_keras_serializable(package="tfhash")
 class SemanticClusterUnaryLoss(_ConfiguredLoss):
-    """SCUL on the ``-D`` output of :class:`tfhash.layers.SemanticClusters` (SCDH Eq. 10/16)."""
+    """SCUL on the ``-D`` output of :class:`tfhash.layers.SemanticClusters` (SCDH Eq. 10/16).
+
+    ``y_true`` may be the labels or the concatenation ``[labels, q, u]`` of shape ``(n, 3C)``
+    carrying JCCH coefficients.
+    """
 
     params = ("lam",)
 
@@ -202,7 +202,10 @@ class HyP2ProxyLoss(_BatchLoss):
 
 @keras.saving.register_keras_serializable(package="tfhash")
 class HyP2PairLoss(_BatchLoss):
-    """HyP2's irrelevant-pair term (Eq. 4-6) on the codes."""
+    """HyP2's irrelevant-pair term (Eq. 4-6) on the codes.
+
+    HyP2's total is ``HyP2ProxyLoss(zeta)`` on the cosines + beta ``HyP2PairLoss(zeta)`` on the codes.
+    """
 
     params = ("zeta", "pair_scope", "num_classes")
 

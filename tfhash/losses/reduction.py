@@ -1,19 +1,10 @@
 """The one reduction of tfhash's losses: per-example values (and optional sample weights) to the
 scalar a model trains on, under Keras's own contract.
 
-Keras 3's ``keras.losses.Loss`` with its default reduction ``"sum_over_batch_size"`` returns
-sum_i w_i L_i / n: the weighted sum divided by the number of examples n, not by the sum of the
-weights. So a weight of zero drops an example's loss but the example still counts in n, weights of
-all ones equal no weights, and doubling every weight doubles the loss. :func:`reduce_per_example`
-is that reduction.
-
-Some terms are normalised over the whole batch rather than averaged per example (HyP2's proxy and
-pair terms, the Hamming triplet term, MT-SCDH's means over the labelled and the unlabelled rows).
-Their per-example values are each example's *share* (:func:`batch_shares`), whose mean over the
-batch is the published term. With sample weights, a row of weight zero takes no part in such a
-batch: it adds no positives, pairs or triplets to the normalisers (:func:`rows_taking_part`).
-Training with weights zero on half the rows and two on the others is then the same as training
-on the other half alone.
+Terms averaged per example use :func:`reduce_per_example`; terms normalised over the whole batch
+(HyP2's proxy and pair terms, the Hamming triplet term, MT-SCDH's means over the labelled and the
+unlabelled rows) give each example its share (:func:`batch_shares`), and rows of sample weight zero
+take no part in such a batch (:func:`rows_taking_part`).
 """
 
 from __future__ import annotations
@@ -31,6 +22,11 @@ def _as_row_weights(sample_weight) -> tf.Tensor:
 def reduce_per_example(values, sample_weight=None) -> tf.Tensor:
     """sum_i w_i values_i / n (Keras's ``"sum_over_batch_size"``); the mean without weights.
 
+    Keras 3's ``keras.losses.Loss`` with its default reduction ``"sum_over_batch_size"`` returns
+    the weighted sum divided by the number of examples n, not by the sum of the weights. So a
+    weight of zero drops an example's loss but the example still counts in n, weights of all ones
+    equal no weights, and doubling every weight doubles the loss.
+
     Args:
         values: ``(n,)`` per-example loss values.
         sample_weight: ``None``, a scalar, or ``(n,)`` / ``(n, 1)`` weights.
@@ -45,7 +41,12 @@ def reduce_per_example(values, sample_weight=None) -> tf.Tensor:
 
 
 def rows_taking_part(sample_weight) -> tf.Tensor | None:
-    """``(n,)`` bool: the rows whose weight is not zero (``None`` without weights: every row)."""
+    """``(n,)`` bool: the rows whose weight is not zero (``None`` without weights: every row).
+
+    In a term normalised over the batch, a row of weight zero takes no part: it adds no positives,
+    pairs or triplets to the normalisers. Training with weights zero on half the rows and two on
+    the others is then the same as training on the other half alone.
+    """
     if sample_weight is None:
         return None
     return tf.not_equal(_as_row_weights(sample_weight), 0.0)
@@ -61,8 +62,8 @@ def taking_part_mask(num_rows, taking_part=None) -> tf.Tensor:
 def batch_shares(row_values, count, taking_part=None) -> tf.Tensor:
     """Per-example shares of a term normalised over the batch, sum_i row_values_i / count: row i
     gets m * row_values_i / count, m the number of rows taking part, so the mean of the shares
-    over those rows is the term. Rows not taking part get 0, and so does every row when
-    ``count`` is 0 (an empty term).
+    over those rows is the term (the published batch term). Rows not taking part get 0, and so
+    does every row when ``count`` is 0 (an empty term).
 
     Args:
         row_values: ``(n,)`` each row's part of the numerator.

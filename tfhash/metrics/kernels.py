@@ -1,21 +1,10 @@
 """Compiled per-query ranking statistics: AP@R, hits in the top N and distance histograms in one
 pass over the database, without sorting and without any queries x database matrix.
 
-For each query, database items are visited in index order. The Hamming distance is the hardware
-popcount of the XOR of packed words (:func:`tfhash.hamming.popcount`, LLVM ``ctpop``); relevance
-is a non-empty AND of label bitmasks. With ties broken by database index (docs/design.md s.3) the rank of item j at
-distance h is ``(items at distance < h) + (items at distance h with index <= j)``, and the number
-of relevant items ranked at or before a relevant j is ``(relevant at distance < h) + (relevant at
-distance h with index <= j)``. The visit builds the two histograms (K + 1 bins) and notes, at
-each relevant item, its bucket and both within-bucket counts (the histogram values at that
-moment); a pass over the relevant items alone then turns those into ranks. O(n + K) per query.
-Queries are split over the available threads; each thread owns scratch arrays of n entries.
-Compiled with numba (cached on disk after the first call).
-
-A database in shards (in its global order) gives the same ranks when each shard's visit starts
-its buckets at ``base[h]`` = (items at distance < h in the whole database) + (items at distance
-h in the shards before it), and likewise for the relevant items: AP's sums and hit counts then add
-up over shards (:func:`tfhash.metrics.retrieval.evaluate_retrieval_sharded`).
+For each query, one visit of the database builds the distance histograms and a pass over the
+relevant items turns them into ranks: O(n + K) per query. Queries are split over the available
+threads; compiled with numba (cached on disk after the first call). A database in shards gives the
+same sums as the whole (:func:`ranking_statistics`).
 """
 
 from __future__ import annotations
@@ -36,13 +25,30 @@ def ranking_statistics(query_words, db_words, query_labels, db_labels, bits, dep
     distance h). Adding shard after shard to the same sums keeps the whole database's order of
     additions, so the sums are bit-identical to one visit of the whole.
 
+    For each query, database items are visited in index order. The Hamming distance is the
+    hardware popcount of the XOR of packed words (:func:`tfhash.hamming.popcount`, LLVM ``ctpop``);
+    relevance is a non-empty AND of label bitmasks. With ties broken by database index
+    (docs/design.md s.3) the rank of item j at distance h is ``(items at distance < h) + (items at
+    distance h with index <= j)``, and the number of relevant items ranked at or before a relevant
+    j is ``(relevant at distance < h) + (relevant at distance h with index <= j)``. The visit builds
+    the two histograms (K + 1 bins) and notes, at each relevant item, its bucket and both
+    within-bucket counts (the histogram values at that moment); a pass over the relevant items
+    alone then turns those into ranks. O(n + K) per query; each thread owns scratch arrays of n
+    entries.
+
+    A database in shards (in its global order) gives the same ranks when each shard's visit starts
+    its buckets at ``base[h]`` = (items at distance < h in the whole database) + (items at distance
+    h in the shards before it), and likewise for the relevant items (``relevant_base``): AP's sums
+    and hit counts then add up over shards
+    (:func:`tfhash.metrics.retrieval.evaluate_retrieval_sharded`).
+
     Args:
         query_words, db_words: packed codes as words (:func:`tfhash.hamming.code_words`).
         query_labels, db_labels: ``uint64`` label bitmasks, one or more words per row.
         bits: K.  depth: R of AP@R.  ns: ``int64`` N of P@N.  threads: number of row blocks.
         base, relevant_base: ``int64 (m, K + 1)``: the items (relevant items) ranked before this
-            database's first item at each distance, for a shard of a larger database (module
-            docstring); ``(0, K + 1)`` for a whole database.
+            database's first item at each distance, for a shard of a larger database (see
+            above); ``(0, K + 1)`` for a whole database.
     """
     m = query_words.shape[0]
     n = db_words.shape[0]

@@ -1,18 +1,9 @@
 """Retrieval metrics over binary codes: the project's one definition (docs/design.md s.3).
 
-Conventions (see docs/metrics.md for how they compare with other hashing code bases):
-
-* relevance: a database item is relevant to a query when they share at least one label;
-* ranking: ascending Hamming distance, ties by ascending database index (stable);
-* AP@R = sum_r P(r) rel_r / sum_r rel_r over the top R, and 0 when the top R holds no relevant
-  item; mAP averages over *all* queries (queries without relevant items count as 0);
-* precision within Hamming radius r: relevant / retrieved in the ball d <= r; an empty ball scores 0;
-* P@N: relevant items among the top N of the ranking, divided by N;
-* PR curve: per query, precision and recall of the ball d <= r for r = 0..K, averaged over queries
-  (precision of an empty ball is 0, recall of a query without relevant items is 0);
-* tie-aware AP: the expected AP over uniformly random orders inside each distance tie (McSherry and
-  Najork, ECIR 2008), computed exactly from the distance histograms in O(n + K) per query; it does
-  not depend on the database order.
+Every metric shares two conventions (docs/metrics.md compares them with other hashing code bases):
+a database item is relevant to a query when they share at least one label, and the ranking is by
+ascending Hamming distance, ties by ascending database index (stable). Each metric's own
+definition is in its function's docstring.
 """
 
 from __future__ import annotations
@@ -260,7 +251,11 @@ class _Statistics:
 
 
 def average_precision(query_codes, db_codes, query_labels, db_labels, top_r: int | None = None, **kwargs) -> np.ndarray:
-    """Per-query AP@R (``top_r=None``: whole ranking), stable tie order."""
+    """Per-query AP@R (``top_r=None``: whole ranking), stable tie order.
+
+    AP@R = sum_r P(r) rel_r / sum_r rel_r over the top R, and 0 when the top R holds no relevant
+    item.
+    """
     return evaluate_retrieval(query_codes, db_codes, query_labels, db_labels, top_r=top_r, **kwargs).average_precision
 
 
@@ -275,13 +270,21 @@ def mean_average_precision(query_codes, db_codes, query_labels, db_labels, top_r
 
 def mean_average_precision_tie_aware(query_codes, db_codes, query_labels, db_labels, **kwargs) -> float:
     """Tie-aware mAP@all: expected AP over random orders within distance ties; immune to the
-    database order (docs/design.md s.3)."""
+    database order (docs/design.md s.3).
+
+    The expected AP over uniformly random orders inside each distance tie (McSherry and Najork,
+    ECIR 2008), computed exactly from the distance histograms in O(n + K) per query
+    (:func:`tie_aware_average_precision`).
+    """
     report = evaluate_retrieval(query_codes, db_codes, query_labels, db_labels, tie_aware=True, **kwargs)
     return float(np.mean(report.tie_aware_average_precision)) if report.num_queries else 0.0
 
 
 def precision_at_hamming_radius(query_codes, db_codes, query_labels, db_labels, radius: int = 2, **kwargs) -> float:
-    """Mean over queries of the precision inside the Hamming ball d <= radius (empty ball = 0)."""
+    """Mean over queries of the precision inside the Hamming ball d <= radius (empty ball = 0).
+
+    The precision of a ball is relevant / retrieved among the items at distance d <= radius.
+    """
     if radius < 0:
         raise ValueError(f"radius must be >= 0, got {radius}")
     report = evaluate_retrieval(query_codes, db_codes, query_labels, db_labels, **kwargs)
@@ -289,13 +292,20 @@ def precision_at_hamming_radius(query_codes, db_codes, query_labels, db_labels, 
 
 
 def precision_at_n(query_codes, db_codes, query_labels, db_labels, n: int, **kwargs) -> float:
-    """Mean over queries of the precision of the top ``n`` of the stable ranking."""
+    """Mean over queries of the precision of the top ``n`` of the stable ranking.
+
+    P@N is the number of relevant items among the top N of the ranking, divided by N.
+    """
     report = evaluate_retrieval(query_codes, db_codes, query_labels, db_labels, precision_at=[n], **kwargs)
     return float(np.mean(report.precision_at[int(n)])) if report.num_queries else 0.0
 
 
 def pr_curve_by_radius(query_codes, db_codes, query_labels, db_labels, **kwargs) -> dict[str, np.ndarray]:
-    """Mean precision and recall of the Hamming ball for every radius 0..K."""
+    """Mean precision and recall of the Hamming ball for every radius 0..K.
+
+    Per query, the precision and recall of the ball d <= r for r = 0..K, averaged over queries
+    (precision of an empty ball is 0, recall of a query without relevant items is 0).
+    """
     report = evaluate_retrieval(query_codes, db_codes, query_labels, db_labels, **kwargs)
     return {
         "radius": np.arange(report.bits + 1),

@@ -1,19 +1,12 @@
 """Backbones: the networks that map an input to a feature vector, ahead of a tfhash head.
 
-* :func:`image_backbone` by name: ImageNet networks (SqueezeNet v1.1 with the shared weights,
-  EfficientNet-Lite0/1/2 with the weights of their pip packages, the ``keras.applications``
-  families of :data:`IMAGE_NETWORKS`) or the path of a user's own encoder (a
-  ``.keras`` file or a SavedModel directory mapping images to a feature vector). The returned model
-  takes the images as stored (``uint8`` or float pixels in 0..255, any fixed size, grey or RGB) and
-  holds everything in between: optional training-time augmentation, resizing to the network's
-  input size and the network's own preprocessing, so an exported graph receives raw pixels.
+* :func:`image_backbone` by name: ImageNet networks (SqueezeNet v1.1, EfficientNet-Lite0/1/2, the
+  ``keras.applications`` families of :data:`IMAGE_NETWORKS`) or a user's own encoder, holding
+  everything from raw pixels to the feature vector so that an exported graph receives raw pixels.
 * :func:`small_cnn` (images, from scratch) and :func:`mlp` (feature vectors).
 
 The catalogue of networks and the checks of a backbone's name and weights are
-:mod:`tfhash.networks` (no TensorFlow there). Nothing is ever downloaded: ``weights="imagenet"``
-resolves to a local file (SqueezeNet's shared weights, an installed package's file) or fails with a message that says which
-file to fetch and where to pass it. Which weights file a network loaded is logged (logger
-``tfhash.models.backbones``, INFO).
+:mod:`tfhash.networks` (no TensorFlow there).
 """
 
 from __future__ import annotations
@@ -225,9 +218,19 @@ def image_backbone(backbone: str, image_shape: Sequence[int], size: int | None =
                    name: str = "backbone") -> keras.Model:  # fmt: skip
     """An image backbone for images stored as ``image_shape`` (``(H, W)`` grey or ``(H, W, 3)``).
 
-    The model casts the pixels (0..255) to float, in training optionally augments them (a policy
-    of :data:`AUGMENTATIONS`), repeats grey to three channels, resizes to ``size`` x ``size``
+    The model takes the images as stored (``uint8`` or float pixels in 0..255, any fixed size,
+    grey or RGB) and holds everything in between, so an exported graph receives raw pixels: it
+    casts the pixels (0..255) to float, in training optionally augments them (a policy of
+    :data:`AUGMENTATIONS`), repeats grey to three channels, resizes to ``size`` x ``size``
     (bilinear), applies the network's preprocessing and runs the network.
+
+    The ImageNet networks are SqueezeNet v1.1 with the shared weights, EfficientNet-Lite0/1/2 with
+    the weights of their pip packages and the ``keras.applications`` families of
+    :data:`IMAGE_NETWORKS`; a user's own encoder is a ``.keras`` file or a SavedModel directory
+    mapping images to a feature vector. Nothing is ever downloaded: ``weights="imagenet"``
+    resolves to a local file (SqueezeNet's shared weights, an installed package's file) or fails
+    with a message that says which file to fetch and where to pass it. Which weights file a
+    network loaded is logged (logger ``tfhash.models.backbones``, INFO).
 
     Args:
         backbone: a name of :data:`IMAGE_NETWORKS` or the path of a user's encoder

@@ -3,16 +3,7 @@ stem and head) in Keras, with ImageNet weights from a PyTorch state dict read wi
 (:mod:`tfhash.state_dicts`).
 
 The blocks come from :func:`tfhash.networks.efficientnet_lite_blocks` (one statement of the
-architecture, also what names the cut points before TensorFlow loads). Convolutions use
-TensorFlow's ``padding="same"``, which is what the weights were trained with (Google's TF
-checkpoints, converted to the EfficientNet-PyTorch naming). The network takes RGB pixels in 0..255
-and scales them as it was trained, ``(x - 127) / 128``, as its first layer.
-
-Layer names: ``preprocess``; the stem ``stem_conv``, ``stem_bn``, ``stem``; block ``i``
-``block{i}_expand`` (+ ``_bn``, ``_relu``; absent when the block does not expand),
-``block{i}_depthwise`` (+ ``_bn``, ``_relu``), ``block{i}_project`` (+ ``_bn``) and its output
-``block{i}``; ``head_conv``, ``head_bn``, ``head``; ``pool`` (global average) and, with
-``include_top``, the ImageNet ``classifier`` (logits).
+architecture, also what names the cut points before TensorFlow loads).
 """
 
 from __future__ import annotations
@@ -48,6 +39,16 @@ def efficientnet_lite(variant: str = "efficientnet_lite0", input_shape: Sequence
     """EfficientNet-Lite ``variant`` (a key of :data:`tfhash.networks.EFFICIENTNET_LITE`) on RGB
     pixels in 0..255, global-average-pooled to 1280 features (or, with ``include_top``, ImageNet's
     1000 logits).
+
+    Convolutions use TensorFlow's ``padding="same"``, which is what the weights were trained with
+    (Google's TF checkpoints, converted to the EfficientNet-PyTorch naming). The network scales
+    the pixels as it was trained, ``(x - 127) / 128``, as its first layer.
+
+    The layers are named ``preprocess``; the stem ``stem_conv``, ``stem_bn``, ``stem``; block ``i``
+    ``block{i}_expand`` (+ ``_bn``, ``_relu``; absent when the block does not expand),
+    ``block{i}_depthwise`` (+ ``_bn``, ``_relu``), ``block{i}_project`` (+ ``_bn``) and its output
+    ``block{i}``; ``head_conv``, ``head_bn``, ``head``; ``pool`` (global average) and, with
+    ``include_top``, the ImageNet ``classifier`` (logits).
 
     Args:
         input_shape: ``(side, side, 3)``; default the variant's own side.

@@ -1,24 +1,9 @@
 """How every tfhash model meets Keras's training conventions (:class:`TrainingMixin`).
 
-* **Labels as users give them.** ``fit`` and ``evaluate`` take class ids ``(n,)`` or one-hot /
-  multi-hot ``(n, C)`` (or a dict of targets holding them under ``"labels"``), normalised by
-  :func:`tfhash.labels.multi_hot` before the first step: integer ids train exactly as their
-  one-hot. Features are checked finite (:mod:`tfhash.models.inputs`). ``tf.data`` inputs get the
-  same checks batch by batch, their shapes when ``fit`` is called.
-* **A step that makes a weight non-finite stops training** with an error naming the weight
-  (:class:`~tfhash.models.inputs.NonFiniteWeightsError`; an assertion after every optimizer step,
-  whose cost ``benchmarks/keras_checks.py`` measures). A failed check on a ``tf.data`` batch
-  raises the error the same check raises on arrays (:func:`~tfhash.models.inputs.readable_checks`).
-  The in-graph checks are ``tf.debugging`` assertions, which XLA drops: with
-  ``compile(jit_compile=True)`` only the checks on arrays before the first step remain (Keras
-  leaves XLA off on a CPU-only machine).
-* **compile.** The objective is the method's own (``compute_loss``), so ``compile(loss=...)`` is
-  refused with a clear error rather than silently ignored. ``compile(metrics=...)`` works the Keras
-  way on the model's outputs: ``"accuracy"`` on its class scores (the classifier, proxy logits or
-  proxy cosines), ``"precision_h2"`` (P@H<=2 within the batch) on its codes, any other Keras metric
-  on the class scores, or a dict ``{output name: metrics}``; ``evaluate`` returns them.
-  ``weighted_metrics`` take ``sample_weight``. A cross-modal model reports each per tower
-  (``image_accuracy``, ``text_accuracy``).
+Models take labels as users give them (class ids or one-hot / multi-hot), check their inputs
+before and during training, stop when a step makes a weight non-finite, and compile the Keras way
+while training with the method's own objective (:meth:`TrainingMixin.fit`,
+:meth:`TrainingMixin.compile`).
 """
 
 from __future__ import annotations
@@ -77,8 +62,8 @@ def _rows(x) -> int:
 
 
 class TrainingMixin:
-    """Keras conventions shared by every tfhash model (see the module docstring). Put it first
-    among the bases, before ``keras.Model``.
+    """Keras conventions shared by every tfhash model (see :meth:`fit` and :meth:`compile`). Put it
+    first among the bases, before ``keras.Model``.
 
     Class attributes a model sets:
         accepts_unlabelled: rows without a label (all-zero, id -1) are unlabelled rows to train
@@ -165,15 +150,30 @@ class TrainingMixin:
         return self.checked_data(*validation_data, name="validation_data")
 
     def fit(self, x=None, y=None, **kwargs):
-        """``keras.Model.fit`` after the checks of the module docstring."""
+        """``keras.Model.fit`` after checking the data.
+
+        Labels are taken as users give them: ``fit`` and ``evaluate`` take class ids ``(n,)`` or
+        one-hot / multi-hot ``(n, C)`` (or a dict of targets holding them under ``"labels"``),
+        normalised by :func:`tfhash.labels.multi_hot` before the first step: integer ids train
+        exactly as their one-hot. Features are checked finite (:mod:`tfhash.models.inputs`). ``tf.data`` inputs get
+        the same checks batch by batch, their shapes when ``fit`` is called.
+
+        A step that makes a weight non-finite stops training with an error naming the weight
+        (:class:`~tfhash.models.inputs.NonFiniteWeightsError`; an assertion after every optimizer
+        step, whose cost ``benchmarks/keras_checks.py`` measures). A failed check on a ``tf.data``
+        batch raises the error the same check raises on arrays
+        (:func:`~tfhash.models.inputs.readable_checks`). The in-graph checks are ``tf.debugging``
+        assertions, which XLA drops: with ``compile(jit_compile=True)`` only the checks on arrays
+        before the first step remain (Keras leaves XLA off on a CPU-only machine).
+        """
         x, y, kwargs["sample_weight"] = self.checked_data(x, y, kwargs.get("sample_weight"))
         kwargs["validation_data"] = self._checked_validation(kwargs.get("validation_data"))
         with readable_checks():
             return super().fit(x, y, **kwargs)
 
     def evaluate(self, x=None, y=None, **kwargs):
-        """``keras.Model.evaluate`` after the checks of the module docstring: the loss and its
-        parts, and the compiled metrics."""
+        """``keras.Model.evaluate`` after the checks of :meth:`fit`: the loss and its parts, and the
+        compiled metrics."""
         x, y, kwargs["sample_weight"] = self.checked_data(x, y, kwargs.get("sample_weight"))
         with readable_checks():
             return super().evaluate(x, y, **kwargs)
@@ -188,7 +188,15 @@ class TrainingMixin:
     @no_automatic_dependency_tracking
     def compile(self, optimizer="rmsprop", loss=None, loss_weights=None, metrics=None, weighted_metrics=None, **kwargs):
         """``keras.Model.compile`` without ``loss`` (the model trains with its own objective) and
-        with ``metrics`` / ``weighted_metrics`` routed to its outputs (module docstring).
+        with ``metrics`` / ``weighted_metrics`` routed to its outputs.
+
+        The objective is the method's own (``compute_loss``), so ``compile(loss=...)`` is refused
+        with a clear error rather than silently ignored. ``compile(metrics=...)`` works the Keras
+        way on the model's outputs: ``"accuracy"`` on its class scores (the classifier, proxy
+        logits or proxy cosines), ``"precision_h2"`` (P@H<=2 within the batch) on its codes, any
+        other Keras metric on the class scores, or a dict ``{output name: metrics}``; ``evaluate``
+        returns them. ``weighted_metrics`` take ``sample_weight``. A cross-modal model reports each
+        per tower (``image_accuracy``, ``text_accuracy``).
 
         Raises:
             ValueError: ``loss`` or ``loss_weights`` given, or a metric the model cannot compute.

@@ -1,36 +1,10 @@
 """Model selection on the user's own data: the method and recipe chosen on a validation split carved
 from the training rows, never on the queries.
 
-One call picks a :class:`tfhash.recipes.Recipe` for feature vectors and their labels::
-
-    result = tfhash.tuning.tune(features, class_ids, bits=32, seed=0)
-    model = result.fit(features, class_ids)                            # all training rows: result.recipe.fit
-    print(result.table())                                              # every trial, its score and time
-
-The search is KerasTuner's Hyperband (:class:`tfhash.tuning.tuner.RecipeTuner`, also importable from
-here), so the same tuner runs inside the TFX pipeline's stock ``Tuner`` component. What it searches is declared once,
-in :data:`SEARCH_SPACES` (one :class:`SearchSpace` per kind of data of
-:data:`tfhash.recipes.DATA_KINDS`): the registered methods that fit the labels, with their own
-settings, and the recipe's settings (MLP width, dropout, learning rate and schedule, weight decay,
-epochs). Every space holds the recommended recipe of its kind (:data:`tfhash.recipes.RECOMMENDED`);
-the first trial trains it at full fidelity, and it is kept unless another trial beats it on
-validation by :data:`KEEP_RECOMMENDED_WITHIN` without losing any of its other scores by more
-(:func:`beats`), so the search starts from tfhash's fixed choice and leaves it only for a gain
-larger than validation noise.
-
-**Fidelity.** Hyperband's "epochs" are units of a budget (:attr:`Budget.max_units`): a trial with
-``u`` units trains its recipe for ``u / max_units`` of the recipe's epochs, from scratch, with the
-learning-rate schedule spanning those epochs; only trials at the highest fidelity reached can be
-chosen (a short run's score is not comparable with a full one's).
-
-**Scoring.** mAP@all of held-out training rows against held-out training rows plus a share of the
-rows trained on (:data:`TRAIN_IN_DATABASE`, the catalogue containing what was trained on), the last
-epoch; multi-label data also records mAP@1000 (the top min(1000, validation database) items);
-cross-modal data scores the mean of the two directions.
-
-**Failures.** A trial that raises, or whose loss or score is not finite, is recorded in the trial
-table with its error and skipped; the search raises :class:`TuningError` only when every trial
-failed.
+:func:`tune` picks a :class:`tfhash.recipes.Recipe` for feature vectors and their labels. The search is
+KerasTuner's Hyperband (:class:`tfhash.tuning.tuner.RecipeTuner`, also importable from here), so the same
+tuner runs inside the TFX pipeline's stock ``Tuner`` component. It starts from tfhash's recommended recipe
+and leaves it only for a gain larger than validation noise.
 """
 
 from __future__ import annotations
@@ -64,6 +38,31 @@ def tune(x, labels, bits: int, seed: int = 0, budget: Budget | None = None, *, k
          num_classes: int | None = None, margin: float = KEEP_RECOMMENDED_WITHIN, train_in_database: float = TRAIN_IN_DATABASE,
          verbose: int = 0) -> TuneResult:  # fmt: skip
     """Choose the method and recipe for ``x`` and ``labels`` on a validation split of these rows.
+
+    For example::
+
+        result = tfhash.tuning.tune(features, class_ids, bits=32, seed=0)
+        model = result.fit(features, class_ids)      # all training rows: result.recipe.fit
+        print(result.table())                        # every trial, its score and time
+
+    What it searches is declared once, in :data:`SEARCH_SPACES` (one :class:`SearchSpace` per kind
+    of data of :data:`tfhash.recipes.DATA_KINDS`): the registered methods that fit the labels, with
+    their own settings, and the recipe's settings (MLP width, dropout, learning rate and schedule,
+    weight decay, epochs). Every space holds the recommended recipe of its kind
+    (:data:`tfhash.recipes.RECOMMENDED`).
+
+    Hyperband's "epochs" are units of a budget (:attr:`Budget.max_units`); a trial trains
+    its share of the recipe's epochs from scratch, with the learning-rate schedule spanning those
+    epochs. Only trials at the highest fidelity reached can be chosen (a short run's score is not
+    comparable with a full one's).
+
+    A trial scores mAP@all of held-out training rows against held-out training rows plus a share of
+    the rows trained on (:data:`TRAIN_IN_DATABASE`, the catalogue containing what was trained on), the
+    last epoch; multi-label data also records mAP@1000 (the top min(1000, validation database)
+    items); cross-modal data scores the mean of the two directions.
+
+    A trial that raises, or whose loss or score is not finite, is recorded in the trial table with
+    its error and skipped.
 
     Args:
         x: ``(n, d)`` feature vectors, or ``{modality: (n, d_m)}`` for paired items of two

@@ -43,8 +43,8 @@ def beats(challenger: dict[str, float], incumbent: dict[str, float], margin: flo
     objective (:data:`OBJECTIVE`) higher by ``margin`` or more, and no other score the incumbent
     recorded (each direction of cross-modal data, mAP@1000 of multi-label data) lower by more than
     ``margin``. A gain in the mean of two directions that trades one for the other is as likely
-    noise of the small validation split as a better recipe: on Wiki such a choice lost 0.020-0.026
-    of image->text on test while gaining text->image (``benchmarks/results/tuning.md``).
+    noise of the small validation split as a better recipe (on Wiki such a choice lost image->text
+    on test: ``benchmarks/results/tuning.md``).
     """
     others = [name for name in incumbent if name != OBJECTIVE]
     return challenger[OBJECTIVE] - incumbent[OBJECTIVE] >= margin and all(challenger[name] >= incumbent[name] - margin for name in others)
