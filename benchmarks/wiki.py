@@ -34,6 +34,7 @@ from benchmarks.common import RESULTS_DIR, markdown_table, positive_int, write_r
 from benchmarks.methods import standardised  # noqa: E402
 from tfhash.data import load_wiki  # noqa: E402
 from tfhash.labels import multi_hot  # noqa: E402
+from tfhash.layers import input_map_layers  # noqa: E402
 from tfhash.metrics import cross_modal_mean_average_precision, mean_average_precision  # noqa: E402
 from tfhash.models import build_jcch, mlp  # noqa: E402
 from tfhash.recipes import PAPER_LIKE, RECOMMENDED, Recipe  # noqa: E402
@@ -116,7 +117,8 @@ def run(recipe: Recipe, bits: int, seed: int, validation: bool = False, every: i
     keras.utils.set_random_seed(seed)
     if isinstance(recipe.input_dropout, dict) and set(recipe.input_dropout) - set(train[0]):
         raise ValueError(f"input_dropout names {sorted(set(recipe.input_dropout) - set(train[0]))}; Wiki's towers are {sorted(train[0])}")
-    towers = {m: mlp(x.shape[1], recipe.hidden, recipe.dropout, f"mlp_{m}", recipe.input_dropout_of(m)) for m, x in train[0].items()}
+    towers = {m: mlp(x.shape[1], recipe.hidden, recipe.dropout, f"mlp_{m}", recipe.input_dropout_of(m),
+                     input_map_layers(recipe.input_map_of(m), x, seed, name=f"mlp_{m}")) for m, x in train[0].items()}  # fmt: skip
     model = build_jcch(towers, train[1].shape[1], bits, seed=seed, **recipe.options)
     model.compile(optimizer=recipe.optimizer(int(np.ceil(len(train[1]) / recipe.batch_size))))
     callbacks = [Curve(query, database, every)] if validation else []

@@ -1,10 +1,12 @@
 """MkDocs hooks: the benchmark results (``benchmarks/results/``) become pages of the site under
 ``results/``, so that the evidence pages link to the files the benchmarks wrote; and the API
 reference reads the package as it installs (``serving/`` as ``tfhash.serving``, and the other
-folders ``pyproject.toml`` maps), from a tree of links made for the build."""
+folders ``pyproject.toml`` maps), from a tree of links made for the build, showing the docstrings'
+Sphinx roles as code."""
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -14,6 +16,10 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 #: The top-level folders that install inside the tfhash package (pyproject.toml's package-dir).
 MAPPED = ("components", "pipelines", "serving")
+
+
+#: A Sphinx cross-reference role as the docstrings write it (``:func:`name```), once rendered.
+ROLE = re.compile(r":(?:func|class|meth|data|attr|mod|exc|obj|const):(?=<code>)")
 
 
 #: The tree of links the reference reads (mkdocs.yml's mkdocstrings ``paths``); made at each build.
@@ -59,3 +65,9 @@ def on_files(files, config):
             pages.append(path)
     files.append(File.generated(config, CONTENTS, content=contents(pages)))
     return files
+
+
+def on_page_content(html, page, config, files):
+    """The reference shows a role's target as code: the docstrings name targets the Sphinx way
+    (``:func:`pack_codes```), which mkdocstrings' Google style leaves as text."""
+    return ROLE.sub("", html)

@@ -102,6 +102,7 @@ def test_the_site_builds_in_strict_mode(tmp_path):
     assert run.returncode == 0, run.stderr[-4000:]
     built = (tmp_path / "site" / "reference" / "keras" / "index.html").read_text()
     assert 'id="tfhash.codes.pack_codes"' in built and 'id="tfhash.models.build_scdh"' in built
+    assert ":func:" not in built and "<code>pack_codes</code>" in built  # roles shown as code, not as text
     listing = (tmp_path / "site" / "results" / "contents" / "index.html").read_text()
     results = sorted((ROOT / "benchmarks" / "results").glob("*.md"))
     for page in results:  # every results file listed (results/index.md is the folder's own page), with its run line

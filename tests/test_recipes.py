@@ -87,9 +87,11 @@ def test_reported_wiki_rows_used_the_current_recipes():
     rows = json.loads((wiki.RESULTS_DIR / "wiki.json").read_text())["rows"]
     for label, recipe in wiki.NAMED.items():
         expected = json.loads(json.dumps({k: v for k, v in dataclasses.asdict(recipe).items() if k != "chosen"}))
+        defaults = {f.name: f.default for f in dataclasses.fields(Recipe)}
         mine = [r for r in rows if r["recipe label"] == label]
         assert sorted((r["bits"], r["seed"]) for r in mine) == [(b, s) for b in (16, 32, 64) for s in (0, 1, 2)]
-        assert all(r["recipe"] == expected for r in mine)
+        # a setting added after a row was run counts as the same recipe only while the recipe keeps its default
+        assert all(r["recipe"] == {k: v for k, v in expected.items() if k in r["recipe"] or v != defaults[k]} for r in mine)
 
 
 @pytest.mark.parametrize(("x", "labels", "message"), [

@@ -259,3 +259,19 @@ def test_the_page_in_a_browser_shows_the_services_answer(service, tmp_path):
             driver.save_screenshot(os.path.join(screenshots, "search_page.png"))
     finally:
         driver.quit()
+
+
+def test_the_command_refuses_an_image_root_without_items(exported, tmp_path):
+    from click.testing import CliRunner
+
+    from tfhash.cli import main
+
+    base = exported["base"]
+    result = CliRunner().invoke(main, ["serve", "search", "--index-base-dir", str(base / "indexes"), "--model-base-dir", str(base / "models"),
+                                       "--image-root", str(exported["photos"])])  # fmt: skip
+    assert result.exit_code == 2 and "--image-root shows the items of --items" in result.output, result.output
+    from tfhash.serving.cli import exported_image_root
+
+    assert exported_image_root(str(exported["data"] / ITEMS_FILE)) == str(exported["photos"].resolve())
+    (tmp_path / ITEMS_FILE).write_text("id,path,labels\n")
+    assert exported_image_root(str(tmp_path / ITEMS_FILE)) is None  # no metadata.json beside it: no page

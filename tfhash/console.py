@@ -1,29 +1,10 @@
-"""What the ``tfhash`` command prints: the set-up of logging and warnings at its entry, and how
-a command reports a failure (:class:`BadInput`).
+"""What the ``tfhash`` command prints: the logging and warnings set at its entry, and its errors.
 
-By default (:func:`setup_console` with ``verbose=0``) a run shows what a user reads:
-
-* TensorFlow's C++ log (CUDA plugin registration on a CPU machine, TensorRT, oneDNN and CPU-feature
-  notices) is off: ``TF_CPP_MIN_LOG_LEVEL=3``, unless the environment sets it. TensorFlow reads it
-  once, when it is first imported, so this runs before any command imports TensorFlow (the
-  command line's modules import it only inside the commands).
-* The Python warnings of :data:`QUIET_WARNINGS` are ignored: ``FutureWarning``\\ s of the
-  ``google.*`` client libraries (Python-version support notices printed on import of TFX's
-  dependencies) and Keras's note that an epoch ended where the data did.
-* TFX's absl log is reduced to one line per pipeline component: LocalDagRunner logs the start and
-  the end of every component, and :class:`PipelineProgress` turns the pair into
-  ``[tfhash] <component> <seconds> s`` (``(cached)`` when TFX reused an earlier execution). Its
-  other INFO records are dropped, and so are the warnings of :data:`HARMLESS` and TensorFlow's
-  deprecation notices about calls inside the libraries; any other warning or error still shows.
-
-The Keras epoch lines and the command's own output are untouched. ``-v`` (INFO) and ``-vv``
-(DEBUG) bring everything back: nothing above is set or filtered, and the absl and Python logs go
-to stderr at that level.
-
-A failing command ends with one line on stderr, ``Error: <message>`` (click's own prefix; a usage
-error has the usage above it), and exits with 2 when its input is wrong (:class:`BadInput`,
-``click.UsageError``, ``click.BadParameter``) or with 1 when something outside its input failed
-(``click.ClickException``: a port in use, an unreachable service, a missing optional package).
+By default (:func:`setup_console`) a run shows what a user reads: TensorFlow's C++ log and the
+libraries' notices are off, and TFX's log is one line per pipeline component
+(:class:`PipelineProgress`); ``-v`` and ``-vv`` bring everything back. A failing command ends with
+one ``Error: <message>`` line on stderr and exits with 2 on bad input (:class:`BadInput`), 1 on
+any other failure.
 """
 
 from __future__ import annotations
@@ -69,7 +50,12 @@ class BadInput(click.ClickException):
     """A command refuses its input: a file, a value or a combination of settings. click prints
     ``Error: <message>`` and exits with 2, the code of its own usage errors, so that every command
     of ``tfhash`` reports bad input alike. Raise it ``from`` the library's error, whose message
-    names the value and the fix."""
+    names the value and the fix.
+
+    The line on stderr is click's ``Error: <message>`` (a usage error has the usage above it).
+    ``click.UsageError`` and ``click.BadParameter`` exit with 2 as well; a failure outside the
+    command's input (``click.ClickException``: a port in use, an unreachable service, a missing
+    optional package) exits with 1."""
 
     exit_code = 2
 
@@ -78,7 +64,10 @@ class PipelineProgress(logging.Filter):
     """A filter for the ``absl`` logger: LocalDagRunner's "Component X is running." and "Component
     X is finished." become one line per component on ``stream`` (the component's name and its
     wall time, ``(cached)`` when TFX reused an earlier execution); its other records below WARNING
-    and the warnings of :data:`HARMLESS` are dropped."""
+    and the warnings of :data:`HARMLESS` are dropped.
+
+    A line reads ``[tfhash] <component> <seconds> s``, with :data:`PREFIX` in front; any other
+    warning or error passes the filter and still shows."""
 
     def __init__(self, stream=None) -> None:
         super().__init__()
@@ -128,9 +117,25 @@ _installed: list[tuple[logging.Logger, logging.Filter]] = []
 
 
 def setup_console(verbose: int = 0) -> None:
-    """Set logging and warnings for a command-line run: quiet (``verbose=0``, see the module
-    docstring) or everything at INFO (1) / DEBUG (2 or more). Call it before TensorFlow is
-    imported; calling it again replaces the earlier setting."""
+    """Set logging and warnings for a command-line run: quiet (``verbose=0``) or everything at INFO
+    (1) / DEBUG (2 or more). Call it before TensorFlow is imported; calling it again replaces the
+    earlier setting.
+
+    Quiet, a run shows what a user reads:
+
+    * TensorFlow's C++ log (CUDA plugin registration on a CPU machine, TensorRT, oneDNN and
+      CPU-feature notices) is off: ``TF_CPP_MIN_LOG_LEVEL=3``, unless the environment sets it.
+      TensorFlow reads it once, when it is first imported, so this runs before any command imports
+      TensorFlow (the command line's modules import it only inside the commands).
+    * The Python warnings of :data:`QUIET_WARNINGS` are ignored: ``FutureWarning``\\ s of the
+      ``google.*`` client libraries (Python-version support notices printed on import of TFX's
+      dependencies) and Keras's note that an epoch ended where the data did.
+    * TFX's absl log is reduced to one line per pipeline component by :class:`PipelineProgress`;
+      TensorFlow's deprecation notices about calls inside the libraries (:data:`TF_DEPRECATION`)
+      are dropped.
+
+    The Keras epoch lines and the command's own output are untouched. At INFO or DEBUG nothing
+    above is set or filtered, and the absl and Python logs go to stderr at that level."""
     from absl import logging as absl_logging
 
     level = logging.WARNING if verbose <= 0 else logging.INFO if verbose == 1 else logging.DEBUG

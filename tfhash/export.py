@@ -1,27 +1,8 @@
 """SavedModel export of a trained tfhash model for TF Serving (stock TF ops only).
 
-Signatures:
-
-* ``serving_default``: ``examples`` (serialized raw tf.Example, string ``[None]``) -> parsed with
-  the raw feature spec, transformed by the Transform graph (labels and id are not required), then
-  encoded;
-* ``encode_features``: the transformed model input as a raw tensor -> encoded;
-* ``encode_pixels`` when the input is an image: raw ``uint8`` pixels ``[None, *image shape]`` ->
-  encoded (the model resizes and preprocesses them itself);
-* cross-modal models (two inputs) add ``serving_<modality>`` and ``encode_<modality>`` (and
-  ``encode_pixels_<modality>`` for an image modality) for each modality; the default signatures
-  encode the first one.
-
-Both return ``codes`` (continuous float32), ``binary_codes`` (int8 +-1, sign(0) = +1) and
-``packed_codes`` (uint8, big bit order; docs/design.md s.2). TF Serving warmup records go to
-``assets.extra/tf_serving_warmup_requests``.
-
-Input checks inside the signatures (so TF Serving, ``saved_model_cli`` and the search service all
-answer INVALID_ARGUMENT for the same inputs): the float features parsed from tf.Examples must be
-finite, and every model input must have the declared shape, be finite and lie within its value
-range (:data:`IMAGE_RANGE` for decoded images, +-:data:`DEFAULT_VALUE_BOUND` unless told
-otherwise), checked before the model runs. A NaN is never left to the network: ReLU and max can
-turn it into a number on some CPUs (oneDNN maps an all-NaN input to all-zero codes).
+The SavedModel's signatures take serialized tf.Examples, the model input as a tensor or, for
+images, raw pixels, and return the codes (:func:`export_serving_model`). Every signature checks
+its inputs before the model runs (:class:`ServingModule`).
 """
 
 from __future__ import annotations
@@ -116,7 +97,15 @@ class ServingModule:
     the model's encoder of that modality (:meth:`tfhash.models.base.EncoderMixin.encoder`).
     ``value_ranges``: ``{input name: (low, high)}``, default +-:data:`DEFAULT_VALUE_BOUND`.
     ``image_inputs``: the inputs that are images, which also get a ``uint8`` pixel signature;
-    ``mirrored_inputs``: image inputs encoded with their mirror (:func:`mirror_averaged`)."""
+    ``mirrored_inputs``: image inputs encoded with their mirror (:func:`mirror_averaged`).
+
+    Input checks inside the signatures (so TF Serving, ``saved_model_cli`` and the search service
+    all answer INVALID_ARGUMENT for the same inputs): the float features parsed from tf.Examples
+    must be finite (:func:`finite_features`), and every model input must have the declared shape,
+    be finite and lie within its value range (:data:`IMAGE_RANGE` for decoded images,
+    +-:data:`DEFAULT_VALUE_BOUND` unless told otherwise), checked before the model runs
+    (:func:`checked_input`). A NaN is never left to the network: ReLU and max can turn it into a
+    number on some CPUs (oneDNN maps an all-NaN input to all-zero codes)."""
 
     def __init__(self, model, tft_layer, raw_feature_spec: dict, inputs: dict, bits: int, value_ranges: dict | None = None,
                  image_inputs=(), mirrored_inputs=()):  # fmt: skip
@@ -168,9 +157,24 @@ class ServingModule:
 def export_serving_model(model, tf_transform_output, inputs: dict, bits: int, path: str,
                          warmup_examples: list[bytes] | None = None, model_name: str = "tfhash",
                          value_ranges: dict | None = None, image_inputs=(), mirrored_inputs=()) -> None:  # fmt: skip
-    """Save ``model`` with the Transform graph as a SavedModel at ``path`` (see module docstring);
-    ``image_inputs`` get an ``encode_pixels`` signature; ``mirrored_inputs`` are encoded with their
-    mirror (:func:`mirror_averaged`)."""
+    """Save ``model`` with the Transform graph as a SavedModel at ``path``; ``image_inputs`` get an
+    ``encode_pixels`` signature; ``mirrored_inputs`` are encoded with their mirror
+    (:func:`mirror_averaged`).
+
+    The SavedModel's signatures:
+
+    * ``serving_default``: ``examples`` (serialized raw tf.Example, string ``[None]``) -> parsed
+      with the raw feature spec, transformed by the Transform graph (labels and id are not
+      required), then encoded;
+    * ``encode_features``: the transformed model input as a raw tensor -> encoded;
+    * ``encode_pixels`` when the input is an image: raw ``uint8`` pixels ``[None, *image shape]``
+      -> encoded (the model resizes and preprocesses them itself);
+    * cross-modal models (two inputs) add ``serving_<modality>`` and ``encode_<modality>`` (and
+      ``encode_pixels_<modality>`` for an image modality) for each modality; the default
+      signatures encode the first one.
+
+    Every signature returns ``codes`` (continuous float32), ``binary_codes`` (int8 +-1,
+    sign(0) = +1) and ``packed_codes`` (uint8, big bit order; docs/design.md s.2)."""
     module = ServingModule(model, tf_transform_output.transform_features_layer(),
                            tf_transform_output.raw_feature_spec(), inputs, bits, value_ranges, image_inputs, mirrored_inputs)  # fmt: skip
     save_serving_module(module, path, warmup_examples, model_name)
@@ -229,7 +233,8 @@ def save_serving_module(module: ServingModule, path: str, warmup_examples: list[
 
 
 def write_warmup_requests(path: str, serialized_examples: list[bytes], model_name: str) -> str:
-    """TF Serving warmup file: PredictionLogs replaying a few Predict requests on serving_default."""
+    """TF Serving warmup file: PredictionLogs replaying a few Predict requests on serving_default,
+    written to ``assets.extra/tf_serving_warmup_requests`` in the SavedModel at ``path``."""
     from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
 
     target = os.path.join(path, WARMUP_FILE)

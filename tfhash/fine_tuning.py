@@ -1,14 +1,10 @@
 """Fine-tuning recipes: how a tfhash model with a (pretrained) backbone is optimised.
 
-The papers fine-tune an ImageNet network end to end with two learning rates, one for the
-pretrained layers and ten times more for the new ones (SCDH Sec. V-A: 0.001 before fc7, 0.01
-after, SGD with momentum 0.9, the rate cut by 80% at fixed epochs; HyP2 Sec. 4.1: SGD, momentum
-0.9, weight decay 5e-4). :class:`FineTuning` states such a recipe, :func:`compile_fine_tuning`
-compiles a model with it, and :data:`FINE_TUNING_DEFAULTS` holds tfhash's default per backbone.
-
-The two rates live in one optimizer of :mod:`tfhash.optimizers`. This module imports no
-TensorFlow (Keras is imported when an optimizer or schedule is made), so a pipeline config's
-fine-tuning settings are checked before anything heavy loads.
+:class:`FineTuning` states a recipe, :func:`compile_fine_tuning` compiles a model with it, and
+:data:`FINE_TUNING_DEFAULTS` holds tfhash's default per backbone. The pretrained layers and the new
+ones get two learning rates, which live in one optimizer of :mod:`tfhash.optimizers`. This module
+imports no TensorFlow (Keras is imported when an optimizer or schedule is made), so a pipeline
+config's fine-tuning settings are checked before anything heavy loads.
 """
 
 from __future__ import annotations
@@ -19,6 +15,9 @@ from dataclasses import asdict, dataclass, field, fields, replace
 __all__ = ["FineTuning", "TrunkCache", "compile_fine_tuning", "learning_rate_schedule", "precision_policy", "cpu_has_bfloat16", "backbone_variables"]
 
 SCHEDULES = ("constant", "step", "cosine")
+#: The input maps of a feature-vector tower (:mod:`tfhash.layers.input_maps`): none, standardisation
+#: (z-scores), RBF kernel features on anchors then z-scores; each adapted to the training rows.
+INPUT_MAPS = ("none", "standardise", "rbf")
 #: The run config's ``mixed_precision`` values (:func:`precision_policy`).
 PRECISIONS = ("auto", "on", "off", "bfloat16")
 #: The cut of :class:`TrunkCache` per network tfhash knows: SqueezeNet v1.1's last pooling, below
@@ -148,6 +147,11 @@ class TrunkCache:
 @dataclass
 class FineTuning:
     """A training recipe.
+
+    The papers fine-tune an ImageNet network end to end with two learning rates, one for the
+    pretrained layers and ten times more for the new ones (SCDH Sec. V-A: 0.001 before fc7, 0.01
+    after, SGD with momentum 0.9, the rate cut by 80% at fixed epochs; HyP2 Sec. 4.1: SGD,
+    momentum 0.9, weight decay 5e-4); a recipe states such settings.
 
     Attributes:
         optimizer: ``"sgd"`` (momentum), ``"adam"`` or ``"adamw"``.

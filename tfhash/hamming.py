@@ -1,27 +1,10 @@
-"""Compiled Hamming kernels over packed codes: the popcount, the word view of packed rows, and exact
-k-NN and range search (docs/design.md s.10).
+"""Compiled Hamming kernels over packed codes: the popcount, exact k-NN and range search.
 
-The distance of two codes is the popcount of the XOR of their packed words (:func:`code_words`: the
-widest unsigned word that divides a row, 64 bits for K a multiple of 64). LLVM turns
-:func:`popcount` into the machine's popcount; compiled for the host CPU (numba's default), a block
-of distances vectorises to AVX-512 ``VPOPCNTQ`` where the CPU has it, and to scalar ``POPCNT`` or a
-bit-twiddling sequence elsewhere, from the same source.
-
-**k-NN without a heap.** A query scans the database in insertion order, in blocks of
-:data:`BLOCK` items: one vectorised loop counts the block's items within the current threshold,
-and only a block that has some is looked at again, item by item. The threshold is the k-th smallest distance seen
-so far; since there are only K + 1 distances, a histogram of the kept candidates gives it, and it
-only falls. An item at exactly the threshold is kept only while fewer than k candidates are at or
-below it, so among equal distances the earlier item wins: ties come back in insertion order, as
-from FAISS's ``IndexBinaryFlat`` with ``use_heap = False``. The candidate buffer of a query holds
-at most ``2k + 64`` items (compacted when full) and the last step is a counting sort by
-distance, stable in insertion order.
-
-**Threads.** A batch is cut into (query group x database part) tasks over numba's threads: groups
-of queries when the batch has at least as many queries as threads (each thread scans the database
-tile by tile for its queries, so a tile is read from cache for all of them), database parts when
-it has fewer (a single query is split over the threads; the parts' candidates are merged in part
-order, which keeps insertion order).
+The distance of two codes is the popcount of the XOR of their packed words (:func:`code_words`,
+:func:`popcount`), numba-compiled for the host CPU so that one source vectorises to what the CPU
+has. :func:`knn_search` keeps no heap and returns ties in insertion order, as FAISS's
+``IndexBinaryFlat`` does; :func:`range_search` returns every code within a radius. Both spread a
+batch over numba's threads (docs/design.md s.10).
 """
 
 from __future__ import annotations
@@ -45,7 +28,11 @@ TILE = 1 << 16
 @intrinsic
 def popcount(typingctx, value):  # pragma: no cover - compiled
     """Number of set bits of an unsigned integer (LLVM ctpop: one instruction on x86-64), as a
-    signed ``int64``: sums of popcounts stay integers (numba types ``uint64 + int64`` as float)."""
+    signed ``int64``: sums of popcounts stay integers (numba types ``uint64 + int64`` as float).
+
+    Compiled for the host CPU (numba's default), a block of distances vectorises to AVX-512
+    ``VPOPCNTQ`` where the CPU has it, and to scalar ``POPCNT`` or a bit-twiddling sequence
+    elsewhere, from the same source."""
     if not isinstance(value, types.Integer):
         return None
 
@@ -342,7 +329,11 @@ def set_threads(threads: int) -> None:
 
 def _tasks(num_queries: int, threads: int) -> tuple[int, int]:
     """(query groups, database parts): groups of queries when there are enough queries to keep
-    every thread busy, else the database split into parts."""
+    every thread busy, else the database split into parts.
+
+    A thread scans the database tile by tile for its group's queries, so a tile is read from cache
+    for all of them; a single query is split over the threads, and the parts' candidates are merged
+    in part order, which keeps insertion order."""
     if num_queries >= threads:
         return threads, 1
     return max(1, num_queries), max(1, threads // max(1, num_queries))
@@ -364,6 +355,16 @@ def _words(query_packed: np.ndarray, db_packed: np.ndarray, bits: int) -> tuple[
 
 def knn_search(query_packed: np.ndarray, db_packed: np.ndarray, k: int, threads: int | None = None):
     """Exact Hamming k-NN of packed ``uint8`` codes.
+
+    No heap: a query scans the database in insertion order, in blocks of :data:`BLOCK` items. One
+    vectorised loop counts the block's items within the current threshold, and only a block that
+    has some is looked at again, item by item. The threshold is the k-th smallest distance seen so
+    far; since there are only K + 1 distances, a histogram of the kept candidates gives it, and it
+    only falls. An item at exactly the threshold is kept only while fewer than k candidates are at
+    or below it, so among equal distances the earlier item wins: ties come back in insertion order,
+    as from FAISS's ``IndexBinaryFlat`` with ``use_heap = False``. The candidate buffer of a query
+    holds at most ``2k + 64`` items (compacted when full) and the last step is a counting sort by
+    distance, stable in insertion order.
 
     Args:
         query_packed: ``(m, K/8)`` packed queries.  db_packed: ``(n, K/8)`` packed database.

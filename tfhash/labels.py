@@ -1,24 +1,9 @@
-"""Labels as users give them, turned into the one form tfhash computes with (docs/design.md s.4):
-``(n, C)`` multi-hot, one-hot for single-label data.
+"""Labels as users give them, turned into the one form tfhash computes with (docs/design.md s.4).
 
-Every place labels enter goes through :func:`multi_hot`: a model's ``fit`` and ``evaluate``, the
-loss wrappers, the pipeline's Trainer, the retrieval metrics, the data loaders and the
-benchmarks. Accepted:
-
-* class ids ``(n,)``: integers (or floats holding whole numbers) in ``0..C-1``, the Keras and
-  scikit-learn habit;
-* one-hot or multi-hot ``(n, C)``: 0 / 1 values of any numeric or boolean type.
-
-Refused, with a message naming the expected shape: an ``(n, 1)`` column (class ids in a column
-and a single class look alike: pass ``labels.ravel()``), a width other than the model's C, ids
-outside ``0..C-1``, fractional ids, values other than 0 and 1, NaN or infinity, and rows without
-any label. With ``unlabelled=True`` (semi-supervised training, MT-SCDH; the metrics, where an item
-without classes is relevant to nothing) an all-zero row, or the id :data:`UNLABELLED_ID`, marks
-an item without a label.
-
-Arrays are checked in NumPy, naming the offending rows. Tensors (a ``tf.data`` batch, a loss's
-``y_true``) are checked in the graph: shapes when the function is traced, values by assertions
-that stop the step with ``InvalidArgumentError``. This module imports TensorFlow only for tensors.
+That form is ``(n, C)`` multi-hot, one-hot for single-label data. Every place labels enter goes
+through :func:`multi_hot`: a model's ``fit`` and ``evaluate``, the loss wrappers, the pipeline's
+Trainer, the retrieval metrics, the data loaders and the benchmarks. This module imports
+TensorFlow only for tensors.
 """
 
 from __future__ import annotations
@@ -72,7 +57,24 @@ def _is_tensor(labels) -> bool:
 
 def multi_hot(labels, num_classes: int | None = None, *, unlabelled: bool = False, name: str = "labels",
               dtype="float32"):  # fmt: skip
-    """``labels`` (class ids or multi-hot, see the module docstring) as ``(n, C)`` multi-hot.
+    """``labels`` (class ids or multi-hot) as ``(n, C)`` multi-hot.
+
+    Accepted:
+
+    * class ids ``(n,)``: integers (or floats holding whole numbers) in ``0..C-1``, the Keras and
+      scikit-learn habit;
+    * one-hot or multi-hot ``(n, C)``: 0 / 1 values of any numeric or boolean type.
+
+    Refused, with a message naming the expected shape: an ``(n, 1)`` column (class ids in a column
+    and a single class look alike: pass ``labels.ravel()``), a width other than the model's C, ids
+    outside ``0..C-1``, fractional ids, values other than 0 and 1, NaN or infinity, and rows without
+    any label. With ``unlabelled=True`` (semi-supervised training, MT-SCDH; the metrics, where an
+    item without classes is relevant to nothing) an all-zero row, or the id :data:`UNLABELLED_ID`,
+    marks an item without a label.
+
+    Arrays are checked in NumPy, naming the offending rows. Tensors (a ``tf.data`` batch, a loss's
+    ``y_true``) are checked in the graph: shapes when the function is traced, values by assertions
+    that stop the step with ``InvalidArgumentError``.
 
     Args:
         labels: an array-like, or a tensor (checked in the graph).

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tfhash.fine_tuning import FineTuning
+from tfhash.fine_tuning import INPUT_MAPS, FineTuning
 from tfhash.labels import multi_hot
 
 if TYPE_CHECKING:  # Keras loads when a recipe builds or trains, not when a config names one
@@ -42,6 +42,9 @@ class Recipe:
         hidden, dropout, input_dropout: the MLP on the features (:func:`tfhash.models.mlp`; every
             tower of a cross-modal method); ``input_dropout`` is one rate, or ``{modality: rate}``
             (0 for a modality not named).
+        input_map: what the raw features pass through first (:data:`tfhash.layers.INPUT_MAPS`:
+            ``"none"``, ``"standardise"``, ``"rbf"``), adapted to the training rows and saved in the
+            model; one map, or ``{modality: map}`` (``"none"`` for a modality not named).
         learning_rate, weight_decay: Adam's rate; decoupled weight decay (AdamW) when > 0.
         schedule: ``"constant"`` or ``"cosine"`` (to 0 over ``epochs``).
         epochs, batch_size: the training length; the last epoch is the model.
@@ -53,6 +56,7 @@ class Recipe:
     hidden: tuple[int, ...] = (1024,)
     dropout: float = 0.0
     input_dropout: float | dict = 0.0
+    input_map: str | dict = "none"
     learning_rate: float = 1e-3
     weight_decay: float = 0.0
     schedule: str = "constant"
@@ -65,6 +69,10 @@ class Recipe:
             raise ValueError(f"unknown schedule {self.schedule!r}; choose one of {SCHEDULES}")
         if not (isinstance(self.epochs, int) and self.epochs > 0 and isinstance(self.batch_size, int) and self.batch_size > 0):
             raise ValueError(f"epochs and batch_size must be positive integers; got {self.epochs!r}, {self.batch_size!r}")
+        maps = self.input_map.values() if isinstance(self.input_map, dict) else [self.input_map]
+        unknown = sorted({str(m) for m in maps} - set(INPUT_MAPS))
+        if unknown:
+            raise ValueError(f"unknown input map {unknown}; choose among {INPUT_MAPS}")
         self.fine_tuning()  # checks the rates
 
     def fine_tuning_settings(self) -> dict:
@@ -77,13 +85,25 @@ class Recipe:
     def pipeline_section(self) -> dict:
         """The pipeline config's training-section keys that train this recipe: its method, the
         MLP, epochs and batch, its settings as ``overrides`` and its optimizer as ``fine_tuning``
-        (``training.recipe`` expands so, and the Trainer lays the Tuner's choice over the section so)."""
+        (``training.recipe`` expands so, and the Trainer lays the Tuner's choice over the section so).
+
+        Raises:
+            ValueError: an input map other than ``"none"`` (the pipeline's Transform standardises
+                vectors itself; RBF maps train in the Keras API).
+        """
+        if {self.input_map_of(m) for m in (self.input_map if isinstance(self.input_map, dict) else [None])} != {"none"}:
+            raise ValueError(f"the pipeline trains recipes without input maps (its Transform z-scores vectors); this one has "
+                             f"input_map {self.input_map!r}: train it with Recipe.fit")  # fmt: skip
         return {"method": self.method, "backbone": "mlp", "hidden": list(self.hidden), "epochs": self.epochs,
                 "batch_size": self.batch_size, "overrides": dict(self.options), "fine_tuning": self.fine_tuning_settings()}  # fmt: skip
 
     def fine_tuning(self) -> FineTuning:
         """The :class:`tfhash.fine_tuning.FineTuning` the pipeline's Trainer compiles with."""
         return FineTuning(**self.fine_tuning_settings())
+
+    def input_map_of(self, modality: str | None = None) -> str:
+        """The input map of ``modality``'s tower."""
+        return self.input_map.get(modality, "none") if isinstance(self.input_map, dict) else self.input_map
 
     def input_dropout_of(self, modality: str | None = None) -> float:
         """The input dropout of ``modality``'s tower."""
@@ -139,6 +159,7 @@ class Recipe:
         import keras
 
         from tfhash.codes import check_bits
+        from tfhash.layers.input_maps import input_map_layers
         from tfhash.models import mlp
         from tfhash.models.inputs import checked_features
         from tfhash.registry import BuildInputs, TagStatistics, build_method, get_method
@@ -168,7 +189,8 @@ class Recipe:
 
         def backbone(modality: str):
             name = f"mlp_{modality}" if method.cross_modal else "mlp"
-            return mlp(dims[modality], self.hidden, name=name, **self.fine_tuning().mlp_options(modality))
+            maps = input_map_layers(self.input_map_of(modality), inputs[modality], seed, name=name)  # the training rows only
+            return mlp(dims[modality], self.hidden, name=name, input_map=maps, **self.fine_tuning().mlp_options(modality))
 
         build = BuildInputs(backbone, list(inputs), labels.shape[1], bits, seed=seed, preset=preset_for(statistics.multi_label),
                             statistics=statistics)  # fmt: skip

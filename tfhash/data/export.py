@@ -1,17 +1,8 @@
-"""Write a :class:`HashingDataset` as gzipped TFRecord files of ``tf.Example`` with one folder per
-split (``train/``, ``query/``, ``database/``), the input of TFX's ImportExampleGen.
+"""Export of a :class:`HashingDataset` as gzipped TFRecords, the input of TFX's ImportExampleGen.
 
-Features of each example:
-
-* ``id``: int64, the row index in the dataset;
-* ``labels``: int64 list of the example's label indices (empty for unlabelled examples);
-* per modality ``<name>``: images as PNG bytes (``tf.io.decode_png`` restores them), feature
-  vectors as float lists.
-
-``metadata.json`` beside the splits records the dataset, the class names, the modality kinds and
-shapes, the split sizes and the seed that drew the split, and what reading the user's files did
-(``notes``: images converted, resized, skipped). ``items.csv`` (:data:`tfhash.artifacts.ITEMS_FILE`)
-names every exported item: its id, its source file and its class names.
+Every split becomes a folder (``train/``, ``query/``, ``database/``) of ``tf.Example`` records
+(:func:`to_example`), with ``metadata.json`` and ``items.csv`` beside them
+(:func:`export_tfrecords`).
 """
 
 from __future__ import annotations
@@ -58,7 +49,15 @@ def modality_kind(array: np.ndarray) -> str:
 
 
 def to_example(inputs: dict[str, np.ndarray], labels: np.ndarray, example_id: int):
-    """One ``tf.train.Example`` from one row of every modality and its multi-hot labels."""
+    """One ``tf.train.Example`` from one row of every modality and its multi-hot labels.
+
+    Features of the example:
+
+    * ``id``: int64, the row index in the dataset;
+    * ``labels``: int64 list of the example's label indices (empty for unlabelled examples);
+    * per modality ``<name>``: images as PNG bytes (``tf.io.decode_png`` restores them), feature
+      vectors as float lists.
+    """
     import tensorflow as tf
 
     feature = {
@@ -78,6 +77,12 @@ def to_example(inputs: dict[str, np.ndarray], labels: np.ndarray, example_id: in
 
 def export_tfrecords(dataset: HashingDataset, output_dir: str | os.PathLike, shards: int = 1, limit: int | None = None) -> dict:
     """Write every split of ``dataset`` under ``output_dir`` and return the metadata.
+
+    ``metadata.json`` beside the splits records the dataset, the class names, the modality kinds and
+    shapes, the split sizes and the seed that drew the split, and what reading the user's files did
+    (``notes``: images converted, resized, skipped). ``items.csv``
+    (:data:`tfhash.artifacts.ITEMS_FILE`) names every exported item: its id, its source file and its
+    class names.
 
     Args:
         shards: files per split.

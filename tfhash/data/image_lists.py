@@ -1,19 +1,8 @@
-"""Multi-label image sets users bring: NUS-WIDE and MS-COCO, read from an image list, a label
-matrix and a folder of images, with the hashing papers' splits (docs/design.md s.5).
+"""Loaders of the multi-label image sets users bring: NUS-WIDE and MS-COCO.
 
-Neither set can be had offline, so nothing here is downloaded: point the loaders at your copy.
-
-Files understood:
-
-* an image list: one image path per line, relative to the image folder. Windows paths of the
-  NUS-WIDE distribution (``C:\\ImageData\\Flickr\\actor\\0001_2124494179.jpg``) keep their last
-  two parts (``actor/0001_2124494179.jpg``). A line may carry its labels after the path, as the
-  lists of the deep-hashing code bases do (``path 0 1 0 ...``): then no label file is needed.
-* labels: a whitespace-separated 0/1 matrix with one row per listed image, or for NUS-WIDE the
-  distribution's ``Groundtruth/AllLabels`` folder (``Labels_<concept>.txt``, one 0/1 per line).
-
-Images are decoded to RGB ``uint8`` and resized to ``image_size`` (all in memory: n x H x W x 3
-bytes, about 2.4 GB for NUS-WIDE at 64x64; ``limit`` reads the first rows only).
+Each is read from an image list, a label matrix and a folder of images, and split as the hashing
+papers do (docs/design.md s.5). Neither set can be had offline, so nothing here is downloaded:
+point the loaders at your copy.
 """
 
 from __future__ import annotations
@@ -40,6 +29,11 @@ def _image_path(entry: str) -> str:
 def read_image_list(path: str | os.PathLike) -> tuple[list[str], np.ndarray | None]:
     """Image paths of a list file, and the label matrix when every line carries 0/1 labels after
     its path (None when no line does).
+
+    One image path per line, relative to the image folder. Windows paths of the NUS-WIDE
+    distribution (``C:\\ImageData\\Flickr\\actor\\0001_2124494179.jpg``) keep their last two parts
+    (``actor/0001_2124494179.jpg``). A line may carry its labels after the path, as the lists of
+    the deep-hashing code bases do (``path 0 1 0 ...``): then no label file is needed.
 
     Raises:
         DataFormatError: a missing or empty file, lines with different numbers of labels, or labels
@@ -108,6 +102,9 @@ def read_nuswide_groundtruth(folder: str | os.PathLike) -> tuple[np.ndarray, lis
 
 def load_images(paths: list[str], image_root: str | os.PathLike, image_size: tuple[int, int]) -> np.ndarray:
     """RGB ``uint8`` images ``(n, H, W, 3)`` read from ``image_root / path``, resized (bilinear).
+
+    All are held in memory: n x H x W x 3 bytes, about 2.4 GB for NUS-WIDE at 64x64 (the loaders'
+    ``limit`` reads the first rows only).
 
     Raises:
         DataFormatError: a missing or undecodable image (named).
@@ -180,7 +177,7 @@ def load_nuswide(image_root, image_list, labels=None, image_size: tuple[int, int
 
     Args:
         image_root: the folder the list's paths are relative to.
-        image_list: the image list (see the module docstring).
+        image_list: the image list (see :func:`read_image_list`).
         labels: a 0/1 matrix file or the ``Groundtruth/AllLabels`` folder; None when the list
             carries the labels.
         limit: read only the first ``limit`` listed images.

@@ -1,22 +1,10 @@
-"""Your own data as a :class:`HashingDataset`: a folder of images by class (or a CSV listing image
-files and their labels), NumPy / CSV feature matrices (one or two modalities, paired by row) with
-class ids, class names or multi-hot labels, and a seeded random split. The result exports like
-the shipped datasets (``tfhash data export-user``, then the pipeline).
+"""Loaders that turn your own images or feature files into a :class:`HashingDataset`.
 
-Ordinary messy folders are handled, and every change is recorded (``dataset.extra``, written to
-``metadata.json`` by :func:`tfhash.data.export.export_tfrecords`):
-
-* greyscale, palette, CMYK and transparent images become RGB beside colour ones (transparency on
-  white); a folder of greyscale images only stays greyscale;
-* images of several sizes are refused with the sizes found and the most common one to resize
-  to, unless ``image_size`` resizes them all;
-* every unreadable file is listed in one error; with ``skip_bad`` the rest is exported and the
-  skipped files recorded with the reason;
-* files that are not images (by their suffix) and hidden files are left out and counted.
-
-Each row keeps where it came from (``dataset.extra["paths"]``: the image's path relative to the
-folder or list, empty for feature rows), so that ``items.csv`` maps every id back to its file and
-classes.
+A folder of images by class (or a CSV listing image files and their labels), or NumPy / CSV
+feature matrices (one or two modalities, paired by row) with class ids, class names or multi-hot
+labels, and a seeded random split (:func:`load_user_dataset`). Ordinary messy folders are handled
+and every change is recorded (:func:`read_images`). The result exports like the shipped datasets
+(``tfhash data export-user``, then the pipeline).
 """
 
 from __future__ import annotations
@@ -69,6 +57,15 @@ def _to_array(image: Image.Image, colour: bool) -> np.ndarray:
 
 def read_images(files: list[Path], root: Path, size: tuple[int, int] | None = None, skip_bad: bool = False) -> tuple[list, dict]:
     """The pixels of ``files`` (paths shown relative to ``root``) in one colour space and size.
+
+    Ordinary messy folders are handled, and every change is recorded in the notes:
+
+    * greyscale, palette, CMYK and transparent images become RGB beside colour ones (transparency
+      on white); a folder of greyscale images only stays greyscale;
+    * images of several sizes are refused with the sizes found and the most common one to resize
+      to, unless ``size`` resizes them all;
+    * every unreadable file is listed in one error; with ``skip_bad`` the rest is read and the
+      skipped files recorded with the reason.
 
     Returns:
         ``(arrays, notes)``: one ``uint8`` array per readable file (None for a skipped one), and
@@ -134,6 +131,9 @@ def load_image_folder(path: str | os.PathLike, size: tuple[int, int] | None = No
     """Images of ``<path>/<class>/<image>`` (images may sit deeper in a class folder), one class per
     sub-folder, classes in sorted order; or, when ``path`` is a ``.csv`` file, the images it lists
     (:func:`load_image_list`).
+
+    Files that are not images (by their suffix) are left out and counted in the notes; hidden
+    files and folders are left out.
 
     Args:
         size: ``(height, width)`` to resize every image to; without it all images must share one
@@ -320,7 +320,12 @@ def load_user_dataset(features: dict[str, str] | None = None, labels: str | None
     folders, or a CSV list of image files and labels) or ``features`` (modality name ->
     .npy/.csv, rows paired across modalities) with a ``labels`` file. Split: ``num_query``
     random queries, the rest the database, ``num_train`` of it trains (seeded; defaults that fit,
-    :func:`split_sizes`). ``extra`` carries each row's path and what the reading did (``notes``)."""
+    :func:`split_sizes`).
+
+    ``extra`` carries each row's path (``extra["paths"]``: the image's path relative to the folder
+    or list, empty for feature rows), so that ``items.csv`` maps every id back to its file and
+    classes, and what the reading did (``notes``), which
+    :func:`tfhash.data.export.export_tfrecords` writes to ``metadata.json``."""
     if bool(images) == bool(features):
         raise ValueError("give either an image folder (or a CSV list of images) or feature files (with a labels file)")
     if images:

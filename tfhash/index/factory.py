@@ -1,21 +1,8 @@
-"""The index types: one table from the names users write (``BFlat``, ``BIVF1024``, ...) to index
-classes, read both to build an empty index (:func:`index_factory`, in the spirit of FAISS's
-``index_factory``) and to open a saved one (:func:`read_manifest`, :func:`load_index`).
+"""The index types: one table from the names users write to index classes (:data:`INDEX_TYPES`).
 
-========================  ==============================================================
-index type                index
-========================  ==============================================================
-``BFlat``                 exact Hamming k-NN (compiled kernel, tfhash.hamming)
-``BIVF<nlist>``           inverted lists, approximate (``nprobe`` keyword, default 16)
-``BMultiHash<nhash>``     multi-index hashing, approximate (``nflip`` keyword, default 1)
-``ScaNN``                 ScaNN tree + asymmetric hashing + reordering, approximate
-``ScaNNBrute``            ScaNN brute force (exact distances, ties in any order)
-``Milvus``                a Milvus collection, ``BIN_FLAT`` (exact distances, ties in id
-                          order); ``uri`` and ``collection`` keywords (tfhash.index.milvus)
-========================  ==============================================================
-
-Each index type is one class and one method of it, so it has one format tag (``binary-flat``,
-``binary-ivf``, ...); a saved index is read by the class its format tag names.
+The table (``BFlat``, ``BIVF1024``, ...) is read both to build an empty index
+(:func:`index_factory`, in the spirit of FAISS's ``index_factory``) and to open a saved one
+(:func:`read_manifest`, :func:`load_index`).
 """
 
 from __future__ import annotations
@@ -33,6 +20,9 @@ from tfhash.index.scann_index import ScannIndex
 @dataclass(frozen=True)
 class IndexType:
     """One row of the type table.
+
+    Each index type is one class and one method of it, so it has one format tag (``binary-flat``,
+    ``binary-ivf``, ...); a saved index is read by the class its format tag names.
 
     Attributes:
         name: what users write (``BIVF``; with ``size_param``, followed by a number: ``BIVF1024``).
@@ -57,7 +47,7 @@ class IndexType:
         return self.cls.format_tag_of(self.method)
 
 
-#: The type table: index type name -> :class:`IndexType` (the rows of the table above).
+#: The type table: index type name -> :class:`IndexType` (the rows listed in :func:`index_factory`).
 INDEX_TYPES: dict[str, IndexType] = {
     row.name: row
     for row in (
@@ -102,8 +92,18 @@ def parse_index_type(text: str) -> tuple[IndexType, dict]:
 
 
 def index_factory(bits: int, index_type: str, **params) -> HashIndex:
-    """Create an empty index of ``bits``-bit codes of ``index_type`` (table above); extra keyword
-    parameters go to the index's constructor.
+    """Create an empty index of ``bits``-bit codes of ``index_type``; extra keyword parameters go
+    to the index's constructor.
+
+    The index types:
+
+    * ``BFlat``: exact Hamming k-NN (compiled kernel, tfhash.hamming);
+    * ``BIVF<nlist>``: inverted lists, approximate (``nprobe`` keyword, default 16);
+    * ``BMultiHash<nhash>``: multi-index hashing, approximate (``nflip`` keyword, default 1);
+    * ``ScaNN``: ScaNN tree + asymmetric hashing + reordering, approximate;
+    * ``ScaNNBrute``: ScaNN brute force (exact distances, ties in any order);
+    * ``Milvus``: a Milvus collection, ``BIN_FLAT`` (exact distances, ties in id order); ``uri``
+      and ``collection`` keywords (tfhash.index.milvus).
 
     Raises:
         HashIndexError: an unknown index type or bad parameters.

@@ -1,20 +1,9 @@
 """Index directories: data files plus ``manifest.json``, written atomically, verified on load.
 
-Manifest (format version 1)::
-
-    {"format_version": 1, "kind": "binary-flat", "bits": 64, "count": 69000, "id_dtype": "int64",
-     "params": {...}, "model": {"version": "3", "signature_fingerprint": "..."},
-     "files": {"codes.npy": "<sha256>", ...}, "tfhash_version": "0.1.0", "created": "..."}
-
-The field ``kind`` holds the index's format tag (``<format family>-<method>``), which names the
-class that reads the directory. No pickle anywhere: arrays are ``.npy`` with ``allow_pickle=False``,
-FAISS and ScaNN write their own formats. A save writes into a temporary sibling directory and
-renames it into place; an existing index at the path is replaced only after the new one is complete.
-
-This module knows no index class: it writes any index (through its ``write_files``, ``format_tag``,
-``bits``, ``ntotal``, ``exact`` and ``params``) and reads one with the reader it is given. The table
-from format tags to classes lives in :mod:`tfhash.index.factory`, whose ``read_manifest`` and
-``load_index`` are the public entry points for reading.
+This module knows no index class: it writes any index (:func:`save_index`) and reads one with the
+reader it is given (:func:`open_index`). The table from format tags to classes lives in
+:mod:`tfhash.index.factory`, whose ``read_manifest`` and ``load_index`` are the public entry points
+for reading.
 """
 
 from __future__ import annotations
@@ -50,7 +39,23 @@ def _sha256(path: Path) -> str:
 
 
 def save_index(index, path, model_version: str | None = None, signature_fingerprint: str | None = None) -> Path:
-    """Write ``index`` to the directory ``path`` atomically (see module docstring)."""
+    """Write ``index`` to the directory ``path`` atomically: its data files plus ``manifest.json``.
+
+    Any index is written through its ``write_files``, ``format_tag``, ``bits``, ``ntotal``,
+    ``exact`` and ``params``. A save writes into a temporary sibling directory and renames it into
+    place; an existing index at the path is replaced only after the new one is complete. No pickle
+    anywhere: arrays are ``.npy`` with ``allow_pickle=False``, FAISS and ScaNN write their own
+    formats.
+
+    Manifest (format version 1)::
+
+        {"format_version": 1, "kind": "binary-flat", "bits": 64, "count": 69000, "id_dtype": "int64", "exact": true,
+         "params": {...}, "model": {"version": "3", "signature_fingerprint": "..."},
+         "files": {"codes.npy": "<sha256>", ...}, "tfhash_version": "0.1.0", "created": "..."}
+
+    The field ``kind`` holds the index's format tag (``<format family>-<method>``), which names the
+    class that reads the directory.
+    """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))

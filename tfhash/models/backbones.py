@@ -51,16 +51,21 @@ def small_cnn(input_shape: Sequence[int] = (28, 28), width: int = 32, features: 
 
 
 def mlp(input_dim: int, hidden: Sequence[int] = (1024,), dropout: float = 0.2, name: str = "mlp",
-        input_dropout: float = 0.0) -> keras.Model:  # fmt: skip
+        input_dropout: float = 0.0, input_map: Sequence[keras.layers.Layer] = ()) -> keras.Model:  # fmt: skip
     """Fully connected feature extractor for feature vectors (SIFT, LDA topics, tag BoW): ReLU
     layers of ``hidden`` units, each followed by ``dropout``; ``input_dropout`` drops input features
     first (a regulariser for small training sets of weak features, e.g. Wiki's SIFT words). With
-    ``hidden=()`` the features pass through unchanged (a linear hash layer follows)."""
+    ``hidden=()`` the features pass through unchanged (a linear hash layer follows). ``input_map``:
+    adapted layers applied to the raw vectors first (:func:`tfhash.layers.input_map_layers`), so
+    the model takes raw vectors."""
     for rate in (dropout, input_dropout):
         if not 0 <= rate < 1:
             raise ValueError(f"dropout rates must be in [0, 1); got {rate}")
     inputs = keras.Input(shape=(int(input_dim),), name="features")
-    x = keras.layers.Dropout(input_dropout)(inputs) if input_dropout else keras.layers.Identity()(inputs)
+    x = inputs
+    for layer in input_map:
+        x = layer(x)
+    x = keras.layers.Dropout(input_dropout)(x) if input_dropout else keras.layers.Identity()(x)
     for units in hidden:
         x = keras.layers.Dense(units, activation="relu")(x)
         if dropout:

@@ -68,6 +68,8 @@ class SearchSpace:
         hidden, dropout, learning_rate, weight_decay, schedule, epochs: the
             :class:`tfhash.recipes.Recipe` values to choose among.
         input_dropout: input dropout of the first modality's tower (cross-modal data).
+        input_map: the input maps of every tower (:data:`tfhash.fine_tuning.INPUT_MAPS`), adapted
+            to each trial's training rows; the pipeline's search keeps ``"none"`` only.
         semi_supervised: the variants (of MT-SCDH) that train on unlabelled rows too: searched only
             when there are some. Every other variant trains on the labelled rows alone, an MT-SCDH
             one too (its input noise and averaged teacher then regularise supervised training).
@@ -81,6 +83,7 @@ class SearchSpace:
     schedule: tuple[str, ...] = SCHEDULES
     epochs: tuple[int, ...] = (20, 50, 100)
     input_dropout: tuple[float, ...] = (0.0,)
+    input_map: tuple[str, ...] = ("none",)
     semi_supervised: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -108,7 +111,8 @@ class SearchSpace:
         if not kept:
             raise TuningError(f"the search space has no method to train (methods {sorted(self.methods)}, in_pipeline={in_pipeline}, "
                               f"unlabelled rows: {semi_supervised}); add a method the caller can train")  # fmt: skip
-        return replace(self, methods=kept, semi_supervised=tuple(v for v in self.semi_supervised if v in kept))
+        return replace(self, methods=kept, semi_supervised=tuple(v for v in self.semi_supervised if v in kept),
+                       input_map=("none",) if in_pipeline else self.input_map)  # fmt: skip
 
     def hyperparameters(self, default: Recipe | None = None):
         """The space as ``keras_tuner.HyperParameters``; ``default`` (a recipe whose method is a
@@ -129,10 +133,12 @@ class SearchSpace:
         return hp
 
     def choices(self) -> dict[str, tuple]:
-        """``{hyperparameter name: values}`` as KerasTuner holds them (strings, numbers)."""
+        """``{hyperparameter name: values}`` as KerasTuner holds them (strings, numbers); the input
+        map only where the space searches one (so a space without maps draws its trials as before)."""
         return {"variant": tuple(self.methods), "hidden": tuple(_hidden_text(h) for h in self.hidden), "dropout": self.dropout,
                 "learning_rate": self.learning_rate, "weight_decay": self.weight_decay, "schedule": self.schedule,
-                "epochs": self.epochs, "input_dropout": self.input_dropout}  # fmt: skip
+                "epochs": self.epochs, "input_dropout": self.input_dropout,
+                **({"input_map": self.input_map} if self.input_map != ("none",) else {})}  # fmt: skip
 
     def values_of(self, recipe: Recipe) -> dict:
         """The hyperparameter values of ``recipe`` (the inverse of :meth:`recipe`).
@@ -147,7 +153,9 @@ class SearchSpace:
         first = float(next(iter(dropout.values()), 0.0)) if isinstance(dropout, dict) else float(dropout)
         return {"variant": variants[0], "hidden": _hidden_text(recipe.hidden), "dropout": recipe.dropout,
                 "learning_rate": recipe.learning_rate, "weight_decay": recipe.weight_decay, "schedule": recipe.schedule,
-                "epochs": recipe.epochs, "input_dropout": first}  # fmt: skip
+                "epochs": recipe.epochs, "input_dropout": first,
+                **({"input_map": recipe.input_map if isinstance(recipe.input_map, str) else next(iter(recipe.input_map.values()), "none")}
+                   if "input_map" in self.choices() else {})}  # fmt: skip
 
     def recipe(self, values: dict, modalities: tuple[str, ...] = (), chosen: str = "") -> Recipe:
         """The :class:`tfhash.recipes.Recipe` of hyperparameter ``values`` (KerasTuner's own
@@ -159,7 +167,7 @@ class SearchSpace:
                       dropout=float(values["dropout"]), learning_rate=float(values["learning_rate"]),
                       weight_decay=float(values["weight_decay"]), schedule=str(values["schedule"]), epochs=int(values["epochs"]),
                       input_dropout={modalities[0]: input_dropout} if modalities and input_dropout else input_dropout,
-                      chosen=chosen)  # fmt: skip
+                      input_map=str(values.get("input_map", "none")), chosen=chosen)  # fmt: skip
 
 
 def _recommended_variant(kind: str) -> dict[str, tuple[str, dict]]:
@@ -186,7 +194,7 @@ SEARCH_SPACES: dict[str, SearchSpace] = {
                                         "hyp2": ("hyp2", {}), "scdh": ("scdh", {}), "shclm": ("shclm", {}), "hclm": ("hclm", {})}),
     "cross-modal": SearchSpace(methods={**_recommended_variant("cross-modal"), "jcch": ("jcch", {"beta": 0.1}),
                                         "jcch fixed centres beta 0": ("jcch", {"fixed_centres": 0.5, "beta": 0.0})},
-                               epochs=(100, 200, 300), input_dropout=(0.0, 0.2)),
+                               epochs=(100, 200, 300), input_dropout=(0.0, 0.2), input_map=("none", "standardise", "rbf")),
 }  # fmt: skip
 
 
