@@ -4,32 +4,6 @@ The Beam encoding job (:class:`tfhash.components.encoding.EncodeToShards`) write
 RetrievalEvaluator streams them into :func:`tfhash.metrics.evaluate_retrieval_sharded` and the
 IndexBuilder fills indexes from them, so no stage holds more of the database than one shard
 (besides the packed codes an in-memory index keeps by design).
-
-A directory of code shards::
-
-    manifest.json                 written last: its presence means every shard is in
-    shard-<file>-<part>.npz       codes uint8 (n, K/8), labels uint8 (n, C), ids int64 (n,)
-
-Shard ``shard-00003-00001.npz`` holds part 1 (records ``part_records`` .. ``2 * part_records -
-1``) of the fourth record file of the split, files in sorted order: the shards in manifest order
-are the records in the order the in-process encoder reads them, the order mAP@all breaks ties by.
-
-Manifest (format version 1)::
-
-    {"format_version": 1, "kind": "tfhash-code-shards", "signature": "serving_default",
-     "signature_fingerprint": "...", "num_classes": 10, "code_bytes": 8, "count": 69000,
-     "sources": ["<record file>", ...], "part_records": 16384,
-     "shards": [{"name": "shard-00000-00000.npz", "source": 0, "part": 0, "count": 16384,
-                 "code_bytes": 8, "sha256": "..."}, ...],
-     "tfhash_version": "0.1.0", "created": "..."}
-
-Every file is written under a temporary name and renamed into place, so a worker that dies
-mid-shard leaves no shard behind, and a retried shard replaces its first attempt instead of adding
-to it; a shard's bytes are a function of its arrays (no time stamps), so an attempt that finishes
-late writes the same bytes the manifest records. Reading checks the format, the model's
-fingerprint when one is expected, each shard's checksum, shape and count. Paths may be local or
-any filesystem ``tf.io.gfile`` reaches (``gs://``).
-No pickle: arrays are read with ``allow_pickle=False``.
 """
 
 from __future__ import annotations
@@ -140,7 +114,34 @@ def write_manifest(directory: str, entries: list[dict], *, sources: list[str], s
 @dataclass(frozen=True)
 class CodeShards:
     """A checked code-shards directory (:meth:`open`): iterate it for ``(codes, labels, ids)`` per
-    shard in record order, each verified as it is read."""
+    shard in record order, each verified as it is read.
+
+    A directory of code shards::
+
+        manifest.json                 written last: its presence means every shard is in
+        shard-<file>-<part>.npz       codes uint8 (n, K/8), labels uint8 (n, C), ids int64 (n,)
+
+    Shard ``shard-00003-00001.npz`` holds part 1 (records ``part_records`` .. ``2 * part_records -
+    1``) of the fourth record file of the split, files in sorted order: the shards in manifest order
+    are the records in the order the in-process encoder reads them, the order mAP@all breaks ties by.
+
+    Manifest (format version 1)::
+
+        {"format_version": 1, "kind": "tfhash-code-shards", "signature": "serving_default",
+         "signature_fingerprint": "...", "num_classes": 10, "code_bytes": 8, "count": 69000,
+         "sources": ["<record file>", ...], "part_records": 16384,
+         "shards": [{"name": "shard-00000-00000.npz", "source": 0, "part": 0, "count": 16384,
+                     "code_bytes": 8, "sha256": "..."}, ...],
+         "tfhash_version": "0.1.0", "created": "..."}
+
+    Every file is written under a temporary name and renamed into place, so a worker that dies
+    mid-shard leaves no shard behind, and a retried shard replaces its first attempt instead of adding
+    to it; a shard's bytes are a function of its arrays (no time stamps), so an attempt that finishes
+    late writes the same bytes the manifest records. Reading checks the format, the model's
+    fingerprint when one is expected, each shard's checksum, shape and count. Paths may be local or
+    any filesystem ``tf.io.gfile`` reaches (``gs://``).
+    No pickle: arrays are read with ``allow_pickle=False``.
+    """
 
     directory: str
     manifest: dict

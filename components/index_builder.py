@@ -6,11 +6,7 @@ database is encoded as a Beam job of code shards on the pipeline's runner; the s
 RetrievalEvaluator wrote with a model of the same SavedModel fingerprint are read from its
 artifact instead (:func:`tfhash.components.encoding.run_shard_jobs`). Indexes are filled from the
 shards (:func:`fill_index`) and saved, with their version lock, once every shard is in.
-
-A ``Milvus`` index goes to the Milvus at ``milvus_uri``, into the collection
-``<collection_prefix>_v<version>[_<modality>]`` (one per model version, so the version being served
-keeps its collection until the search service swaps; a rebuild of the same version replaces it);
-its index directory points at that collection and the collection is locked to the version."""
+"""
 
 
 import json
@@ -76,6 +72,13 @@ def IndexBuilder(
     evaluation: InputArtifact[standard_artifacts.ModelEvaluation] = None,  # optional: its cached database codes
     beam_pipeline: BeamComponentParameter[beam.Pipeline] = None,
 ) -> None:
+    """The TFX component: the pushed version's indexes, as the module says.
+
+    A ``Milvus`` index goes to the Milvus at ``milvus_uri``, into the collection
+    ``<collection_prefix>_v<version>[_<modality>]`` (one per model version, so the version being served
+    keeps its collection until the search service swaps; a rebuild of the same version replaces it);
+    its index directory points at that collection and the collection is locked to the version.
+    """
     from tfhash.index import MilvusIndex, index_factory
     from tfhash.index.factory import parse_index_type
     from tfhash.index.milvus import collection_name

@@ -1,18 +1,5 @@
 """JCCH label coefficients q_is, u_is inside Transform (JCCH Algorithm 1; docs/design.md s.4), with
 stock tf.Transform analyzers so the computation scales on any Beam runner.
-
-Everything per example follows from dataset-level constants:
-
-* the anchor label matrix Y_A (l x C): the ``num_anchors`` labelled training examples with the
-  smallest stable hash of their id (``tft.experimental.ptransform_analyzer`` + Beam ``Top``;
-  all labelled examples when ``num_anchors`` >= their number), padded with zero rows;
-* n, the number of labelled training examples, and |P(a)| for every anchor over the whole
-  training split (``tft.sum``);
-* for the Eq. 14 rescaling, sum_{i,s} q_is and sum_i |Y_i| over the training split (``tft.sum``,
-  a later analysis phase).
-
-Given those, q and u of an example are a few matrix products with Y_A (see
-:func:`tfhash.losses.jcch_coefficients`, the NumPy reference the tests compare against).
 """
 
 from __future__ import annotations
@@ -62,7 +49,21 @@ class SelectAnchors(beam.PTransform):
 
 
 def jcch_coefficient_features(labels: tf.Tensor, ids: tf.Tensor, num_anchors: int, rescale: bool = True):
-    """q and u ``(batch, C)`` of each example (see module docstring)."""
+    """q and u ``(batch, C)`` of each example (see module docstring).
+
+    Everything per example follows from dataset-level constants:
+
+    * the anchor label matrix Y_A (l x C): the ``num_anchors`` labelled training examples with the
+      smallest stable hash of their id (``tft.experimental.ptransform_analyzer`` + Beam ``Top``;
+      all labelled examples when ``num_anchors`` >= their number), padded with zero rows;
+    * n, the number of labelled training examples, and |P(a)| for every anchor over the whole
+      training split (``tft.sum``);
+    * for the Eq. 14 rescaling, sum_{i,s} q_is and sum_i |Y_i| over the training split (``tft.sum``,
+      a later analysis phase).
+
+    Given those, q and u of an example are a few matrix products with Y_A (see
+    :func:`tfhash.losses.jcch_coefficients`, the NumPy reference the tests compare against).
+    """
     labels = tf.cast(labels, tf.float32)
     num_classes = labels.shape[-1]
     (anchors,) = tft.experimental.ptransform_analyzer(

@@ -1,17 +1,5 @@
 """Transform module file: ``preprocessing_fn`` for image, feature-vector and multi-hot label
 inputs of the tf.Examples written by ``tfhash data export``.
-
-``custom_config``: ``{"num_classes": C, "modalities": {name: {"kind": "image"|"vector",
-"shape": [...]}}}`` (the export's metadata). Images are decoded (PNG or JPEG) to float pixels in
-0..255 (the Keras models rescale themselves, as in the library); vectors are z-scored with
-statistics of the analysed split (tft.scale_to_z_score, a full-pass Beam analyzer); labels become
-a dense multi-hot ``labels`` vector. The ``id`` is passed through. With ``jcch_anchors`` in the
-config, the JCCH label coefficients ``jcch_q`` and ``jcch_u`` are added
-(:mod:`tfhash.components.label_statistics`); they derive from the labels, so the serving
-signature, which receives no labels, never needs them. With ``tag_statistics`` the tag counts
-and tag co-occurrence counts of the analysed split are written as two vocabulary files of the
-Transform output (:func:`tfhash.components.label_statistics.tag_statistic_vocabularies`), for the
-proxy methods' assignment (sHCLM) and balanced BCE weights.
 """
 
 from __future__ import annotations
@@ -38,6 +26,20 @@ def multi_hot(labels, num_classes: int) -> tf.Tensor:
 
 
 def preprocessing_fn(inputs, custom_config):
+    """Transform's preprocessing function over the raw tf.Examples.
+
+    ``custom_config``: ``{"num_classes": C, "modalities": {name: {"kind": "image"|"vector",
+    "shape": [...]}}}`` (the export's metadata). Images are decoded (PNG or JPEG) to float pixels in
+    0..255 (the Keras models rescale themselves, as in the library); vectors are z-scored with
+    statistics of the analysed split (tft.scale_to_z_score, a full-pass Beam analyzer); labels become
+    a dense multi-hot ``labels`` vector. The ``id`` is passed through. With ``jcch_anchors`` in the
+    config, the JCCH label coefficients ``jcch_q`` and ``jcch_u`` are added
+    (:mod:`tfhash.components.label_statistics`); they derive from the labels, so the serving
+    signature, which receives no labels, never needs them. With ``tag_statistics`` the tag counts
+    and tag co-occurrence counts of the analysed split are written as two vocabulary files of the
+    Transform output (:func:`tfhash.components.label_statistics.tag_statistic_vocabularies`), for the
+    proxy methods' assignment (sHCLM) and balanced BCE weights.
+    """
     outputs = {ID: inputs[ID]}
     outputs[LABELS] = multi_hot(inputs[LABELS], int(custom_config["num_classes"]))
     if custom_config.get("jcch_anchors"):

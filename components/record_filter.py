@@ -7,12 +7,6 @@ could apply. The filtered output is ``FORMAT_TF_EXAMPLE`` again.
 Every record of every split is checked with :func:`tfhash.components.record_validation.record_problem`
 (a Beam job on the pipeline's runner). The counts per split and reason, and a sample of the bad
 records' ids, go to ``report.json``; then, by ``policy``:
-
-* ``"fail"`` (default): any bad record stops the run with an error that gives the counts;
-* ``"drop"``: bad records are left out of the ``filtered_examples`` that every later component
-  reads, and the report says how many; the run summary repeats it.
-
-Nothing is dropped silently.
 """
 
 
@@ -121,6 +115,14 @@ def RecordFilter(
     policy: Parameter[str] = "fail",
     beam_pipeline: BeamComponentParameter[beam.Pipeline] = None,
 ) -> None:
+    """The TFX component: checks every record, writes ``report.json``, then applies ``policy``:
+
+    * ``"fail"`` (default): any bad record stops the run with an error that gives the counts;
+    * ``"drop"``: bad records are left out of the ``filtered_examples`` that every later component
+      reads, and the report says how many; the run summary repeats it.
+
+    Nothing is dropped silently.
+    """
     if policy not in POLICIES:
         raise ValueError(f"unknown bad-record policy {policy!r}; choose one of {POLICIES}")
     splits = artifact_utils.decode_split_names(examples.split_names)

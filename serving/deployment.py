@@ -1,33 +1,6 @@
 """TF Serving deployment artifacts for a model base directory (what the pipeline's Pusher fills).
 
 ``write_deployment`` writes, into one folder:
-
-* ``models.config`` -- ``ModelServerConfig`` text proto with the base path as the official
-  ``tensorflow/serving`` container sees it (``/models/<name>``), the version policy below and a
-  ``stable`` version label on the newest served version;
-* ``models.local.config`` -- the same with the host path, for ``tfhash serve model`` or a
-  ``tensorflow_model_server`` run on this host;
-* ``batching_parameters.txt`` -- ``BatchingParameters`` for ``--enable_batching``;
-* ``monitoring.config`` -- Prometheus metrics at ``/monitoring/prometheus/metrics``;
-* ``docker-compose.yml`` and ``docker-run.sh`` -- the official image with all of the above;
-* ``deployment.json`` -- what was written, the versions found and whether each has its warmup
-  records (``assets.extra/tf_serving_warmup_requests``, written by the Trainer).
-
-Version policy: ``specific { versions: [...] }`` pins the newest ``num_versions`` (default 2)
-versions whose index is published and pairs with them (an index under
-``<index_base_dir>/<version>/`` whose manifest names the version, whose checksums verify and whose
-fingerprint is the SavedModel's: :func:`tfhash.serving.versions.pair_published`; every version
-when no index folder is given). A push without its index, or a broken push, therefore
-never enters the policy and never makes TF Serving unload the version the search service pairs
-(``latest {num_versions: N}`` would: it follows the newest folders, loadable or not). Regenerate
-the files after publishing a pair (the pipeline does, and ``tfhash serve config``); TF Serving
-re-reads ``models.config`` every ``--model_config_file_poll_wait_seconds`` (60 in the generated
-command) and ``tfhash serve model`` every ``--config-poll-seconds``. The previous pair stays loaded
-until the next publish, so the search service swaps with its in-flight requests answered.
-
-The tensorflow-serving-api wheel ships ``model_server_config.proto`` but not the batching or
-monitoring protos, so those two files are written as text in the field names of TF Serving's
-``session_bundle_config.proto`` and ``monitoring_config.proto``.
 """
 
 from __future__ import annotations
@@ -148,6 +121,33 @@ def write_deployment(base_path: str, model_name: str, output_dir: str, num_versi
     """Write the TF Serving artifacts for the versions under ``base_path`` (module docstring):
     the newest ``num_versions`` whose index is published under ``index_base_dir`` and pairs with
     them (all complete SavedModel versions when it is None) are pinned.
+
+    * ``models.config`` -- ``ModelServerConfig`` text proto with the base path as the official
+      ``tensorflow/serving`` container sees it (``/models/<name>``), the version policy below and a
+      ``stable`` version label on the newest served version;
+    * ``models.local.config`` -- the same with the host path, for ``tfhash serve model`` or a
+      ``tensorflow_model_server`` run on this host;
+    * ``batching_parameters.txt`` -- ``BatchingParameters`` for ``--enable_batching``;
+    * ``monitoring.config`` -- Prometheus metrics at ``/monitoring/prometheus/metrics``;
+    * ``docker-compose.yml`` and ``docker-run.sh`` -- the official image with all of the above;
+    * ``deployment.json`` -- what was written, the versions found and whether each has its warmup
+      records (``assets.extra/tf_serving_warmup_requests``, written by the Trainer).
+
+    Version policy: ``specific { versions: [...] }`` pins the newest ``num_versions`` (default 2)
+    versions whose index is published and pairs with them (an index under
+    ``<index_base_dir>/<version>/`` whose manifest names the version, whose checksums verify and whose
+    fingerprint is the SavedModel's: :func:`tfhash.serving.versions.pair_published`; every version
+    when no index folder is given). A push without its index, or a broken push, therefore
+    never enters the policy and never makes TF Serving unload the version the search service pairs
+    (``latest {num_versions: N}`` would: it follows the newest folders, loadable or not). Regenerate
+    the files after publishing a pair (the pipeline does, and ``tfhash serve config``); TF Serving
+    re-reads ``models.config`` every ``--model_config_file_poll_wait_seconds`` (60 in the generated
+    command) and ``tfhash serve model`` every ``--config-poll-seconds``. The previous pair stays loaded
+    until the next publish, so the search service swaps with its in-flight requests answered.
+
+    The tensorflow-serving-api wheel ships ``model_server_config.proto`` but not the batching or
+    monitoring protos, so those two files are written as text in the field names of TF Serving's
+    ``session_bundle_config.proto`` and ``monitoring_config.proto``.
 
     Raises:
         ValueError: ``base_path`` holds no complete SavedModel version (with a published index).

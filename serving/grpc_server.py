@@ -3,19 +3,6 @@ loopback bind by default, request bytes that do not decode answered INVALID_ARGU
 stop) and the signal loop that every server's process runs (drains and exits). The search service
 has its own front on gRPC's asyncio server (:mod:`tfhash.serving.search_service`), with the same
 behaviour on stop.
-
-Stop (:meth:`GrpcServer.stop`): from the call on, every RPC that reaches a handler is refused
-UNAVAILABLE (retryable: it was never executed) except the health service's, the RPCs already in
-a handler finish for up to ``grace`` seconds, calls gRPC had queued are given
-:data:`SETTLE_SECONDS` to reach the gate, then the gRPC server stops (RPCs still running are
-cancelled). A call that arrives in that last instant is failed by gRPC itself (UNAVAILABLE or
-CANCELLED); none of them was executed.
-
-:func:`run_until_signal`: on SIGTERM or SIGINT the server's ``stop(grace)`` runs at once, whichever
-thread the signal reached (the main thread waits in short slices so that Python runs its handler);
-the process then exits 0. A process that has not exited :data:`EXIT_SECONDS` after its grace
-period (a library thread that blocks the interpreter's exit) prints every thread's stack and
-exits 1, so SIGTERM always ends the service.
 """
 
 from __future__ import annotations
@@ -111,6 +98,13 @@ def grpc_address(host: str, port: int) -> str:
 class GrpcServer:
     """A ``grpc.Server`` bound to ``host:port`` now (port 0: any free port; OSError when the
     address cannot be bound), served after :meth:`start`; add servicers to :attr:`server`.
+
+    Stop (:meth:`GrpcServer.stop`): from the call on, every RPC that reaches a handler is refused
+    UNAVAILABLE (retryable: it was never executed) except the health service's, the RPCs already in
+    a handler finish for up to ``grace`` seconds, calls gRPC had queued are given
+    :data:`SETTLE_SECONDS` to reach the gate, then the gRPC server stops (RPCs still running are
+    cancelled). A call that arrives in that last instant is failed by gRPC itself (UNAVAILABLE or
+    CANCELLED); none of them was executed.
 
     Requests larger than ``max_message_bytes`` are refused by gRPC with RESOURCE_EXHAUSTED; with
     ``max_concurrent_rpcs`` set, RPCs beyond it are refused the same way instead of queueing.

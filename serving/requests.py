@@ -1,17 +1,5 @@
 """What a search request may hold, checked where it enters the service (gRPC, REST, or a
 :class:`Query` built in Python) and before anything is allocated from a size the client chose.
-
-* serialized examples must parse as ``tf.Example`` protos (a truncated or malformed record is
-  refused here, not left to the model's lenient parser) and their float features must be finite;
-* raw features must be numeric, finite, batch first, with at most :data:`MAX_FEATURE_DIMS` axes;
-  a gRPC ``Features`` message's shape is multiplied in Python integers (no overflow) and must
-  hold exactly the values sent;
-* REST bodies must be JSON objects in UTF-8 with known fields only; arrays must be rectangular
-  nested lists of JSON numbers (no strings, booleans, ``null`` or ``NaN``).
-
-Range, width and the model's own shape are checked by the exported signature itself
-(:mod:`tfhash.export`), so TF Serving refuses what the search service refuses. Every
-refusal is a :class:`~tfhash.serving.errors.ServingError` INVALID_ARGUMENT that names the value.
 """
 
 from __future__ import annotations
@@ -124,7 +112,20 @@ class Query:
     :func:`check_features`), and the search's ``k``, ``radius`` and pinned ``model_version`` ("":
     any). The layers below trust the inputs; what depends on the service's limits and on the
     served pair (k, radius, the batch size, the code width, the version) is checked by
-    :meth:`tfhash.serving.searcher.VersionedSearcher.search`."""
+    :meth:`tfhash.serving.searcher.VersionedSearcher.search`.
+
+    * serialized examples must parse as ``tf.Example`` protos (a truncated or malformed record is
+      refused here, not left to the model's lenient parser) and their float features must be finite;
+    * raw features must be numeric, finite, batch first, with at most :data:`MAX_FEATURE_DIMS` axes;
+      a gRPC ``Features`` message's shape is multiplied in Python integers (no overflow) and must
+      hold exactly the values sent;
+    * REST bodies must be JSON objects in UTF-8 with known fields only; arrays must be rectangular
+      nested lists of JSON numbers (no strings, booleans, ``null`` or ``NaN``).
+
+    Range, width and the model's own shape are checked by the exported signature itself
+    (:mod:`tfhash.export`), so TF Serving refuses what the search service refuses. Every
+    refusal is a :class:`~tfhash.serving.errors.ServingError` INVALID_ARGUMENT that names the value.
+    """
 
     examples: list | None = None
     features: np.ndarray | None = None

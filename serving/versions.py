@@ -4,12 +4,6 @@ a version pairs with a published index, and when to retry a version that failed 
 A version is a sub-directory whose name is a positive integer and that holds a ``saved_model.pb``
 (what ``tensorflow_model_server`` and the TFX Pusher agree on). A folder without that file (a push
 still being copied, a stray directory) is not a version yet.
-
-Publishing a version atomically means writing it elsewhere on the same file system and renaming
-the finished folder into place (``<base>/.tmp-7`` -> ``<base>/7``). A version copied file by file
-is tolerated: a load that fails on the incomplete copy is retried as soon as any of its files
-changes (:func:`tree_stamp`), so the finished copy is loaded at the next poll; a version whose
-files stay as they are is retried with a growing delay (:class:`Retries`).
 """
 
 from __future__ import annotations
@@ -83,7 +77,14 @@ class _Failure:
 class Retries:
     """Failed loads, and when each may be tried again: at once when its files changed (a copy
     that finished), otherwise after ``first_delay`` seconds, doubling up to ``max_delay`` (a fault
-    that may clear by itself, such as a model server still loading the version)."""
+    that may clear by itself, such as a model server still loading the version).
+
+    Publishing a version atomically means writing it elsewhere on the same file system and renaming
+    the finished folder into place (``<base>/.tmp-7`` -> ``<base>/7``). A version copied file by file
+    is tolerated: a load that fails on the incomplete copy is retried as soon as any of its files
+    changes (:func:`tree_stamp`), so the finished copy is loaded at the next poll; a version whose
+    files stay as they are is retried with a growing delay (:class:`Retries`).
+    """
 
     def __init__(self, first_delay: float = 1.0, max_delay: float = 60.0, clock=time.monotonic):
         if not 0 < first_delay <= max_delay:

@@ -1,19 +1,9 @@
 """The contract between tfhash's stages: what one stage writes and the next one reads.
 
 The stages (the pipeline's components, the pipeline runner, the serving side, the benchmarks) never
-import each other; each imports this module for the names and layouts they share:
-
-* **records**: the tf.Example schema of the pipeline's input (``id``, ``labels`` and one feature
-  per modality) and its parse specs;
-* **items**: ``items.csv`` beside the exported records, each id's source file and class names,
-  which the search service reads to name its answers (:func:`write_items`, :func:`read_items`);
-* **signatures**: the SavedModel signature names, their input names and their outputs;
-* **codes in the graph**: :func:`code_outputs`, the TF-graph statement of
-  :mod:`tfhash.codes` (same bits as :func:`tfhash.codes.pack_codes`, with stock ops);
-* **fingerprint**: :func:`signature_fingerprint`, which pairs a SavedModel with its index;
-* **index layout**: ``<index base>/<model version>/<index type>[-<modality>]``;
-* **run layout**: :class:`RunLayout`, every location a pipeline run uses under its run directory,
-  and the files each component writes into its output artifact.
+import each other; each imports this module for the names and layouts they share: the records'
+schema, ``items.csv``, the signatures, the codes in the graph, the fingerprint that pairs a
+SavedModel with its index, and the index and run layouts (``docs/architecture.md``).
 
 The code convention itself (sign, bit order) is stated once, in :mod:`tfhash.codes`. TensorFlow is
 imported only by the functions that build graph pieces, so the names cost nothing to import.
