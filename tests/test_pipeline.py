@@ -14,6 +14,7 @@ import pytest
 from tfhash.components import trainer
 from tfhash.pipelines.config import PipelineConfig, TrainingConfig
 
+from tests import browser
 from tests.pipeline_fixtures import small_config
 from tests.tiers import starts
 
@@ -75,6 +76,34 @@ def test_small_pipeline_end_to_end(small_pipeline_run):
 
     loaded = tf.saved_model.load(summary["model_dir"])
     assert set(loaded.signatures) == {"serving_default", "encode_features", "encode_pixels"}  # an image model
+
+
+@pytest.mark.process
+@browser.SKIP
+def test_the_runs_gallery_in_a_browser(small_pipeline_run, tmp_path):
+    """The gallery the run's summary names, opened in headless Chromium: every query and neighbour
+    shows its picture, and the framed neighbours are those sharing no class with their query."""
+    import re
+
+    from selenium.webdriver.common.by import By
+
+    _, summary = small_pipeline_run
+    driver = browser.chromium(tmp_path / "profile")
+    try:
+        driver.get("file://" + summary["gallery"])
+        rows = driver.find_elements(By.CSS_SELECTOR, ".row")
+        assert len(rows) == 20
+        images = driver.find_elements(By.CSS_SELECTOR, "figure img")
+        assert len(images) == 20 * 11 and all(driver.execute_script("return arguments[0].complete && arguments[0].naturalWidth > 0", i)
+                                              for i in images)  # fmt: skip
+        for row in rows:
+            query, *found = row.find_elements(By.TAG_NAME, "figure")
+            classes = set(re.search(r": (.*)\n", query.text).group(1).split(", "))
+            for figure in found:
+                theirs = set(re.search(r": (.*)\n", figure.text).group(1).split(", "))
+                assert ("wrong" in figure.get_attribute("class")) == (not classes & theirs), figure.text
+    finally:
+        driver.quit()
 
 
 def _transformed_records(config) -> dict:

@@ -8,12 +8,12 @@ import base64
 import http.client
 import json
 import os
-import shutil
 
 import numpy as np
 import pytest
 from PIL import Image
 
+from tests import browser
 from tests.tiers import starts
 from tfhash.artifacts import ITEMS_FILE, Item, read_items
 
@@ -205,31 +205,16 @@ def test_without_an_image_root_the_page_does_not_exist(service):
         server.stop(0)
 
 
-def chromium():
-    """``(browser, driver)`` paths of Debian's Chromium and ChromeDriver, or None."""
-    browser, driver = shutil.which("chromium"), shutil.which("chromedriver")
-    return (browser, driver) if browser and driver else None
-
-
 @pytest.mark.process
-@pytest.mark.skipif(chromium() is None, reason="headless Chromium and ChromeDriver are not installed (scripts/setup_env.sh "
-                                               "installs Debian's chromium and chromium-driver when it runs as root)")  # fmt: skip
+@browser.SKIP
 def test_the_page_in_a_browser_shows_the_services_answer(service, tmp_path):
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
     from tfhash.data.user import image_query
 
-    browser, driver_path = chromium()
-    options = webdriver.ChromeOptions()
-    options.binary_location = browser
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--window-size=1100,900", f"--user-data-dir={tmp_path / 'profile'}"):
-        options.add_argument(flag)
     server, photos = service["server"], service["photos"]
-    driver = webdriver.Chrome(service=Service(executable_path=driver_path), options=options)
+    driver = browser.chromium(tmp_path / "profile")
     try:
         driver.get(f"http://localhost:{server.rest.port}/")
         query = photos / "blue" / "4.png"
