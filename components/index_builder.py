@@ -1,11 +1,7 @@
-"""IndexBuilder: encodes the database split with exactly the pushed SavedModel version and writes
-tfhash indexes (manifest naming that version and the signature fingerprint) next to it:
-``<index_base_dir>/<version>/<kind>/``, or for a cross-modal model one per database modality,
-``<index_base_dir>/<version>/<kind>-<modality>/`` (encoded with ``serving_<modality>``). The
-database is encoded as a Beam job of code shards on the pipeline's runner; the shards the
-RetrievalEvaluator wrote with a model of the same SavedModel fingerprint are read from its
-artifact instead (:func:`tfhash.components.encoding.run_shard_jobs`). Indexes are filled from the
-shards (:func:`fill_index`) and saved, with their version lock, once every shard is in.
+"""IndexBuilder: the pipeline component that builds tfhash indexes for exactly the pushed SavedModel version.
+
+The database split is encoded with that version as code shards (a Beam job on the pipeline's runner),
+and the indexes are filled from the shards and saved locked to that version.
 """
 
 
@@ -72,7 +68,16 @@ def IndexBuilder(
     evaluation: InputArtifact[standard_artifacts.ModelEvaluation] = None,  # optional: its cached database codes
     beam_pipeline: BeamComponentParameter[beam.Pipeline] = None,
 ) -> None:
-    """The TFX component: the pushed version's indexes, as the module says.
+    """The TFX component: encodes the database split with exactly the pushed SavedModel version and
+    writes its tfhash indexes.
+
+    Indexes (their manifest naming that version and the signature fingerprint) go to
+    ``<index_base_dir>/<version>/<kind>/``, or for a cross-modal model one per database modality,
+    ``<index_base_dir>/<version>/<kind>-<modality>/`` (encoded with ``serving_<modality>``). The
+    database is encoded as a Beam job of code shards on the pipeline's runner; the shards the
+    RetrievalEvaluator wrote with a model of the same SavedModel fingerprint are read from its
+    artifact instead (:func:`tfhash.components.encoding.run_shard_jobs`). Indexes are filled from the
+    shards (:func:`fill_index`) and saved, with their version lock, once every shard is in.
 
     A ``Milvus`` index goes to the Milvus at ``milvus_uri``, into the collection
     ``<collection_prefix>_v<version>[_<modality>]`` (one per model version, so the version being served

@@ -49,7 +49,7 @@ class SelectAnchors(beam.PTransform):
 
 
 def jcch_coefficient_features(labels: tf.Tensor, ids: tf.Tensor, num_anchors: int, rescale: bool = True):
-    """q and u ``(batch, C)`` of each example (see module docstring).
+    """q and u ``(batch, C)`` of each example.
 
     Everything per example follows from dataset-level constants:
 

@@ -2,11 +2,7 @@
 
 ImportExampleGen passes the records through as raw bytes (``FORMAT_PROTO``): with its default it
 parses every record as a tf.Example and a single corrupt record would crash it before any policy
-could apply. The filtered output is ``FORMAT_TF_EXAMPLE`` again.
-
-Every record of every split is checked with :func:`tfhash.components.record_validation.record_problem`
-(a Beam job on the pipeline's runner). The counts per split and reason, and a sample of the bad
-records' ids, go to ``report.json``; then, by ``policy``:
+could apply. Every record is checked here instead, and bad ones fail the run or are dropped, never silently.
 """
 
 
@@ -115,13 +111,17 @@ def RecordFilter(
     policy: Parameter[str] = "fail",
     beam_pipeline: BeamComponentParameter[beam.Pipeline] = None,
 ) -> None:
-    """The TFX component: checks every record, writes ``report.json``, then applies ``policy``:
+    """The TFX component: checks every record, writes ``report.json``, then applies ``policy``.
+
+    Every record of every split is checked with :func:`tfhash.components.record_validation.record_problem`
+    (a Beam job on the pipeline's runner). The counts per split and reason, and a sample of the bad
+    records' ids, go to ``report.json``; then, by ``policy``:
 
     * ``"fail"`` (default): any bad record stops the run with an error that gives the counts;
     * ``"drop"``: bad records are left out of the ``filtered_examples`` that every later component
       reads, and the report says how many; the run summary repeats it.
 
-    Nothing is dropped silently.
+    Nothing is dropped silently. The filtered output is ``FORMAT_TF_EXAMPLE`` again.
     """
     if policy not in POLICIES:
         raise ValueError(f"unknown bad-record policy {policy!r}; choose one of {POLICIES}")

@@ -1,6 +1,8 @@
 """TF Serving deployment artifacts for a model base directory (what the pipeline's Pusher fills).
 
-``write_deployment`` writes, into one folder:
+:func:`write_deployment` writes, into one folder, the model server configs, batching and monitoring
+configs and a Docker setup; given an index folder, its version policy pins only versions paired with a
+published index.
 """
 
 from __future__ import annotations
@@ -118,9 +120,7 @@ services:
 def write_deployment(base_path: str, model_name: str, output_dir: str, num_versions: int = 2,
                      index_base_dir: str | None = None, grpc_port: int = 8500, rest_port: int = 8501,
                      batching: dict | None = None) -> dict:  # fmt: skip
-    """Write the TF Serving artifacts for the versions under ``base_path`` (module docstring):
-    the newest ``num_versions`` whose index is published under ``index_base_dir`` and pairs with
-    them (all complete SavedModel versions when it is None) are pinned.
+    """Write the TF Serving artifacts for the versions under ``base_path`` into ``output_dir``:
 
     * ``models.config`` -- ``ModelServerConfig`` text proto with the base path as the official
       ``tensorflow/serving`` container sees it (``/models/<name>``), the version policy below and a

@@ -99,13 +99,6 @@ class GrpcServer:
     """A ``grpc.Server`` bound to ``host:port`` now (port 0: any free port; OSError when the
     address cannot be bound), served after :meth:`start`; add servicers to :attr:`server`.
 
-    Stop (:meth:`GrpcServer.stop`): from the call on, every RPC that reaches a handler is refused
-    UNAVAILABLE (retryable: it was never executed) except the health service's, the RPCs already in
-    a handler finish for up to ``grace`` seconds, calls gRPC had queued are given
-    :data:`SETTLE_SECONDS` to reach the gate, then the gRPC server stops (RPCs still running are
-    cancelled). A call that arrives in that last instant is failed by gRPC itself (UNAVAILABLE or
-    CANCELLED); none of them was executed.
-
     Requests larger than ``max_message_bytes`` are refused by gRPC with RESOURCE_EXHAUSTED; with
     ``max_concurrent_rpcs`` set, RPCs beyond it are refused the same way instead of queueing.
     Responses are not limited here (the services bound them by their request limits).
@@ -137,7 +130,13 @@ class GrpcServer:
 
     def stop(self, grace: float) -> None:
         """Refuse new RPCs (UNAVAILABLE), let those inside a handler finish within ``grace``
-        seconds, then stop the server (cancelling what still runs)."""
+        seconds, then stop the server (cancelling what still runs).
+
+        From the call on, every RPC that reaches a handler is refused UNAVAILABLE (retryable: it was
+        never executed) except the health service's; calls gRPC had queued are given
+        :data:`SETTLE_SECONDS` to reach the gate before the gRPC server stops. A call that arrives in
+        that last instant is failed by gRPC itself (UNAVAILABLE or CANCELLED); none of them was executed.
+        """
         deadline = time.monotonic() + grace
         self._gate.close_and_wait(grace)
         # calls gRPC has queued but not handed to a handler yet: let them reach the gate (UNAVAILABLE,
@@ -160,6 +159,8 @@ def run_until_signal(server, grace: float, signals=(signal.SIGINT, signal.SIGTER
     the stop begins, arm a timer outside Python's interpreter lock that, ``grace + exit_within``
     seconds later, prints every thread's stack to stderr and ends the process with exit code 1.
     It still fires when a thread blocks the interpreter's exit, where no Python code runs any more.
+    With the CLI's :data:`EXIT_SECONDS`, SIGTERM or SIGINT therefore always ends the service: the
+    process exits 0 after the stop, or 1 when it has not exited in time.
     """
     stopping, failed = threading.Event(), getattr(server, "failed", threading.Event())
     previous = {sig: signal.signal(sig, lambda *_: stopping.set()) for sig in signals}

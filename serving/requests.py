@@ -1,5 +1,9 @@
 """What a search request may hold, checked where it enters the service (gRPC, REST, or a
 :class:`Query` built in Python) and before anything is allocated from a size the client chose.
+
+Range, width and the model's own shape are checked by the exported signature itself
+(:mod:`tfhash.export`), so TF Serving refuses what the search service refuses. Every
+refusal is a :class:`~tfhash.serving.errors.ServingError` INVALID_ARGUMENT that names the value.
 """
 
 from __future__ import annotations
@@ -36,7 +40,10 @@ DEFAULT_LIMITS = Limits()
 
 def check_features(features) -> np.ndarray:
     """Raw features as float32 with a batch axis; non-numeric, NaN or infinite values are refused
-    (they would encode to a meaningless code, not an error, on some CPUs)."""
+    (they would encode to a meaningless code, not an error, on some CPUs).
+
+    The batch axis comes first, and at most :data:`MAX_FEATURE_DIMS` axes are taken.
+    """
     array = np.asarray(features)
     if not 2 <= array.ndim <= MAX_FEATURE_DIMS:
         raise invalid(f"features need a batch axis first and at most {MAX_FEATURE_DIMS} axes, got shape {list(array.shape)}")
@@ -84,7 +91,10 @@ def decode_whole(decode, data: bytes):
 
 
 def check_examples(serialized) -> list[bytes]:
-    """Serialized tf.Examples that parse strictly and whose float features are all finite."""
+    """Serialized tf.Examples that parse strictly and whose float features are all finite.
+
+    A truncated or malformed record is refused here, not left to the model's lenient parser.
+    """
     # here, not at the top: importing it loads TensorFlow, which a service's supervising parent
     # (tfhash.serving.processes) never needs
     from tensorflow.core.example import example_pb2
@@ -112,20 +122,7 @@ class Query:
     :func:`check_features`), and the search's ``k``, ``radius`` and pinned ``model_version`` ("":
     any). The layers below trust the inputs; what depends on the service's limits and on the
     served pair (k, radius, the batch size, the code width, the version) is checked by
-    :meth:`tfhash.serving.searcher.VersionedSearcher.search`.
-
-    * serialized examples must parse as ``tf.Example`` protos (a truncated or malformed record is
-      refused here, not left to the model's lenient parser) and their float features must be finite;
-    * raw features must be numeric, finite, batch first, with at most :data:`MAX_FEATURE_DIMS` axes;
-      a gRPC ``Features`` message's shape is multiplied in Python integers (no overflow) and must
-      hold exactly the values sent;
-    * REST bodies must be JSON objects in UTF-8 with known fields only; arrays must be rectangular
-      nested lists of JSON numbers (no strings, booleans, ``null`` or ``NaN``).
-
-    Range, width and the model's own shape are checked by the exported signature itself
-    (:mod:`tfhash.export`), so TF Serving refuses what the search service refuses. Every
-    refusal is a :class:`~tfhash.serving.errors.ServingError` INVALID_ARGUMENT that names the value.
-    """
+    :meth:`tfhash.serving.searcher.VersionedSearcher.search`."""
 
     examples: list | None = None
     features: np.ndarray | None = None
@@ -176,7 +173,10 @@ def join_queries(queries: list[Query]) -> Query:
 
 
 def features_from_flat(shape, values) -> np.ndarray:
-    """Features sent as a shape and row-major values (the gRPC ``Features`` message)."""
+    """Features sent as a shape and row-major values (the gRPC ``Features`` message).
+
+    The shape is multiplied in Python integers (no overflow) and must hold exactly the values sent.
+    """
     shape = [int(d) for d in shape]
     if not 2 <= len(shape) <= MAX_FEATURE_DIMS or any(d <= 0 for d in shape):
         quoted = shape if len(shape) <= MAX_FEATURE_DIMS else f"[{', '.join(map(str, shape[:MAX_FEATURE_DIMS]))}, ...] ({len(shape)} axes)"
@@ -239,7 +239,10 @@ def json_object(raw: bytes, fields=None) -> dict:
 
 def json_numbers(value, field: str, dtype, max_dims: int = MAX_FEATURE_DIMS) -> np.ndarray:
     """A rectangular nested list of JSON numbers, batch first (at least two levels), as an array;
-    checked level by level (no recursion) before NumPy sees it."""
+    checked level by level (no recursion) before NumPy sees it.
+
+    Strings, booleans and ``null`` are refused (:func:`json_object` already refuses ``NaN``).
+    """
     level, shape = [value], []
     while level and all(type(x) is list for x in level):
         lengths = {len(x) for x in level}

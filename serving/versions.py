@@ -1,9 +1,5 @@
 """Model versions under a TF Serving model base directory, TF Serving's version policies, whether
 a version pairs with a published index, and when to retry a version that failed to load.
-
-A version is a sub-directory whose name is a positive integer and that holds a ``saved_model.pb``
-(what ``tensorflow_model_server`` and the TFX Pusher agree on). A folder without that file (a push
-still being copied, a stray directory) is not a version yet.
 """
 
 from __future__ import annotations
@@ -17,7 +13,12 @@ from tfhash.index import IndexFormatError, check_model, read_manifest, verify_fi
 
 
 def list_versions(base_path: str) -> list[int]:
-    """The complete versions under ``base_path``, ascending. A missing base path has none."""
+    """The complete versions under ``base_path``, ascending. A missing base path has none.
+
+    A version is a sub-directory whose name is a positive integer and that holds a ``saved_model.pb``
+    (what ``tensorflow_model_server`` and the TFX Pusher agree on). A folder without that file (a push
+    still being copied, a stray directory) is not a version yet.
+    """
     if not os.path.isdir(base_path):
         return []
     found = []
@@ -82,8 +83,7 @@ class Retries:
     Publishing a version atomically means writing it elsewhere on the same file system and renaming
     the finished folder into place (``<base>/.tmp-7`` -> ``<base>/7``). A version copied file by file
     is tolerated: a load that fails on the incomplete copy is retried as soon as any of its files
-    changes (:func:`tree_stamp`), so the finished copy is loaded at the next poll; a version whose
-    files stay as they are is retried with a growing delay (:class:`Retries`).
+    changes (:func:`tree_stamp`), so the finished copy is loaded at the next poll.
     """
 
     def __init__(self, first_delay: float = 1.0, max_delay: float = 60.0, clock=time.monotonic):

@@ -95,7 +95,11 @@ class Item:
 
 
 def write_items(path: str | os.PathLike, items: dict[int, Item]) -> None:
-    """Write ``items.csv`` (sorted by id)."""
+    """Write ``items.csv`` (sorted by id).
+
+    The file lies beside the exported records and gives each id's source file and class names,
+    which the search service reads to name its answers.
+    """
     with open(path, "w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
         writer.writerow(ITEM_COLUMNS)
