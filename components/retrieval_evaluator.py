@@ -43,34 +43,35 @@ def directions(modalities: list[str] | None) -> list[tuple[str, str]]:
 
 
 def retrieval_metrics(saved_model_dir: str, examples_uri: str, num_classes: int, query_split: str, database: dict,
-                      top_r: int | None, modalities: list[str] | None = None) -> tuple[dict, object]:  # fmt: skip
-    """Metrics summary of one model on one Examples artifact, and the full report. The queries are
-    encoded here; the database is read from its code shards (``database``: database signature ->
+                      top_r: int | None, modalities: list[str] | None = None) -> tuple[dict, object, tuple]:  # fmt: skip
+    """Metrics summary of one model on one Examples artifact, the full report, and the encoded
+    queries ``(packed codes, labels, ids)``. The queries are encoded here; the database is read from
+    its code shards (``database``: database signature ->
     :class:`tfhash.components.code_shards.CodeShards`) one shard at a time.
 
     With two ``modalities`` (a cross-modal model) the queries of one modality search the database
     of the other, both ways: the summary holds each direction (``"image->text"``, ...) and their
-    mean mAP under the usual keys, which the blessing uses; the report is the first direction's.
+    mean mAP under the usual keys, which the blessing uses; the report and the queries are the
+    first direction's.
     """
     from tfhash.metrics import evaluate_retrieval_sharded
 
     def direction(query_signature: str, database_signature: str):
-        q_codes, q_labels, _ = encode_split(saved_model_dir, split_files(examples_uri, query_split), num_classes,
-                                            signature=query_signature)  # fmt: skip
+        queries = encode_split(saved_model_dir, split_files(examples_uri, query_split), num_classes, signature=query_signature)
         shards = database[database_signature]
-        report = evaluate_retrieval_sharded(q_codes, q_labels, shards.codes_and_labels, top_r=top_r, tie_aware=top_r is None,
+        report = evaluate_retrieval_sharded(queries[0], queries[1], shards.codes_and_labels, top_r=top_r, tie_aware=top_r is None,
                                             precision_at=[min(1000, len(shards))])  # fmt: skip
-        return report.summary(radius=2), report
+        return report.summary(radius=2), report, queries
 
-    (forward, report), *rest = [direction(*pair) for pair in directions(modalities)]
+    (forward, report, queries), *rest = [direction(*pair) for pair in directions(modalities)]
     if not rest:
-        return forward, report
-    backward, _ = rest[0]
+        return forward, report, queries
+    backward, _, _ = rest[0]
     first, second = modalities
     summary = {key: (value + backward[key]) / 2 if key.startswith("mAP") or key.startswith("P@") else value
                for key, value in forward.items()}  # fmt: skip
     summary.update({f"{first}->{second}": forward, f"{second}->{first}": backward})
-    return summary, report
+    return summary, report, queries
 
 
 def record_images(files: list[str], wanted: set[int]) -> dict:
@@ -101,17 +102,15 @@ def record_images(files: list[str], wanted: set[int]) -> dict:
     return found
 
 
-def evaluation_gallery(output_dir: str, saved_model_dir: str, examples_uri: str, num_classes: int, query_split: str,
-                       database_split: str, shards, query_signature: str, curve: dict, class_names: list[str] | None,
-                       seed: int = 0) -> dict:  # fmt: skip
+def evaluation_gallery(output_dir: str, queries: tuple, examples_uri: str, query_split: str, database_split: str, shards,
+                       curve: dict, class_names: list[str] | None, seed: int = 0) -> dict:  # fmt: skip
     """Write the gallery of an evaluation (:func:`tfhash.metrics.gallery.write_gallery`) beside it:
-    queries chosen with ``seed`` among the query split, encoded by ``query_signature``, each with
-    its 10 nearest items of the database's code ``shards``, with their pictures when the records
-    hold images."""
+    queries chosen with ``seed`` among the encoded query split (``queries``: packed codes, labels
+    and ids, as :func:`retrieval_metrics` returns them), each with its 10 nearest items of the
+    database's code ``shards``, with their pictures when the records hold images."""
     from tfhash.metrics.gallery import gallery_queries, gallery_rows, nearest, write_gallery
 
-    q_codes, q_labels, q_ids = encode_split(saved_model_dir, split_files(examples_uri, query_split), num_classes,
-                                            signature=query_signature)  # fmt: skip
+    q_codes, q_labels, q_ids = queries
     chosen = gallery_queries(q_labels, seed=seed)
     ids, distances = nearest(q_codes[chosen], ((codes, shard_ids) for codes, _, shard_ids in shards), 10)
     wanted = set(ids.ravel().tolist())
@@ -173,12 +172,11 @@ def RetrievalEvaluator(
 
     try:
         shards = dict(zip(jobs, run_shard_jobs(beam_pipeline, list(jobs.values())), strict=True))
-        summary, report = metrics("candidate")
+        summary, report, queries = metrics("candidate")
         baseline = metrics("baseline")[0] if baseline_model is not None else None
         curve = {"precision": report.precision_by_radius.mean(axis=0), "recall": report.recall_by_radius.mean(axis=0)}
-        query_signature, database_signature = directions(cross_modal)[0]
-        gallery = evaluation_gallery(evaluation.uri, models["candidate"], examples.uri, num_classes, query_split, database_split,
-                                     shards[("candidate", database_signature)], query_signature, curve,
+        gallery = evaluation_gallery(evaluation.uri, queries, examples.uri, query_split, database_split,
+                                     shards[("candidate", directions(cross_modal)[0][1])], curve,
                                      json.loads(class_names) if class_names else None, gallery_seed)  # fmt: skip
     finally:
         if tf.io.gfile.exists(scratch):

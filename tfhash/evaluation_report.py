@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tfhash.codes import pack_codes, unpack_codes
+from tfhash.codes import as_packed, unpack_codes
 from tfhash.labels import multi_hot
 from tfhash.metrics import evaluate_retrieval, precision_at_n_curve
 from tfhash.metrics.plots import plot_pr_curve, plot_precision_at_n, plot_tsne
@@ -64,7 +64,7 @@ def write_evaluation(codes_path, output_dir, top_r=None, radius: int = 2, tsne: 
     classes = None if ql.ndim == 2 else int(max(ql.max(), dl.max())) + 1
     ql, dl = multi_hot(ql, classes), multi_hot(dl, classes)
     chosen = gallery_queries(ql, seed=seed)
-    packed = [c if c.dtype == np.uint8 else pack_codes(c) for c in (q, db)]
+    packed = [as_packed(c) for c in (q, db)]
     ids, distances = nearest(packed[0][chosen], [(packed[1], np.arange(len(db)))], 10)
     images = [arrays.get(name) for name in IMAGE_ARRAYS]
     pictures = all(x is not None and x.dtype == np.uint8 and len(x) == len(c) for x, c in zip(images, (q, db), strict=True))

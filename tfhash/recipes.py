@@ -69,8 +69,7 @@ class Recipe:
             raise ValueError(f"unknown schedule {self.schedule!r}; choose one of {SCHEDULES}")
         if not (isinstance(self.epochs, int) and self.epochs > 0 and isinstance(self.batch_size, int) and self.batch_size > 0):
             raise ValueError(f"epochs and batch_size must be positive integers; got {self.epochs!r}, {self.batch_size!r}")
-        maps = self.input_map.values() if isinstance(self.input_map, dict) else [self.input_map]
-        unknown = sorted({str(m) for m in maps} - set(INPUT_MAPS))
+        unknown = sorted(self.input_maps() - set(INPUT_MAPS))
         if unknown:
             raise ValueError(f"unknown input map {unknown}; choose among {INPUT_MAPS}")
         self.fine_tuning()  # checks the rates
@@ -91,7 +90,7 @@ class Recipe:
             ValueError: an input map other than ``"none"`` (the pipeline's Transform standardises
                 vectors itself; RBF maps train in the Keras API).
         """
-        if {self.input_map_of(m) for m in (self.input_map if isinstance(self.input_map, dict) else [None])} != {"none"}:
+        if self.input_maps() - {"none"}:
             raise ValueError(f"the pipeline trains recipes without input maps (its Transform z-scores vectors); this one has "
                              f"input_map {self.input_map!r}: train it with Recipe.fit")  # fmt: skip
         return {"method": self.method, "backbone": "mlp", "hidden": list(self.hidden), "epochs": self.epochs,
@@ -100,6 +99,10 @@ class Recipe:
     def fine_tuning(self) -> FineTuning:
         """The :class:`tfhash.fine_tuning.FineTuning` the pipeline's Trainer compiles with."""
         return FineTuning(**self.fine_tuning_settings())
+
+    def input_maps(self) -> set[str]:
+        """The input maps this recipe names (:attr:`input_map`'s values)."""
+        return {str(m) for m in (self.input_map.values() if isinstance(self.input_map, dict) else [self.input_map])}
 
     def input_map_of(self, modality: str | None = None) -> str:
         """The input map of ``modality``'s tower."""
