@@ -3,8 +3,9 @@ tests spread over pytest-xdist's workers) and one scratch folder for the session
 
 Beam's stager, TFX's module packaging and Milvus Lite's logs write into the temporary folder and
 leave their files there; the session points ``TMPDIR`` (inherited by every subprocess and Beam
-worker) at a folder of its own and removes it when every test passed (a failed run keeps it and
-says where)."""
+worker) at a folder of its own and removes it at the end, passed or failed: a full run leaves
+gigabytes there, and runs kept after failures once filled a CI disk. ``TFHASH_KEEP_TEST_SCRATCH=1``
+keeps it (and prints where) for looking into a failure."""
 
 from __future__ import annotations
 
@@ -24,10 +25,6 @@ def pytest_configure(config):
     tempfile.tempdir = None  # read TMPDIR again
 
 
-def pytest_sessionfinish(session, exitstatus):
-    _SCRATCH["passed"] = exitstatus == 0
-
-
 def pytest_unconfigure(config):
     path = _SCRATCH.pop("path", None)
     if path is None:
@@ -38,7 +35,7 @@ def pytest_unconfigure(config):
     else:
         os.environ["TMPDIR"] = previous
     tempfile.tempdir = None
-    if _SCRATCH.pop("passed", False):
-        shutil.rmtree(path, ignore_errors=True)
+    if os.environ.get("TFHASH_KEEP_TEST_SCRATCH") == "1":
+        print(f"\ntest scratch kept at {path} (TFHASH_KEEP_TEST_SCRATCH=1)")
     else:
-        print(f"\ntest scratch kept at {path}")
+        shutil.rmtree(path, ignore_errors=True)
