@@ -24,6 +24,10 @@ if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null
   fi
 fi
 
+# A full run peaks at 2.2 GB in its scratch folder under TMPDIR (tests/conftest.py).
+source scripts/free_space.sh
+require_free_gb run_tests "${TMPDIR:-/tmp}" 3 "the test run's scratch folder" || exit 1
+
 coverage=0
 selection=()
 for arg in "$@"; do

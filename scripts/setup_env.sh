@@ -48,6 +48,10 @@ if [[ ! -x .venv/bin/python ]] || ! .venv/bin/python -c 'import sys; sys.exit(sy
   rm -rf .venv
   "$PY" -m venv .venv
 fi
+# The installed .venv takes 4.0 GB; pip unpacks the wheels in the temporary folder first.
+source scripts/free_space.sh
+require_free_gb setup_env . 5 "installing tfhash[all] into .venv" || exit 1
+require_free_gb setup_env "${TMPDIR:-/tmp}" 2 "pip's unpacking of the wheels" || exit 1
 echo "setup_env: installing tfhash[all] with constraints/py310.txt (first run: several minutes)"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 .venv/bin/python -m pip install -q -c constraints/py310.txt -e ".[all]" 2>&1 \

@@ -1,6 +1,6 @@
 """The wheel installs everything under the tfhash namespace (no top-level `components`,
 `pipelines` or `serving` modules in site-packages), with the search service's gRPC modules generated
-at build time."""
+at build time; the set-up scripts refuse a disk too small before they start."""
 
 from __future__ import annotations
 
@@ -35,3 +35,16 @@ def test_wheel_has_only_the_tfhash_namespace(tmp_path):
     sources = {f"{target}/{path.relative_to(ROOT / folder).as_posix()}" for folder, target in mapped.items()
                for path in (ROOT / folder).rglob("*.py")}  # fmt: skip
     assert sorted(sources - set(names)) == []
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("need_gb, refused", [(0, False), (10**9, True)])
+def test_setup_refuses_a_disk_too_small_before_starting(tmp_path, need_gb, refused):
+    check = f'source scripts/free_space.sh && require_free_gb setup_env "{tmp_path}" {need_gb} "installing"'
+    result = subprocess.run(["bash", "-c", check], cwd=ROOT, capture_output=True, text=True)
+    assert (result.returncode != 0) == refused
+    if refused:
+        assert f"MB free on the file system of {tmp_path}; installing needs about {need_gb} GB" in result.stderr
+        assert "free some space there" in result.stderr
+    else:
+        assert result.stderr == ""
