@@ -12,40 +12,43 @@ import tensorflow as tf
 import tensorflow_transform as tft
 
 
-def anchor_key(example_id: int) -> int:
-    """Stable hash of an example id: anchors are the labelled examples with the smallest keys."""
-    return int.from_bytes(hashlib.blake2b(str(int(example_id)).encode(), digest_size=8).digest(), "big")
+def anchor_key(example_id: int, seed: int = 0) -> int:
+    """Stable hash of an example id (keyed by ``seed``; 0: unkeyed): anchors are the examples with
+    the smallest keys."""
+    key = b"" if seed == 0 else str(int(seed)).encode()
+    return int.from_bytes(hashlib.blake2b(str(int(example_id)).encode(), digest_size=8, key=key).digest(), "big")
 
 
 class SelectAnchors(beam.PTransform):
-    """Batches of (multi-hot labels, ids) -> one ``(num_anchors, C)`` float32 matrix of the labels
-    of the labelled examples with the smallest :func:`anchor_key`, zero-padded."""
+    """Batches of (rows ``(batch, width)``, ids) -> a ``(num_anchors, width)`` float32 matrix of the
+    rows with the smallest :func:`anchor_key`, zero-padded when there are fewer. ``labelled_only``:
+    skip all-zero rows (label rows of unlabelled examples)."""
 
-    def __init__(self, num_anchors: int, num_classes: int):
+    def __init__(self, num_anchors: int, width: int, seed: int = 0, labelled_only: bool = True):
         super().__init__()
-        self.num_anchors, self.num_classes = int(num_anchors), int(num_classes)
+        self.num_anchors, self.width, self.seed, self.labelled_only = int(num_anchors), int(width), int(seed), labelled_only
 
     def expand(self, batches):
-        num_anchors, num_classes = self.num_anchors, self.num_classes
+        num_anchors, width, seed, labelled_only = self.num_anchors, self.width, self.seed, self.labelled_only
 
         def rows(batch):
-            labels, ids = batch
-            for label_row, example_id in zip(np.asarray(labels), np.asarray(ids).reshape(-1), strict=True):
-                if label_row.sum() > 0:
-                    yield anchor_key(example_id), np.asarray(label_row, dtype=np.float32)
+            values, ids = batch
+            for row, example_id in zip(np.asarray(values), np.asarray(ids).reshape(-1), strict=True):
+                if not labelled_only or row.sum() > 0:
+                    yield anchor_key(example_id, seed), np.asarray(row, dtype=np.float32)
 
         def to_matrix(chosen):
-            matrix = np.zeros((num_anchors, num_classes), dtype=np.float32)
-            for position, (_, label_row) in enumerate(sorted(chosen, key=lambda kv: kv[0])):
-                matrix[position] = label_row
-            return [matrix]
+            matrix = np.zeros((num_anchors, width), dtype=np.float32)
+            for position, (_, row) in enumerate(sorted(chosen, key=lambda kv: kv[0])):
+                matrix[position] = row
+            return matrix
 
-        return (
+        chosen = (
             batches
             | "Rows" >> beam.FlatMap(rows)
             | "Smallest" >> beam.combiners.Top.Of(num_anchors, key=lambda kv: kv[0], reverse=True)
-            | "Matrix" >> beam.FlatMap(to_matrix)
         )
+        return chosen | "Matrix" >> beam.Map(to_matrix)
 
 
 def jcch_coefficient_features(labels: tf.Tensor, ids: tf.Tensor, num_anchors: int, rescale: bool = True):

@@ -5,8 +5,8 @@ inputs of the tf.Examples written by ``tfhash data export``.
 from __future__ import annotations
 
 import tensorflow as tf
-import tensorflow_transform as tft
 from tfhash.components.compat import disable_tft_deep_copy
+from tfhash.components.input_maps import input_map_transform
 
 from tfhash.artifacts import ID, IMAGE, LABELS
 from tfhash.export import decode_images
@@ -30,8 +30,9 @@ def preprocessing_fn(inputs, custom_config):
 
     ``custom_config``: ``{"num_classes": C, "modalities": {name: {"kind": "image"|"vector",
     "shape": [...]}}}`` (the export's metadata). Images are decoded (PNG or JPEG) to float pixels in
-    0..255 (the Keras models rescale themselves, as in the library); vectors are z-scored with
-    statistics of the analysed split (tft.scale_to_z_score, a full-pass Beam analyzer); labels become
+    0..255 (the Keras models rescale themselves, as in the library); vectors go through their
+    ``input_maps`` entry (:func:`tfhash.components.input_maps.input_map_transform`, seeded by
+    ``seed``; default ``none``: z-scored with one mean and variance of the analysed split); labels become
     a dense multi-hot ``labels`` vector. The ``id`` is passed through. With ``jcch_anchors`` in the
     config, the JCCH label coefficients ``jcch_q`` and ``jcch_u`` are added
     (:mod:`tfhash.components.label_statistics`); they derive from the labels, so the serving
@@ -56,5 +57,6 @@ def preprocessing_fn(inputs, custom_config):
         if spec["kind"] == IMAGE:
             outputs[name] = decode_images(inputs[name], list(spec["shape"]))
         else:
-            outputs[name] = tft.scale_to_z_score(inputs[name])
+            kind = custom_config.get("input_maps", {}).get(name, "none")
+            outputs[name] = input_map_transform(inputs[name], inputs[ID], kind, int(custom_config.get("seed", 0)), name)
     return outputs

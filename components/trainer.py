@@ -104,7 +104,7 @@ def tuned_training(training: dict, hyperparameters: dict, input_names: list[str]
     (:func:`tfhash.tuning.tuned_recipe` of the ``best_hyperparameters`` config,
     :meth:`tfhash.recipes.Recipe.pipeline_section`): its method, MLP, epochs, batch, settings and
     optimizer, and its loss preset; float32 at the recipe's batch, without JCCH coefficients, as the
-    trials trained it; bits and seed stay the run's."""
+    trials trained it; bits, seed and input map (the Transform's, which the trials saw) stay the run's."""
     import keras_tuner
 
     from tfhash.recipes import preset_for
@@ -114,7 +114,8 @@ def tuned_training(training: dict, hyperparameters: dict, input_names: list[str]
     recipe = tuned_recipe(values, tuple(input_names) if len(input_names) == 2 else ())
     # as the trials trained it: the recipe's preset, float32 at the recipe's batch, no JCCH coefficients
     return {**training, **recipe.pipeline_section(), "recipe": None, "preset": preset_for(values["kind"] == "multi-label"),
-            "label_coefficients": False, "gpu_batch_size": None, "mixed_precision": "off"}  # fmt: skip
+            "label_coefficients": False, "gpu_batch_size": None, "mixed_precision": "off",
+            "input_map": training.get("input_map", "none")}  # fmt: skip
 
 
 def dtype_policy(training: dict) -> str:
@@ -277,7 +278,10 @@ def run_fn(fn_args) -> None:
     keras.utils.set_random_seed(int(training["seed"]))
     policy = dtype_policy(training)
     transform_output = tft.TFTransformOutput(fn_args.transform_output)
-    inputs = {name: list(shape) for name, shape in config["inputs"].items()}
+    transformed = transform_output.transformed_feature_spec()
+    # a vector's width is the Transform's output (an input map may change it: RBF features)
+    inputs = {name: list(shape) if config["modalities"][name]["kind"] == "image" else list(transformed[name].shape)
+              for name, shape in config["inputs"].items()}  # fmt: skip
     batch = batch_size(training)
     schema = transform_output.transformed_metadata.schema
     epochs = int(training["epochs"])

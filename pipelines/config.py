@@ -67,6 +67,10 @@ class TrainingConfig:
     seed: int = config_key(0, "seeds the initial weights and the shuffling")
     label_coefficients: bool = config_key(False, "train with the JCCH coefficients q / u computed in Transform (needs "
                                    "jcch_anchors)")
+    input_map: str | dict = config_key("none", "what Transform maps feature vectors through, with statistics of the training "
+                                "split (`tfhash.fine_tuning.INPUT_MAPS`): `none` (z-scores with one mean and variance), "
+                                "`standardise` (z-scores per feature), `rbf` (RBF features on 500 anchors, then "
+                                "standardised); one for every vector input or `{modality: map}`")
     recipe: str | None = config_key(None, "a kind of data of `tfhash.recipes.RECOMMENDED` (`multi-label`, `cross-modal`): "
                              "its method, settings, MLP and optimizer, under whatever this section sets itself")
 
@@ -319,6 +323,7 @@ class PipelineConfig:
             raise ValueError("training.label_coefficients needs jcch_anchors (the Transform computes q and u)")
         if self.training.label_coefficients and not method.label_coefficients:
             raise ValueError(f"JCCH label coefficients apply to {method_names(label_coefficients=True)}, not {method.name!r}")
+        self._check_input_maps()
         input_dropout = self.training.optimisation().input_dropout
         rates = input_dropout if isinstance(input_dropout, dict) else {name: input_dropout for name in self.inputs}
         if set(rates) - set(self.inputs):
@@ -326,6 +331,24 @@ class PipelineConfig:
                              f"this run's inputs are {self.inputs}")  # fmt: skip
         if any(rates.values()) and self.training.backbone != "mlp":
             raise ValueError(f"training.fine_tuning.input_dropout is for the mlp backbone, not {self.training.backbone!r}")
+
+    def _check_input_maps(self) -> None:
+        from tfhash.fine_tuning import INPUT_MAPS
+
+        chosen = self.training.input_map
+        if not isinstance(chosen, (str, dict)):
+            raise ValueError(f"training.input_map must be a map name or {{modality: map}}, got {chosen!r}")
+        if isinstance(chosen, dict) and set(chosen) - set(self.inputs):
+            raise ValueError(f"training.input_map names {sorted(set(chosen) - set(self.inputs))}; this run's inputs are {self.inputs}")
+        maps = self.input_maps()
+        for name, kind in maps.items():
+            if kind not in INPUT_MAPS:
+                raise ValueError(f"training.input_map of {name!r} is {kind!r}; choose one of {list(INPUT_MAPS)}"
+                                 f"{suggestion(kind, INPUT_MAPS)}")  # fmt: skip
+        mapped = sorted(name for name, kind in maps.items() if kind != "none")
+        if mapped and self.training.backbone != "mlp":
+            raise ValueError(f"training.input_map maps feature vectors (the mlp backbone); {mapped} feed backbone "
+                             f"{self.training.backbone!r}: drop the input map")  # fmt: skip
 
     def _check_data(self) -> None:
         """The data the run reads: an exported folder (``data_dir``) or a shipped dataset under
@@ -365,6 +388,11 @@ class PipelineConfig:
     def inputs(self) -> list[str]:
         """The modalities the model reads: ``modalities`` (cross-modal) or ``[modality]``."""
         return list(self.modalities) or [self.modality]
+
+    def input_maps(self) -> dict[str, str]:
+        """``training.input_map`` of every input: ``{modality: map}`` (images: ``none``)."""
+        chosen = self.training.input_map
+        return {name: chosen.get(name, "none") if isinstance(chosen, dict) else chosen for name in self.inputs}
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> PipelineConfig:

@@ -58,6 +58,8 @@ def create_pipeline(config: PipelineConfig, metadata: dict, metadata_connection=
             "num_classes": num_classes,
             "modalities": {name: metadata["modalities"][name] for name in inputs},
             "jcch_anchors": config.jcch_anchors,
+            "input_maps": config.input_maps(),
+            "seed": config.training.seed,
             # a tuned method may need them whatever the section names
             "tag_statistics": get_method(config.training.method).needs_tag_statistics or config.tuner is not None,
         },

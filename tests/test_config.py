@@ -27,6 +27,14 @@ CASES = {
     "a cut the network does not have": ({"name": "x", "dataset": "cifar10", "training": {
         "backbone": "squeezenet", "fine_tuning": {"trunk_cache": {"cut": "pool_1"}}}},
         r"backbone 'squeezenet' has no layer 'pool_1'; did you mean \['pool1'"),
+    "a misspelt input map": ({"name": "x", "dataset": "wiki", "modalities": ["image", "text"], "training": {
+        "method": "jcch", "backbone": "mlp", "input_map": {"text": "rfb"}}},
+        r"training.input_map of 'text' is 'rfb'; choose one of \['none', 'standardise', 'rbf'\]; did you mean 'rbf'\?"),
+    "an input map of no input": ({"name": "x", "dataset": "wiki", "modalities": ["image", "text"], "training": {
+        "method": "jcch", "backbone": "mlp", "input_map": {"tags": "rbf"}}},
+        r"training.input_map names \['tags'\]; this run's inputs are \['image', 'text'\]"),
+    "an input map before an image network": ({"name": "x", "training": {"input_map": "rbf"}},
+        r"training.input_map maps feature vectors \(the mlp backbone\); \['image'\] feed backbone 'small_cnn'"),
 }  # fmt: skip
 
 

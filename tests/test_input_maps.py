@@ -25,7 +25,7 @@ def test_adapt_draws_anchors_from_the_rows_and_sets_the_width_from_their_distanc
     layer = RBFFeatures(anchors=10, seed=3).adapt(data)
     anchors = np.asarray(layer.anchor_rows)
     assert all(any(np.array_equal(a, r) for r in data) for a in anchors)  # every anchor is a training row
-    sigma = np.sqrt(((data[:, None] - anchors[None]) ** 2).sum(-1)).mean()
+    sigma = np.sqrt(((anchors[:, None] - anchors[None]) ** 2).sum(-1)).sum() / (10 * 9)  # between two distinct anchors
     np.testing.assert_allclose(float(layer.gamma), 1 / (2 * sigma**2), rtol=1e-4)
     out = np.asarray(layer(data))
     assert out.shape == (60, 10) and np.all((out > 0) & (out <= 1))
@@ -47,8 +47,9 @@ def test_non_finite_rows_are_refused_by_name():
             input_map_layers(kind, data)
     with pytest.raises(ValueError, match="unknown input map 'pca'"):
         input_map_layers("pca", rows())
-    with pytest.raises(ValueError, match="anchors must be a positive integer"):
-        RBFFeatures(anchors=0)
+    for anchors in (0, 1, True, 2.5):
+        with pytest.raises(ValueError, match="anchors must be an integer of at least 2"):
+            RBFFeatures(anchors=anchors)
 
 
 def test_the_maps_are_learned_from_the_rows_they_are_given_only():
@@ -104,8 +105,7 @@ def test_recipes_and_the_search_space_name_the_maps():
     with pytest.raises(ValueError, match=r"unknown input map \['pca'\]"):
         Recipe(method="jcch", input_map={"image": "pca"})
     assert Recipe(method="jcch", input_map={"image": "rbf"}).input_map_of("text") == "none"
-    with pytest.raises(ValueError, match="the pipeline trains recipes without input maps"):
-        Recipe(method="jcch", input_map="rbf").pipeline_section()
+    assert Recipe(method="jcch", input_map={"text": "rbf"}).pipeline_section()["input_map"] == {"text": "rbf"}
     assert RECOMMENDED["cross-modal"].pipeline_section()["method"] == "jcch"
     space = SEARCH_SPACES["cross-modal"]
     assert space.choices()["input_map"] == INPUT_MAPS

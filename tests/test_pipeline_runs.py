@@ -30,8 +30,10 @@ def test_cross_modal_wiki_pipeline_and_search(tmp_path):
 
     config = small_config(tmp_path, name="tiny-wiki", dataset="wiki", limit=200, modalities=["image", "text"],
                           map_threshold=0.0, training={"method": "jcch", "bits": 16, "backbone": "mlp", "hidden": [64],
-                                                       "epochs": 2, "batch_size": 64})  # fmt: skip
+                                                       "epochs": 2, "batch_size": 64,
+                                                       "input_map": {"image": "rbf", "text": "standardise"}})  # fmt: skip
     summary = run_local(config, log=lambda message: None)
+    check_input_maps_learned_from_the_training_split(config)
     assert {"image->text", "text->image"} <= set(summary["metrics"]) and summary["blessed"] is True
     assert set(summary["indexes"]) == {"BFlat-image", "BFlat-text"}
     loaded = tf.saved_model.load(summary["model_dir"])
@@ -48,6 +50,56 @@ def test_cross_modal_wiki_pipeline_and_search(tmp_path):
     finally:
         server.stop(0)
     np.testing.assert_array_equal(np.stack(answer.ids), expected.ids)
+
+
+def _raw_rows(config, split: str, names: list[str]):
+    import numpy as np
+    import tensorflow as tf
+
+    files = sorted(tf.io.gfile.glob(os.path.join(config.layout.data, split, "*")))
+    examples = [tf.train.Example.FromString(r.numpy()) for r in tf.data.TFRecordDataset(files, compression_type="GZIP")]
+    rows = {name: np.array([e.features.feature[name].float_list.value for e in examples], np.float32) for name in names}
+    rows["id"] = np.array([e.features.feature["id"].int64_list.value[0] for e in examples])
+    return examples, rows
+
+
+def _z_scores(x, reference, axis=None):
+    """``x`` z-scored with ``reference``'s mean and variance (TFT's: ``x - mean`` where the variance is 0)."""
+    import numpy as np
+
+    mean, variance = reference.mean(axis=axis), reference.var(axis=axis)
+    return np.where(variance > 0, (x - mean) / np.sqrt(np.where(variance > 0, variance, 1.0)), x - mean)
+
+
+def check_input_maps_learned_from_the_training_split(config):
+    """The Transform graph maps query rows exactly as NumPy does with the training rows' statistics
+    alone (``image``: RBF on the training rows with the smallest id hashes, padded to 500 anchors,
+    then per-feature z-scores, all unchanged by a z-score with one mean and variance first;
+    ``text``: per-feature z-scores): a query row cannot have moved any of them."""
+    import numpy as np
+    import tensorflow as tf
+    import tensorflow_transform as tft
+    from tfhash.components.input_maps import RBF_ANCHORS
+    from tfhash.components.label_statistics import anchor_key
+
+    (graph,) = tf.io.gfile.glob(os.path.join(config.layout.pipeline_root, "Transform", "transform_graph", "*"))
+    output = tft.TFTransformOutput(graph)
+    _, train = _raw_rows(config, "train", ["image", "text"])
+    queries, query = _raw_rows(config, "query", ["image", "text"])
+    spec = {k: v for k, v in output.raw_feature_spec().items() if k in ("id", "image", "text")}
+    mapped = output.transform_raw_features(tf.io.parse_example([e.SerializeToString() for e in queries], spec),
+                                           drop_unused_features=True)  # fmt: skip
+    train_text, query_text = (_z_scores(x, train["text"]) for x in (train["text"], query["text"]))
+    np.testing.assert_allclose(mapped["text"].numpy(), _z_scores(query_text, train_text, axis=0), atol=2e-3)
+
+    train_image, query_image = (_z_scores(x, train["image"]) for x in (train["image"], query["image"]))
+    anchors = train_image[np.argsort([anchor_key(i) for i in train["id"]])[:RBF_ANCHORS]]
+    assert len(anchors) < RBF_ANCHORS  # 200 training rows: the padded case
+    squared = lambda x: ((x[:, None, :] - anchors[None, :, :]) ** 2).sum(-1)  # noqa: E731
+    sigma = np.sqrt(squared(anchors)).sum() / (len(anchors) * (len(anchors) - 1))  # between two distinct anchors
+    features = lambda x: np.pad(np.exp(-squared(x) / (2 * sigma**2)), ((0, 0), (0, RBF_ANCHORS - len(anchors))))  # noqa: E731
+    np.testing.assert_allclose(mapped["image"].numpy(), _z_scores(features(query_image), features(train_image), axis=0),
+                               atol=2e-3)  # fmt: skip
 
 
 @pytest.mark.beam

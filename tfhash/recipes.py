@@ -84,17 +84,12 @@ class Recipe:
     def pipeline_section(self) -> dict:
         """The pipeline config's training-section keys that train this recipe: its method, the
         MLP, epochs and batch, its settings as ``overrides`` and its optimizer as ``fine_tuning``
-        (``training.recipe`` expands so, and the Trainer lays the Tuner's choice over the section so).
-
-        Raises:
-            ValueError: an input map other than ``"none"`` (the pipeline's Transform standardises
-                vectors itself; RBF maps train in the Keras API).
+        (``training.recipe`` expands so, and the Trainer lays the Tuner's choice over the section so),
+        and its ``input_map``, which the pipeline's Transform computes.
         """
-        if self.input_maps() - {"none"}:
-            raise ValueError(f"the pipeline trains recipes without input maps (its Transform z-scores vectors); this one has "
-                             f"input_map {self.input_map!r}: train it with Recipe.fit")  # fmt: skip
         return {"method": self.method, "backbone": "mlp", "hidden": list(self.hidden), "epochs": self.epochs,
-                "batch_size": self.batch_size, "overrides": dict(self.options), "fine_tuning": self.fine_tuning_settings()}  # fmt: skip
+                "batch_size": self.batch_size, "input_map": self.input_map, "overrides": dict(self.options),
+                "fine_tuning": self.fine_tuning_settings()}  # fmt: skip
 
     def fine_tuning(self) -> FineTuning:
         """The :class:`tfhash.fine_tuning.FineTuning` the pipeline's Trainer compiles with."""

@@ -15,11 +15,28 @@ from keras import ops
 from tfhash.fine_tuning import INPUT_MAPS
 
 
+def squared_distances(x, anchors):
+    """``||x_i - a_j||^2`` for every row ``x_i`` and anchor ``a_j``: ``(n, d)`` and ``(m, d)`` ->
+    ``(n, m)``, through the dot product and floored at 0."""
+    squared = ops.sum(x * x, axis=-1, keepdims=True) - 2.0 * ops.matmul(x, ops.transpose(anchors)) + ops.sum(anchors * anchors, axis=-1)
+    return ops.maximum(squared, 0.0)
+
+
+def anchor_gamma(anchors):
+    """The kernel's ``gamma = 1 / (2 sigma^2)``, ``sigma`` the mean distance between two distinct
+    anchors ``(m, d)``, m >= 2 (the anchors being drawn from the training rows, an estimate of the
+    mean distance between training rows): a function of the anchors alone, so the pipeline's
+    Transform and :class:`RBFFeatures` compute it alike."""
+    m = ops.shape(anchors)[0]
+    distances = ops.sqrt(squared_distances(anchors, anchors))
+    sigma = ops.sum(distances) / ops.cast(m * (m - 1), distances.dtype)
+    return 1.0 / (2.0 * sigma * sigma)
+
+
 def rbf_kernel(x, anchors, gamma):
     """``exp(-gamma * ||x_i - a_j||^2)`` for every row ``x_i`` and anchor ``a_j``: ``(n, d)`` and
-    ``(m, d)`` -> ``(n, m)`` (the squared distance through the dot product, floored at 0)."""
-    squared = ops.sum(x * x, axis=-1, keepdims=True) - 2.0 * ops.matmul(x, ops.transpose(anchors)) + ops.sum(anchors * anchors, axis=-1)
-    return ops.exp(-gamma * ops.maximum(squared, 0.0))
+    ``(m, d)`` -> ``(n, m)`` (:func:`squared_distances`)."""
+    return ops.exp(-gamma * squared_distances(x, anchors))
 
 
 def _training_rows(data, name: str) -> np.ndarray:
@@ -35,20 +52,20 @@ def _training_rows(data, name: str) -> np.ndarray:
 @keras.saving.register_keras_serializable(package="tfhash")
 class RBFFeatures(keras.layers.Layer):
     """RBF kernel features (:func:`rbf_kernel`) on ``anchors`` rows drawn from the training rows
-    with ``seed`` (all of them when there are fewer), of width the mean distance from the training
-    rows to the anchors (``gamma = 1 / (2 sigma^2)``). :meth:`adapt` learns both, and must run
+    with ``seed`` (all of them when there are fewer), of width the mean distance between two
+    anchors (:func:`anchor_gamma`). :meth:`adapt` learns both, and must run
     before the layer does (:func:`input_map_layers` and :class:`tfhash.recipes.Recipe` adapt it);
     a saved model keeps them as weights.
 
     Args:
-        anchors: how many anchors to draw (the features' width).
+        anchors: how many anchors to draw (the features' width), at least 2.
         seed: the draw's seed.
     """
 
     def __init__(self, anchors: int = 500, seed: int = 0, **kwargs):
         super().__init__(**kwargs)
-        if isinstance(anchors, bool) or not isinstance(anchors, int) or anchors < 1:
-            raise ValueError(f"anchors must be a positive integer, got {anchors!r}")
+        if isinstance(anchors, bool) or not isinstance(anchors, int) or anchors < 2:
+            raise ValueError(f"anchors must be an integer of at least 2 (the width is a distance between two), got {anchors!r}")
         self.anchors, self.seed = int(anchors), int(seed)
 
     def build(self, input_shape):
@@ -59,21 +76,21 @@ class RBFFeatures(keras.layers.Layer):
         """Draw the anchors from ``data`` (the training rows ``(n, d)``) and set the width; returns the layer.
 
         Raises:
-            ValueError: fewer than two rows, a non-finite value, identical rows (no width).
+            ValueError: fewer than two rows, a non-finite value, identical anchors (no width).
         """
         rows = _training_rows(data, "RBFFeatures")
         if self.built and (self.anchor_rows.shape[1] != rows.shape[1] or self.anchors > len(rows)):
             raise ValueError(f"this RBFFeatures was built for {tuple(self.anchor_rows.shape)} anchors; adapt a new layer to rows {rows.shape}")
         self.anchors = min(self.anchors, len(rows))
         chosen = rows[np.sort(np.random.default_rng(self.seed).choice(len(rows), self.anchors, replace=False))]
-        squared = (rows * rows).sum(1, keepdims=True) - 2.0 * rows @ chosen.T + (chosen * chosen).sum(1)
-        sigma = float(np.sqrt(np.maximum(squared, 0.0)).mean())
-        if not sigma > 0:
-            raise ValueError("RBFFeatures cannot adapt to rows that are all identical (the kernel would have no width)")
+        gamma = float(ops.convert_to_numpy(anchor_gamma(chosen)))
+        if not np.isfinite(gamma):
+            raise ValueError(f"the {self.anchors} anchors drawn from these rows are all identical (the kernel would have no "
+                             "width); draw more anchors or remove the duplicate rows")  # fmt: skip
         if not self.built:
             self.build((None, rows.shape[1]))
         self.anchor_rows.assign(chosen)
-        self.gamma.assign(1.0 / (2.0 * sigma * sigma))
+        self.gamma.assign(gamma)
         return self
 
     def call(self, x):
