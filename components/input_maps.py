@@ -32,8 +32,14 @@ def rbf_transform(x: tf.Tensor, ids: tf.Tensor, num_anchors: int, seed: int, nam
     count = tf.minimum(tft.size(tf.reshape(ids, [-1]), name=f"{name}_rbf_rows"), num_anchors)
     valid = tf.range(num_anchors, dtype=count.dtype) < count
     anchors = tf.boolean_mask(anchors, valid)
-    # the padding's kernel columns are 0, so the output keeps its static width
-    features = rbf_kernel(x, anchors, anchor_gamma(anchors))
+    gamma = anchor_gamma(anchors)
+    # count 0: tf.Transform's trace with placeholder statistics, not data
+    check = tf.debugging.Assert(tf.logical_or(count == 0, tf.math.is_finite(gamma)),
+                                [f"the RBF map of {name} has no width: the training split needs at least two distinct rows "
+                                 "(or use the standardise map)"])  # fmt: skip
+    with tf.control_dependencies([check]):
+        # the padding's kernel columns are 0, so the output keeps its static width
+        features = rbf_kernel(x, anchors, gamma)
     return tf.pad(features, [[0, 0], [0, num_anchors - tf.shape(anchors)[0]]])
 
 

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import tempfile
-
 import apache_beam as beam
 import numpy as np
 import pytest
@@ -14,6 +11,7 @@ import tensorflow_transform.beam as tft_beam
 from apache_beam.options.pipeline_options import PipelineOptions
 from tfhash.components.label_statistics import anchor_key, jcch_coefficient_features
 
+from tests.transform_runs import analyze_and_transform
 from tfhash.losses import jcch_coefficients
 
 C = 5
@@ -22,25 +20,13 @@ C = 5
 def _run(labels: np.ndarray, num_anchors: int):
     ids = np.arange(labels.shape[0]) * 7 + 3
     data = [{"labels": row.astype(np.float32), "id": [int(i)]} for row, i in zip(labels, ids, strict=True)]
-    metadata = tft.DatasetMetadata.from_feature_spec(
-        {"labels": tf.io.FixedLenFeature([C], tf.float32), "id": tf.io.FixedLenFeature([1], tf.int64)}
-    )
+    spec = {"labels": tf.io.FixedLenFeature([C], tf.float32), "id": tf.io.FixedLenFeature([1], tf.int64)}
 
     def preprocessing_fn(inputs):
         q, u = jcch_coefficient_features(inputs["labels"], inputs["id"], num_anchors)
         return {"q": q, "u": u, "id": inputs["id"]}
 
-    def to_json(row):
-        return json.dumps({k: np.asarray(v).reshape(-1).tolist() for k, v in row.items()})
-
-    options = PipelineOptions(["--runner=DirectRunner", "--direct_running_mode=in_memory", "--direct_num_workers=1"])
-    with tempfile.TemporaryDirectory() as tmp:
-        with beam.Pipeline(options=options) as pipeline, tft_beam.Context(temp_dir=tmp):
-            raw = pipeline | beam.Create(data)
-            (transformed, _), _ = (raw, metadata) | tft_beam.AnalyzeAndTransformDataset(preprocessing_fn)
-            _ = transformed | beam.Map(to_json) | beam.io.WriteToText(f"{tmp}/rows", shard_name_template="")
-        rows = [json.loads(line) for line in open(f"{tmp}/rows")]
-    rows.sort(key=lambda r: r["id"][0])
+    rows = analyze_and_transform(data, spec, preprocessing_fn)
     return ids, np.array([r["q"] for r in rows]), np.array([r["u"] for r in rows])
 
 

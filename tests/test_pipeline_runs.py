@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.pipeline_fixtures import small_config
+from tests.transform_runs import z_scores
 
 CONFIGS = Path(__file__).resolve().parents[1] / "pipelines" / "configs"
 
@@ -63,14 +64,6 @@ def _raw_rows(config, split: str, names: list[str]):
     return examples, rows
 
 
-def _z_scores(x, reference, axis=None):
-    """``x`` z-scored with ``reference``'s mean and variance (TFT's: ``x - mean`` where the variance is 0)."""
-    import numpy as np
-
-    mean, variance = reference.mean(axis=axis), reference.var(axis=axis)
-    return np.where(variance > 0, (x - mean) / np.sqrt(np.where(variance > 0, variance, 1.0)), x - mean)
-
-
 def check_input_maps_learned_from_the_training_split(config):
     """The Transform graph maps query rows exactly as NumPy does with the training rows' statistics
     alone (``image``: RBF on the training rows with the smallest id hashes, padded to 500 anchors,
@@ -89,16 +82,16 @@ def check_input_maps_learned_from_the_training_split(config):
     spec = {k: v for k, v in output.raw_feature_spec().items() if k in ("id", "image", "text")}
     mapped = output.transform_raw_features(tf.io.parse_example([e.SerializeToString() for e in queries], spec),
                                            drop_unused_features=True)  # fmt: skip
-    train_text, query_text = (_z_scores(x, train["text"]) for x in (train["text"], query["text"]))
-    np.testing.assert_allclose(mapped["text"].numpy(), _z_scores(query_text, train_text, axis=0), atol=2e-3)
+    train_text, query_text = (z_scores(x, train["text"]) for x in (train["text"], query["text"]))
+    np.testing.assert_allclose(mapped["text"].numpy(), z_scores(query_text, train_text, axis=0), atol=2e-3)
 
-    train_image, query_image = (_z_scores(x, train["image"]) for x in (train["image"], query["image"]))
+    train_image, query_image = (z_scores(x, train["image"]) for x in (train["image"], query["image"]))
     anchors = train_image[np.argsort([anchor_key(i) for i in train["id"]])[:RBF_ANCHORS]]
     assert len(anchors) < RBF_ANCHORS  # 200 training rows: the padded case
     squared = lambda x: ((x[:, None, :] - anchors[None, :, :]) ** 2).sum(-1)  # noqa: E731
     sigma = np.sqrt(squared(anchors)).sum() / (len(anchors) * (len(anchors) - 1))  # between two distinct anchors
     features = lambda x: np.pad(np.exp(-squared(x) / (2 * sigma**2)), ((0, 0), (0, RBF_ANCHORS - len(anchors))))  # noqa: E731
-    np.testing.assert_allclose(mapped["image"].numpy(), _z_scores(features(query_image), features(train_image), axis=0),
+    np.testing.assert_allclose(mapped["image"].numpy(), z_scores(features(query_image), features(train_image), axis=0),
                                atol=2e-3)  # fmt: skip
 
 
