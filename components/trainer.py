@@ -314,4 +314,5 @@ def run_fn(fn_args) -> None:
     image_inputs = [name for name in inputs if config["modalities"][name]["kind"] == "image"]
     export_serving_model(model, transform_output, inputs, int(training["bits"]), export_directory(fn_args.serving_model_dir),
                          warmup_examples=warmup, value_ranges={name: IMAGE_RANGE for name in image_inputs},
-                         image_inputs=image_inputs, mirrored_inputs=image_inputs if training.get("encode_mirrored") else [])  # fmt: skip
+                         image_inputs=image_inputs, mirrored_inputs=image_inputs if training.get("encode_mirrored") else [],
+                         raw_vectors={name: shape for name, shape in config["inputs"].items() if name not in image_inputs})  # fmt: skip

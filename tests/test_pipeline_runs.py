@@ -42,6 +42,14 @@ def test_cross_modal_wiki_pipeline_and_search(tmp_path):
     files = sorted(tf.io.gfile.glob(os.path.join(config.layout.data, "query", "*")))
     queries = [r.numpy() for r in tf.data.TFRecordDataset(files, compression_type="GZIP").take(8)]
     packed = loaded.signatures["serving_image"](examples=tf.constant(queries))["packed_codes"].numpy()
+    # the features signatures take the raw vectors and map them as the examples' signatures do
+    _, raw = _raw_rows(config, "query", ["image", "text"])
+    for name in ("image", "text"):
+        by_example = loaded.signatures[f"serving_{name}"](examples=tf.constant(queries))["packed_codes"].numpy()
+        by_vector = loaded.signatures[f"encode_{name}"](**{name: tf.constant(raw[name][:8])})["packed_codes"].numpy()
+        np.testing.assert_array_equal(by_vector, by_example)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="NaN"):
+        loaded.signatures["encode_text"](text=tf.constant(np.full((1, 10), np.nan, np.float32)))
     expected = load_index(summary["indexes"]["BFlat-text"]).search(packed, 5)
     server = SearchServer(in_process_searcher(config.layout.serving, config.layout.indexes, "BFlat-text",
                                               query_modality="image")).start()  # fmt: skip

@@ -98,6 +98,9 @@ class ServingModule:
     ``value_ranges``: ``{input name: (low, high)}``, default +-:data:`DEFAULT_VALUE_BOUND`.
     ``image_inputs``: the inputs that are images, which also get a ``uint8`` pixel signature;
     ``mirrored_inputs``: image inputs encoded with their mirror (:func:`mirror_averaged`).
+    ``raw_vectors``: ``{input name: raw shape}`` of vector inputs whose ``encode`` signature takes
+    the raw vectors and maps them through ``tft_layer`` (the pipeline's: its Transform maps
+    vectors, :mod:`tfhash.components.input_maps`); the raw vectors are checked as model inputs are.
 
     Input checks inside the signatures (so TF Serving, ``saved_model_cli`` and the search service
     all answer INVALID_ARGUMENT for the same inputs): the float features parsed from tf.Examples
@@ -108,7 +111,7 @@ class ServingModule:
     number on some CPUs (oneDNN maps an all-NaN input to all-zero codes)."""
 
     def __init__(self, model, tft_layer, raw_feature_spec: dict, inputs: dict, bits: int, value_ranges: dict | None = None,
-                 image_inputs=(), mirrored_inputs=()):  # fmt: skip
+                 image_inputs=(), mirrored_inputs=(), raw_vectors: dict | None = None):  # fmt: skip
         if set(mirrored_inputs) - set(image_inputs):
             raise ValueError(f"only image inputs are encoded mirrored; {sorted(set(mirrored_inputs) - set(image_inputs))} are not images")
         self.mirrored = set(mirrored_inputs)
@@ -124,14 +127,23 @@ class ServingModule:
         for name in image_inputs:
             self.pixels[name] = tf.function(lambda pixels, name=name: self._encode(name, tf.cast(pixels, tf.float32)),
                                             input_signature=[tf.TensorSpec([None, *self.inputs[name]], tf.uint8, name=PIXELS_INPUT)])  # fmt: skip
+        self.raw_vectors = {name: list(shape) for name, shape in (raw_vectors or {}).items()}
         for name, shape in self.inputs.items():
             self.serve[name] = tf.function(lambda examples, name=name: self._encode(name, self._parse(examples)[name]),
                                            input_signature=[tf.TensorSpec([None], tf.string, name=EXAMPLES_INPUT)])  # fmt: skip
-            self.encode[name] = tf.function(lambda features, name=name: self._encode(name, features),
-                                            input_signature=[tf.TensorSpec([None, *shape], tf.float32, name=name)])  # fmt: skip
+            if name in self.raw_vectors:
+                self.encode[name] = tf.function(lambda features, name=name: self._encode(name, self._mapped(name, features)),
+                                                input_signature=[tf.TensorSpec([None, *self.raw_vectors[name]], tf.float32, name=name)])  # fmt: skip
+            else:
+                self.encode[name] = tf.function(lambda features, name=name: self._encode(name, features),
+                                                input_signature=[tf.TensorSpec([None, *shape], tf.float32, name=name)])  # fmt: skip
 
     def _parse(self, examples):
         return self.tft_layer(finite_features(tf.io.parse_example(examples, self.spec)))
+
+    def _mapped(self, name: str, raw):
+        raw = checked_input(raw, name, self.raw_vectors[name], self.value_ranges[name])
+        return self.tft_layer({name: raw})[name]
 
     def _encode(self, name: str, features):
         features = checked_input(features, name, self.inputs[name], self.value_ranges[name])
@@ -156,7 +168,8 @@ class ServingModule:
 
 def export_serving_model(model, tf_transform_output, inputs: dict, bits: int, path: str,
                          warmup_examples: list[bytes] | None = None, model_name: str = "tfhash",
-                         value_ranges: dict | None = None, image_inputs=(), mirrored_inputs=()) -> None:  # fmt: skip
+                         value_ranges: dict | None = None, image_inputs=(), mirrored_inputs=(),
+                         raw_vectors: dict | None = None) -> None:  # fmt: skip
     """Save ``model`` with the Transform graph as a SavedModel at ``path``; ``image_inputs`` get an
     ``encode_pixels`` signature; ``mirrored_inputs`` are encoded with their mirror
     (:func:`mirror_averaged`).
@@ -166,7 +179,9 @@ def export_serving_model(model, tf_transform_output, inputs: dict, bits: int, pa
     * ``serving_default``: ``examples`` (serialized raw tf.Example, string ``[None]``) -> parsed
       with the raw feature spec, transformed by the Transform graph (labels and id are not
       required), then encoded;
-    * ``encode_features``: the transformed model input as a raw tensor -> encoded;
+    * ``encode_features``: the input as a tensor -> encoded: a vector input raw, mapped by the
+      Transform graph as ``serving_default`` maps it (``raw_vectors``: ``{name: raw shape}``), an
+      image decoded to float pixels;
     * ``encode_pixels`` when the input is an image: raw ``uint8`` pixels ``[None, *image shape]``
       -> encoded (the model resizes and preprocesses them itself);
     * cross-modal models (two inputs) add ``serving_<modality>`` and ``encode_<modality>`` (and
@@ -176,7 +191,8 @@ def export_serving_model(model, tf_transform_output, inputs: dict, bits: int, pa
     Every signature returns ``codes`` (continuous float32), ``binary_codes`` (int8 +-1,
     sign(0) = +1) and ``packed_codes`` (uint8, big bit order; docs/design.md s.2)."""
     module = ServingModule(model, tf_transform_output.transform_features_layer(),
-                           tf_transform_output.raw_feature_spec(), inputs, bits, value_ranges, image_inputs, mirrored_inputs)  # fmt: skip
+                           tf_transform_output.raw_feature_spec(), inputs, bits, value_ranges, image_inputs, mirrored_inputs,
+                           raw_vectors)  # fmt: skip
     save_serving_module(module, path, warmup_examples, model_name)
 
 
