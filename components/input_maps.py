@@ -19,9 +19,10 @@ RBF_ANCHORS = 500
 def rbf_transform(x: tf.Tensor, ids: tf.Tensor, num_anchors: int, seed: int, name: str) -> tf.Tensor:
     """RBF kernel features of ``x`` ``(batch, d)`` on anchors (:func:`tfhash.layers.rbf_kernel`),
     as :class:`tfhash.layers.RBFFeatures` learns them but with analyzers: the anchors are the
-    ``num_anchors`` analysed rows with the smallest :func:`anchor_key` of their id under ``seed``
+    ``num_anchors`` analysed rows with the smallest
+    :func:`~tfhash.components.label_statistics.anchor_key` of their id under ``seed``
     (all of them when there are fewer; the padding's features are 0), and the width follows from
-    them alone (:func:`tfhash.layers.input_maps.anchor_width`)."""
+    them alone (:func:`tfhash.layers.input_maps.anchor_gamma`)."""
     (anchors,) = tft.experimental.ptransform_analyzer(
         inputs=[x, tf.reshape(tf.cast(ids, tf.int64), [-1])],
         ptransform=SelectAnchors(num_anchors, int(x.shape[-1]), seed=seed, labelled_only=False),
