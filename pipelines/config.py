@@ -391,8 +391,9 @@ class PipelineConfig:
 
     def input_maps(self) -> dict[str, str]:
         """``training.input_map`` of every input: ``{modality: map}`` (images: ``none``)."""
-        chosen = self.training.input_map
-        return {name: chosen.get(name, "none") if isinstance(chosen, dict) else chosen for name in self.inputs}
+        from tfhash.fine_tuning import input_map_of
+
+        return {name: input_map_of(self.training.input_map, name) for name in self.inputs}
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> PipelineConfig:

@@ -18,6 +18,13 @@ SCHEDULES = ("constant", "step", "cosine")
 #: The input maps of a feature-vector tower (:mod:`tfhash.layers.input_maps`): none, standardisation
 #: (z-scores), RBF kernel features on anchors then z-scores; each adapted to the training rows.
 INPUT_MAPS = ("none", "standardise", "rbf")
+
+
+def input_map_of(input_map: str | dict, modality: str | None) -> str:
+    """The map of ``modality`` in an ``input_map`` setting: one map for every tower, or
+    ``{modality: map}`` (a modality it does not name: ``"none"``)."""
+    return input_map.get(modality, "none") if isinstance(input_map, dict) else input_map
+
 #: The run config's ``mixed_precision`` values (:func:`precision_policy`).
 PRECISIONS = ("auto", "on", "off", "bfloat16")
 #: The cut of :class:`TrunkCache` per network tfhash knows: SqueezeNet v1.1's last pooling, below

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tfhash.fine_tuning import INPUT_MAPS, FineTuning
+from tfhash.fine_tuning import INPUT_MAPS, FineTuning, input_map_of
 from tfhash.labels import multi_hot
 
 if TYPE_CHECKING:  # Keras loads when a recipe builds or trains, not when a config names one
@@ -101,7 +101,7 @@ class Recipe:
 
     def input_map_of(self, modality: str | None = None) -> str:
         """The input map of ``modality``'s tower."""
-        return self.input_map.get(modality, "none") if isinstance(self.input_map, dict) else self.input_map
+        return input_map_of(self.input_map, modality)
 
     def input_dropout_of(self, modality: str | None = None) -> float:
         """The input dropout of ``modality``'s tower."""
