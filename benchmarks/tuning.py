@@ -197,7 +197,8 @@ def main() -> None:
             failed = sum(t["status"] != "ok" for t in result.trials)
             search = {"dataset": dataset, "bits": tune_bits, "seed": args.seed, "train in database": round(share, 3),
                       "chosen": f"{recipe.method} {json.dumps(recipe.options)} lr {recipe.learning_rate} wd {recipe.weight_decay} "
-                      f"dropout {recipe.dropout} {recipe.schedule} {recipe.epochs} epochs", "recipe": asdict(recipe),
+                      f"dropout {recipe.dropout} {recipe.schedule} {recipe.epochs} epochs hidden {json.dumps(recipe.hidden_lists())}",
+                      "recipe": asdict(recipe),
                       "validation mAP@all": result.score, "trials": len(result.trials), "failed": failed,
                       "budget multiple": round(result.budget.multiple(), 2), "seconds": result.seconds, "one training seconds": one,
                       "cost multiple": round(result.seconds / one, 1), "table": result.table(), "trial rows": result.trials}  # fmt: skip

@@ -77,6 +77,7 @@ def backbone_for(training: dict, shape, name: str = "backbone", data_root=None, 
     Raises:
         BackboneError: an image backbone for feature vectors, or as :func:`image_backbone` does.
     """
+    from tfhash.fine_tuning import widths_of
     from tfhash.models import BackboneError, image_backbone, mlp, small_cnn
 
     backbone = training["backbone"]
@@ -84,7 +85,7 @@ def backbone_for(training: dict, shape, name: str = "backbone", data_root=None, 
         return small_cnn(tuple(shape), name=name)
     recipe = training_recipe(training)
     if backbone == "mlp":
-        return mlp(int(shape[0]), tuple(training["hidden"]), name=name, **recipe.mlp_options(modality))
+        return mlp(int(shape[0]), widths_of(training["hidden"], modality), name=name, **recipe.mlp_options(modality))
     if len(shape) not in (2, 3):
         raise BackboneError(f"backbone {backbone!r} takes images, but this input holds vectors of shape {list(shape)}; use mlp")
     return image_backbone(backbone, shape, size=training.get("image_size"), weights=training.get("backbone_weights"),

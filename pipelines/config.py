@@ -50,7 +50,8 @@ class TrainingConfig:
     backbone_weights: str | None = config_key("imagenet", "an image network's weights: `imagenet` (a local file or an "
                                        "installed package's; never a download), the path of a weights file, or null for a random init")
     image_size: int | None = config_key(None, "the side an image network runs at (null: its own, 224 for SqueezeNet)")
-    hidden: list[int] = config_key(lambda: [1024], "the widths of the `mlp` backbone's layers")
+    hidden: list[int] | dict = config_key(lambda: [1024], "the widths of the `mlp` backbone's layers: one list for every "
+                                          "tower, or `{modality: widths}` naming each")
     preset: str | None = config_key("cifar10", "SCDH / JCCH loss weights (`cifar10`, `nuswide`, `imagenet`: "
                              "`tfhash.models.SCDH_PRESETS`; null for the model's own defaults)")
     overrides: dict = config_key(dict, "the method's own settings over the preset, e.g. `{\"lam\": 0.01}`")
@@ -75,6 +76,7 @@ class TrainingConfig:
                              "its method, settings, MLP and optimizer, under whatever this section sets itself")
 
     def __post_init__(self) -> None:
+        from tfhash.fine_tuning import checked_widths
         from tfhash.networks import check_backbone_name
 
         if self.method not in method_names(in_pipeline=True):
@@ -85,8 +87,7 @@ class TrainingConfig:
         for key in ("epochs", "batch_size"):
             check_count(f"training.{key}", getattr(self, key))
         check_count("training.gpu_batch_size", self.gpu_batch_size, optional=True)
-        if not (isinstance(self.hidden, list) and all(isinstance(u, int) and not isinstance(u, bool) and u > 0 for u in self.hidden)):
-            raise ValueError(f"training.hidden must be a list of positive layer widths, e.g. [1024], got {self.hidden!r}")
+        checked_widths(self.hidden, "training.hidden")
         if not isinstance(self.encode_mirrored, bool) or (self.encode_mirrored and self.backbone == "mlp"):
             raise ValueError(f"training.encode_mirrored is true or false, for image backbones; got {self.encode_mirrored!r} "
                              f"with backbone {self.backbone!r}")  # fmt: skip
@@ -324,6 +325,10 @@ class PipelineConfig:
         if self.training.label_coefficients and not method.label_coefficients:
             raise ValueError(f"JCCH label coefficients apply to {method_names(label_coefficients=True)}, not {method.name!r}")
         self._check_input_maps()
+        hidden = self.training.hidden
+        if isinstance(hidden, dict) and set(hidden) != set(self.inputs):
+            raise ValueError(f"training.hidden names the towers {sorted(hidden)}; this run's inputs are {self.inputs}: "
+                             "give one list of widths, or name each input")  # fmt: skip
         input_dropout = self.training.optimisation().input_dropout
         rates = input_dropout if isinstance(input_dropout, dict) else {name: input_dropout for name in self.inputs}
         if set(rates) - set(self.inputs):

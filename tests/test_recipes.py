@@ -60,6 +60,29 @@ def test_wiki_recipe_parsing():
         wiki.run(dataclasses.replace(RECOMMENDED["cross-modal"], method="scdh"), 16, 0)
 
 
+def test_each_tower_takes_its_own_widths_and_every_tower_setting_names_the_data_towers():
+    rng = np.random.default_rng(0)
+    x = {"image": rng.random((24, 12), dtype=np.float32), "text": rng.random((24, 5), dtype=np.float32)}
+    labels = np.arange(24) % 3
+    recipe = dataclasses.replace(RECOMMENDED["cross-modal"], hidden={"image": [16, 8], "text": []}, epochs=1)
+    assert recipe.hidden == {"image": (16, 8), "text": ()} and recipe.pipeline_section()["hidden"] == {"image": [16, 8], "text": []}
+    model = recipe.build(x, labels, bits=16)
+    widths = {m: [layer.units for layer in model.modality_backbone(m).layers if isinstance(layer, keras.layers.Dense)]
+              for m in ("image", "text")}  # fmt: skip
+    assert widths == {"image": [16, 8], "text": []}
+    label, parsed = wiki.parse_recipe('{"hidden": {"image": [16, 8], "text": []}}')
+    assert parsed.hidden == recipe.hidden and label == '{"hidden": {"image": [16, 8], "text": []}}'
+    refusals = {"hidden": ({"image": [16]}, r"hidden names the towers \['image'\]; this data's towers are \['image', 'text'\] \(name each"),
+                "input_dropout": ({"audio": 0.2}, r"input_dropout names the towers \['audio'\]"),
+                "input_map": ({"txt": "rbf"}, r"input_map names the towers \['txt'\]")}  # fmt: skip
+    for name, (value, message) in refusals.items():
+        with pytest.raises(ValueError, match=message):
+            dataclasses.replace(recipe, **{name: value}).build(x, labels, bits=16)
+    for bad in ({}, [16, 0], {"image": [16.5]}, "1024"):
+        with pytest.raises(ValueError, match="hidden"):
+            dataclasses.replace(recipe, hidden=bad)
+
+
 def test_wiki_validation_holds_out_training_pairs_and_scores_both_directions():
     (train, train_y), (query, query_y), (database, _) = wiki.wiki_data(seed=0, validation=True)
     assert len(query_y) == wiki.VALIDATION_QUERIES and len(train_y) == 2173 - wiki.VALIDATION_QUERIES
@@ -69,6 +92,7 @@ def test_wiki_validation_holds_out_training_pairs_and_scores_both_directions():
     row = wiki.run(recipe, 16, seed=0, validation=True, every=1)
     assert [p["epoch"] for p in row["curve"]] == [1, 2] and row["curve"][-1]["I->T"] == row["I->T"]
     assert 0.0 < row["I->T"] <= 1.0 and 0.0 < row["T->I"] <= 1.0 and row["mode"] == "validation"
+    assert all(0.0 <= row[f"{m} db on centre"] <= 1.0 for m in ("image", "text"))
 
 
 def test_ranking_codes_order_classes_by_score():

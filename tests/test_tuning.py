@@ -26,6 +26,7 @@ from tfhash.tuning import (
     prepare,
     tune,
 )
+from tfhash.tuning.search import SAME
 
 
 @pytest.mark.parametrize("kind", sorted(SEARCH_SPACES))
@@ -39,6 +40,17 @@ def test_every_space_holds_its_recommended_recipe_and_reads_it_back(kind):
     rebuilt = space.recipe(values, modalities)
     for name in ("method", "options", "hidden", "dropout", "input_dropout", "learning_rate", "weight_decay", "schedule", "epochs"):
         assert getattr(rebuilt, name) == getattr(recommended, name), name
+
+
+def test_the_cross_modal_space_searches_the_second_towers_widths():
+    space = SEARCH_SPACES["cross-modal"]
+    assert SAME in space.choices()["second_hidden"] and len(space.choices()["second_hidden"]) > 1
+    values = {**space.values_of(RECOMMENDED["cross-modal"]), "second_hidden": "1024"}
+    recipe = space.recipe(values, ("image", "text"))
+    assert recipe.hidden == {"image": RECOMMENDED["cross-modal"].hidden, "text": (1024,)}
+    assert space.values_of(recipe) == values  # read back: the inverse
+    assert space.recipe({**values, "second_hidden": SAME}, ("image", "text")).hidden == RECOMMENDED["cross-modal"].hidden
+    assert "second_hidden" not in SEARCH_SPACES["multi-label"].choices()  # a one-tower space draws as before
 
 
 def test_the_space_keeps_only_the_methods_the_caller_can_train():

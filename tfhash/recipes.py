@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tfhash.fine_tuning import INPUT_MAPS, FineTuning, input_map_of
+from tfhash.fine_tuning import INPUT_MAPS, FineTuning, checked_widths, input_map_of, widths_of
 from tfhash.labels import multi_hot
 
 if TYPE_CHECKING:  # Keras loads when a recipe builds or trains, not when a config names one
@@ -40,8 +40,9 @@ class Recipe:
             on the labelled rows alone otherwise.
         options: the method's builder settings over its defaults (e.g. HyP2's ``beta``).
         hidden, dropout, input_dropout: the MLP on the features (:func:`tfhash.models.mlp`; every
-            tower of a cross-modal method); ``input_dropout`` is one rate, or ``{modality: rate}``
-            (0 for a modality not named).
+            tower of a cross-modal method); ``hidden`` is one list of widths, or
+            ``{modality: widths}`` naming every tower; ``input_dropout`` is one rate, or
+            ``{modality: rate}`` (0 for a modality not named).
         input_map: what the raw features pass through first (:data:`tfhash.layers.INPUT_MAPS`:
             ``"none"``, ``"standardise"``, ``"rbf"``), adapted to the training rows and saved in the
             model; one map, or ``{modality: map}`` (``"none"`` for a modality not named).
@@ -53,7 +54,7 @@ class Recipe:
 
     method: str
     options: dict = field(default_factory=dict)
-    hidden: tuple[int, ...] = (1024,)
+    hidden: tuple[int, ...] | dict = (1024,)
     dropout: float = 0.0
     input_dropout: float | dict = 0.0
     input_map: str | dict = "none"
@@ -65,6 +66,7 @@ class Recipe:
     chosen: str = ""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "hidden", checked_widths(self.hidden))  # lists from JSON become tuples
         if self.schedule not in SCHEDULES:
             raise ValueError(f"unknown schedule {self.schedule!r}; choose one of {SCHEDULES}")
         if not (isinstance(self.epochs, int) and self.epochs > 0 and isinstance(self.batch_size, int) and self.batch_size > 0):
@@ -87,7 +89,7 @@ class Recipe:
         (``training.recipe`` expands so, and the Trainer lays the Tuner's choice over the section so),
         and its ``input_map``, which the pipeline's Transform computes.
         """
-        return {"method": self.method, "backbone": "mlp", "hidden": list(self.hidden), "epochs": self.epochs,
+        return {"method": self.method, "backbone": "mlp", "hidden": self.hidden_lists(), "epochs": self.epochs,
                 "batch_size": self.batch_size, "input_map": self.input_map, "overrides": dict(self.options),
                 "fine_tuning": self.fine_tuning_settings()}  # fmt: skip
 
@@ -98,6 +100,28 @@ class Recipe:
     def input_maps(self) -> set[str]:
         """The input maps this recipe names (:attr:`input_map`'s values)."""
         return {str(m) for m in (self.input_map.values() if isinstance(self.input_map, dict) else [self.input_map])}
+
+    def hidden_of(self, modality: str | None = None) -> tuple[int, ...]:
+        """The layer widths of ``modality``'s tower."""
+        return widths_of(self.hidden, modality)
+
+    def hidden_lists(self) -> list[int] | dict[str, list[int]]:
+        """:attr:`hidden` as JSON holds it (lists)."""
+        return {m: list(w) for m, w in self.hidden.items()} if isinstance(self.hidden, dict) else list(self.hidden)
+
+    def check_towers(self, modalities) -> None:
+        """Refuse per-tower settings (``hidden``, ``input_dropout``, ``input_map``) that name a
+        tower the data does not have, or, for ``hidden``, leave one out.
+
+        Raises:
+            ValueError: naming the setting, the towers it names and the data's.
+        """
+        modalities = sorted(modalities)
+        for name in ("hidden", "input_dropout", "input_map"):
+            value = getattr(self, name)
+            if isinstance(value, dict) and (set(value) - set(modalities) or (name == "hidden" and set(value) != set(modalities))):
+                raise ValueError(f"{name} names the towers {sorted(value)}; this data's towers are {modalities}"
+                                 + (" (name each of them)" if name == "hidden" else ""))  # fmt: skip
 
     def input_map_of(self, modality: str | None = None) -> str:
         """The input map of ``modality``'s tower."""
@@ -177,6 +201,7 @@ class Recipe:
         if method.cross_modal != (len(inputs) == 2) or len(inputs) > 2:
             want = "a dict of two modalities {name: (n, d)}" if method.cross_modal else "one (n, d) array"
             raise ValueError(f"{self.method} takes {want}; got inputs {sorted(shapes)}")
+        self.check_towers(shapes)
         labels = multi_hot(labels, num_classes, unlabelled=method.semi_supervised)
         check_classes(labels)
         keras.utils.set_random_seed(seed)
@@ -188,7 +213,7 @@ class Recipe:
         def backbone(modality: str):
             name = f"mlp_{modality}" if method.cross_modal else "mlp"
             maps = input_map_layers(self.input_map_of(modality), inputs[modality], seed, name=name)  # the training rows only
-            return mlp(dims[modality], self.hidden, name=name, input_map=maps, **self.fine_tuning().mlp_options(modality))
+            return mlp(dims[modality], self.hidden_of(modality), name=name, input_map=maps, **self.fine_tuning().mlp_options(modality))
 
         build = BuildInputs(backbone, list(inputs), labels.shape[1], bits, seed=seed, preset=preset_for(statistics.multi_label),
                             statistics=statistics)  # fmt: skip

@@ -54,8 +54,16 @@ class TuningError(ValueError):
     """The search cannot run (empty space, too few labelled rows) or every trial failed."""
 
 
+#: The ``second_hidden`` value of a second tower as wide as the first.
+SAME = "same"
+
+
 def _hidden_text(hidden: tuple[int, ...]) -> str:
-    return "-".join(str(width) for width in hidden)
+    return "-".join(str(width) for width in hidden) or "linear"
+
+
+def _widths(text) -> tuple[int, ...]:
+    return () if str(text) == "linear" else tuple(int(w) for w in str(text).split("-"))
 
 
 @dataclass(frozen=True)
@@ -68,6 +76,10 @@ class SearchSpace:
         hidden, dropout, learning_rate, weight_decay, schedule, epochs: the
             :class:`tfhash.recipes.Recipe` values to choose among.
         input_dropout: input dropout of the first modality's tower (cross-modal data).
+        second_hidden: the widths of the second modality's tower (cross-modal data, in sorted
+            order: Wiki's text), ``None`` for the same as ``hidden``; searched when it holds more
+            than ``None``. On Wiki this tower encodes the database of image queries and the text
+            queries, so its capacity trades one direction for the other.
         input_map: the input maps of every tower (:data:`tfhash.fine_tuning.INPUT_MAPS`), adapted
             to each trial's training rows; the pipeline's search keeps ``"none"`` only.
         semi_supervised: the variants (of MT-SCDH) that train on unlabelled rows too: searched only
@@ -83,6 +95,7 @@ class SearchSpace:
     schedule: tuple[str, ...] = SCHEDULES
     epochs: tuple[int, ...] = (20, 50, 100)
     input_dropout: tuple[float, ...] = (0.0,)
+    second_hidden: tuple[tuple[int, ...] | None, ...] = (None,)
     input_map: tuple[str, ...] = ("none",)
     semi_supervised: tuple[str, ...] = ()
 
@@ -138,7 +151,9 @@ class SearchSpace:
         return {"variant": tuple(self.methods), "hidden": tuple(_hidden_text(h) for h in self.hidden), "dropout": self.dropout,
                 "learning_rate": self.learning_rate, "weight_decay": self.weight_decay, "schedule": self.schedule,
                 "epochs": self.epochs, "input_dropout": self.input_dropout,
-                **({"input_map": self.input_map} if self.input_map != ("none",) else {})}  # fmt: skip
+                **({"input_map": self.input_map} if self.input_map != ("none",) else {}),
+                **({"second_hidden": tuple(SAME if h is None else _hidden_text(h) for h in self.second_hidden)}
+                   if self.second_hidden != (None,) else {})}  # fmt: skip
 
     def values_of(self, recipe: Recipe) -> dict:
         """The hyperparameter values of ``recipe`` (the inverse of :meth:`recipe`).
@@ -151,11 +166,14 @@ class SearchSpace:
             raise TuningError(f"recipe method {recipe.method!r} with options {recipe.options} is no variant of the search space")
         dropout = recipe.input_dropout
         first = float(next(iter(dropout.values()), 0.0)) if isinstance(dropout, dict) else float(dropout)
-        return {"variant": variants[0], "hidden": _hidden_text(recipe.hidden), "dropout": recipe.dropout,
+        towers = [recipe.hidden[m] for m in sorted(recipe.hidden)] if isinstance(recipe.hidden, dict) else [recipe.hidden] * 2
+        second = SAME if towers[1] == towers[0] else _hidden_text(towers[1])
+        return {"variant": variants[0], "hidden": _hidden_text(towers[0]), "dropout": recipe.dropout,
                 "learning_rate": recipe.learning_rate, "weight_decay": recipe.weight_decay, "schedule": recipe.schedule,
                 "epochs": recipe.epochs, "input_dropout": first,
                 **({"input_map": recipe.input_map if isinstance(recipe.input_map, str) else next(iter(recipe.input_map.values()), "none")}
-                   if "input_map" in self.choices() else {})}  # fmt: skip
+                   if "input_map" in self.choices() else {}),
+                **({"second_hidden": second} if "second_hidden" in self.choices() else {})}  # fmt: skip
 
     def recipe(self, values: dict, modalities: tuple[str, ...] = (), chosen: str = "") -> Recipe:
         """The :class:`tfhash.recipes.Recipe` of hyperparameter ``values`` (KerasTuner's own
@@ -163,7 +181,11 @@ class SearchSpace:
         library and the pipeline's Trainer both call it."""
         method, options = self.methods[values["variant"]]
         input_dropout = float(values.get("input_dropout", 0.0))
-        return Recipe(method=method, options=dict(options), hidden=tuple(int(w) for w in str(values["hidden"]).split("-")),
+        hidden = _widths(values["hidden"])
+        second = str(values.get("second_hidden", SAME))
+        if second != SAME and len(modalities) == 2:
+            hidden = {modalities[0]: hidden, modalities[1]: _widths(second)}
+        return Recipe(method=method, options=dict(options), hidden=hidden,
                       dropout=float(values["dropout"]), learning_rate=float(values["learning_rate"]),
                       weight_decay=float(values["weight_decay"]), schedule=str(values["schedule"]), epochs=int(values["epochs"]),
                       input_dropout={modalities[0]: input_dropout} if modalities and input_dropout else input_dropout,
@@ -194,7 +216,8 @@ SEARCH_SPACES: dict[str, SearchSpace] = {
                                         "hyp2": ("hyp2", {}), "scdh": ("scdh", {}), "shclm": ("shclm", {}), "hclm": ("hclm", {})}),
     "cross-modal": SearchSpace(methods={**_recommended_variant("cross-modal"), "jcch": ("jcch", {"beta": 0.1}),
                                         "jcch fixed centres beta 0": ("jcch", {"fixed_centres": 0.5, "beta": 0.0})},
-                               epochs=(100, 200, 300), input_dropout=(0.0, 0.2), input_map=("none", "standardise", "rbf")),
+                               epochs=(100, 200, 300), input_dropout=(0.0, 0.2), input_map=("none", "standardise", "rbf"),
+                               second_hidden=(None, (1024,), (2048, 2048, 2048))),
 }  # fmt: skip
 
 
@@ -312,7 +335,8 @@ class TuneResult:
     def table(self) -> str:
         """The trials as a markdown table."""
         scores = ["score", *sorted({name for row in self.trials for name in row if name == "mAP@1000" or "->" in name})]
-        columns = ["trial", "variant", "hidden", "dropout", "input_dropout", "learning_rate", "weight_decay", "schedule", "epochs", "units",
+        searched = [c for c in ("input_map", "second_hidden") if any(c in row for row in self.trials)]
+        columns = ["trial", "variant", "hidden", *searched, "dropout", "input_dropout", "learning_rate", "weight_decay", "schedule", "epochs", "units",
                    "epochs trained",
                    *scores, "seconds", "status", "error"]  # fmt: skip
         lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
