@@ -57,6 +57,7 @@ def widths_of(hidden, modality: str | None) -> tuple[int, ...]:
         raise ValueError(f"hidden gives widths for {sorted(hidden)}, not for the tower {modality!r}; name every tower")
     return tuple(hidden[modality])
 
+
 #: The run config's ``mixed_precision`` values (:func:`precision_policy`).
 PRECISIONS = ("auto", "on", "off", "bfloat16")
 #: The cut of :class:`TrunkCache` per network tfhash knows: SqueezeNet v1.1's last pooling, below
