@@ -30,7 +30,8 @@ def test_cross_modal_wiki_pipeline_and_search(tmp_path):
     from tfhash.index import load_index
 
     config = small_config(tmp_path, name="tiny-wiki", dataset="wiki", limit=200, modalities=["image", "text"],
-                          map_threshold=0.0, training={"method": "jcch", "bits": 16, "backbone": "mlp", "hidden": [64],
+                          map_threshold=0.0, training={"method": "jcch", "bits": 16, "backbone": "mlp",
+                                                       "hidden": {"image": [64], "text": [32, 16]},
                                                        "epochs": 2, "batch_size": 64,
                                                        "input_map": {"image": "rbf", "text": "standardise"}})  # fmt: skip
     summary = run_local(config, log=lambda message: None)
@@ -39,6 +40,9 @@ def test_cross_modal_wiki_pipeline_and_search(tmp_path):
     assert set(summary["indexes"]) == {"BFlat-image", "BFlat-text"}
     loaded = tf.saved_model.load(summary["model_dir"])
     assert {"serving_image", "serving_text", "encode_image", "encode_text"} <= set(loaded.signatures)
+    kernels = {name: {tuple(v.shape) for v in loaded.signatures[f"encode_{name}"].variables if len(v.shape) == 2}
+               for name in ("image", "text")}  # fmt: skip
+    assert {(10, 32), (32, 16), (16, 16)} <= kernels["text"] and (64, 16) in kernels["image"]  # each tower its own widths
     files = sorted(tf.io.gfile.glob(os.path.join(config.layout.data, "query", "*")))
     queries = [r.numpy() for r in tf.data.TFRecordDataset(files, compression_type="GZIP").take(8)]
     packed = loaded.signatures["serving_image"](examples=tf.constant(queries))["packed_codes"].numpy()
