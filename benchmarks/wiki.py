@@ -87,18 +87,24 @@ def wiki_data(seed: int, validation: bool):
     return part(train), part(query), part(database)
 
 
-def score(model, query, database) -> dict:
-    codes = {side: {m: model.encode(x, m) for m, x in part[0].items()} for side, part in (("q", query), ("db", database))}
+def encode_both(model, query, database) -> dict:
+    """``{"q": {modality: codes}, "db": {modality: codes}}`` of the query and database parts."""
+    return {side: {m: model.encode(x, m) for m, x in part[0].items()} for side, part in (("q", query), ("db", database))}
+
+
+def score(model, query, database, codes: dict | None = None) -> dict:
+    """Both directions' mAP; ``codes`` (:func:`encode_both`) when the caller has them already."""
+    codes = encode_both(model, query, database) if codes is None else codes
     out = cross_modal_mean_average_precision(codes["q"], codes["db"], query[1], database[1])
     return {"I->T": float(out["image->text"]), "T->I": float(out["text->image"])}
 
 
-def on_centre(model, database) -> dict:
+def on_centre(model, database_codes: dict, database_labels: np.ndarray) -> dict:
     """Per modality, the share of database codes nearest (in Hamming distance) to their own class's
     centre: how closely each tower fits the training rows it encodes for the other's queries."""
     centres = np.sign(np.asarray(model.clusters.centres))
-    return {f"{m} db on centre": float(((model.encode(x, m) @ centres.T).argmax(axis=1) == database[1].argmax(axis=1)).mean())
-            for m, x in database[0].items()}  # fmt: skip
+    return {f"{m} db on centre": float(((codes @ centres.T).argmax(axis=1) == database_labels.argmax(axis=1)).mean())
+            for m, codes in database_codes.items()}  # fmt: skip
 
 
 class Curve(keras.callbacks.Callback):
@@ -124,8 +130,9 @@ def run(recipe: Recipe, bits: int, seed: int, validation: bool = False, every: i
     start = time.perf_counter()
     history = model.fit(train[0], train[1], epochs=recipe.epochs, batch_size=recipe.batch_size, verbose=0, callbacks=callbacks)
     seconds = time.perf_counter() - start
-    row = {"bits": bits, "seed": seed, "mode": "validation" if validation else "test", **score(model, query, database),
-           **on_centre(model, database),
+    codes = encode_both(model, query, database)
+    row = {"bits": bits, "seed": seed, "mode": "validation" if validation else "test", **score(model, query, database, codes),
+           **on_centre(model, codes["db"], database[1]),
            "final l_q (both towers)": float(history.history["quantization"][-1]), "train_s": round(seconds, 1),
            "recipe": {k: v for k, v in dataclasses.asdict(recipe).items() if k != "chosen"}}  # fmt: skip
     if validation:

@@ -131,18 +131,19 @@ class ServingModule:
         for name, shape in self.inputs.items():
             self.serve[name] = tf.function(lambda examples, name=name: self._encode(name, self._parse(examples)[name]),
                                            input_signature=[tf.TensorSpec([None], tf.string, name=EXAMPLES_INPUT)])  # fmt: skip
-            if name in self.raw_vectors:
-                self.encode[name] = tf.function(lambda features, name=name: self._encode(name, self._mapped(name, features)),
-                                                input_signature=[tf.TensorSpec([None, *self.raw_vectors[name]], tf.float32, name=name)])  # fmt: skip
-            else:
-                self.encode[name] = tf.function(lambda features, name=name: self._encode(name, features),
-                                                input_signature=[tf.TensorSpec([None, *shape], tf.float32, name=name)])  # fmt: skip
+            self.encode[name] = tf.function(lambda features, name=name: self._encode(name, self._mapped(name, features)),
+                                            input_signature=[tf.TensorSpec([None, *self.raw_vectors.get(name, shape)], tf.float32,
+                                                                           name=name)])  # fmt: skip
 
     def _parse(self, examples):
         return self.tft_layer(finite_features(tf.io.parse_example(examples, self.spec)))
 
-    def _mapped(self, name: str, raw):
-        raw = checked_input(raw, name, self.raw_vectors[name], self.value_ranges[name])
+    def _mapped(self, name: str, features):
+        """``features`` as the model takes them: raw vectors checked and mapped through the
+        Transform graph (``raw_vectors``); other inputs as they are."""
+        if name not in self.raw_vectors:
+            return features
+        raw = checked_input(features, name, self.raw_vectors[name], self.value_ranges[name])
         return self.tft_layer({name: raw})[name]
 
     def _encode(self, name: str, features):

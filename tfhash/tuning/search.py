@@ -167,7 +167,7 @@ class SearchSpace:
         dropout = recipe.input_dropout
         first = float(next(iter(dropout.values()), 0.0)) if isinstance(dropout, dict) else float(dropout)
         towers = [recipe.hidden[m] for m in sorted(recipe.hidden)] if isinstance(recipe.hidden, dict) else [recipe.hidden] * 2
-        second = SAME if towers[1] == towers[0] else _hidden_text(towers[1])
+        second = SAME if towers[-1] == towers[0] else _hidden_text(towers[-1])
         return {"variant": variants[0], "hidden": _hidden_text(towers[0]), "dropout": recipe.dropout,
                 "learning_rate": recipe.learning_rate, "weight_decay": recipe.weight_decay, "schedule": recipe.schedule,
                 "epochs": recipe.epochs, "input_dropout": first,
