@@ -11,15 +11,14 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import time
-import uuid
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
+from tfhash import storage
 from tfhash._version import __version__
 
 FORMAT_VERSION = 1
@@ -42,21 +41,6 @@ def shard_name(source: int, part: int) -> str:
     return f"shard-{source:05d}-{part:05d}.npz"
 
 
-def _gfile():
-    import tensorflow as tf
-
-    return tf.io.gfile
-
-
-def write_atomically(path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` under a unique temporary name, then rename it into place."""
-    gfile = _gfile()
-    staging = f"{path}.tmp-{uuid.uuid4().hex}"
-    with gfile.GFile(staging, "wb") as handle:
-        handle.write(data)
-    gfile.rename(staging, path, overwrite=True)
-
-
 def write_shard(directory: str, source: int, part: int, codes: np.ndarray, labels: np.ndarray, ids: np.ndarray) -> dict:
     """Write one shard into ``directory``; return its manifest entry.
 
@@ -74,7 +58,7 @@ def write_shard(directory: str, source: int, part: int, codes: np.ndarray, label
                 np.lib.format.write_array(handle, array, allow_pickle=False)
     data = buffer.getvalue()
     name = shard_name(source, part)
-    write_atomically(os.path.join(directory, name), data)
+    storage.write_bytes(storage.join(directory, name), data)  # whole or not at all
     return {"name": name, "source": int(source), "part": int(part), "count": int(len(ids)), "code_bytes": int(codes.shape[1]),
             "sha256": hashlib.sha256(data).hexdigest()}  # fmt: skip
 
@@ -103,11 +87,11 @@ def write_manifest(directory: str, entries: list[dict], *, sources: list[str], s
                 "num_classes": int(num_classes), "code_bytes": int(code_bytes), "count": int(sum(e["count"] for e in entries)),
                 "sources": list(sources), "part_records": int(part_records), "shards": entries, "tfhash_version": __version__,
                 "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}  # fmt: skip
-    gfile, named = _gfile(), {e["name"] for e in entries} | {MANIFEST}
-    for leftover in gfile.listdir(directory):
-        if leftover not in named and (leftover.startswith("shard-") or f"{MANIFEST}.tmp-" in leftover):
-            gfile.remove(os.path.join(directory, leftover))
-    write_atomically(os.path.join(directory, MANIFEST), json.dumps(manifest, indent=1).encode())
+    named = {e["name"] for e in entries} | {MANIFEST}
+    for leftover in storage.listdir(directory):  # shards of no record file of this job, what a dead writer left
+        if leftover not in named and (leftover.lstrip(".").startswith("shard-") or leftover.lstrip(".").startswith(f"{MANIFEST}.tmp-")):
+            storage.remove(storage.join(directory, leftover))
+    storage.write_bytes(storage.join(directory, MANIFEST), json.dumps(manifest, indent=1).encode())
     return manifest
 
 
@@ -154,13 +138,11 @@ class CodeShards:
             CodeShardsError: no manifest (an incomplete job), another format, a shard written for
                 another model (``expected_fingerprint``) or number of classes.
         """
-        gfile = _gfile()
-        path = os.path.join(directory, MANIFEST)
-        if not gfile.exists(path):
-            raise CodeShardsError(f"{directory}: no {MANIFEST}; the encoding job did not finish there (run it again)")
+        path = storage.join(directory, MANIFEST)
         try:
-            with gfile.GFile(path, "rb") as handle:
-                manifest = json.loads(handle.read())
+            manifest = json.loads(storage.read_bytes(path))
+        except FileNotFoundError as err:
+            raise CodeShardsError(f"{directory}: no {MANIFEST}; the encoding job did not finish there (run it again)") from err
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             raise CodeShardsError(f"{path}: not valid JSON ({err})") from err
         if not isinstance(manifest, dict) or manifest.get("kind") != KIND or manifest.get("format_version") != FORMAT_VERSION:
@@ -190,10 +172,9 @@ class CodeShards:
         Raises:
             CodeShardsError: a missing or corrupt shard, or one whose arrays disagree with the manifest.
         """
-        path = os.path.join(self.directory, entry["name"])
+        path = storage.join(self.directory, entry["name"])
         try:
-            with _gfile().GFile(path, "rb") as handle:
-                data = handle.read()
+            data = storage.read_bytes(path)
         except Exception as err:  # NotFoundError and the filesystem's own errors
             raise CodeShardsError(f"{path}: shard named by the manifest cannot be read ({err})") from err
         if hashlib.sha256(data).hexdigest() != entry["sha256"]:

@@ -7,7 +7,6 @@ records at a time), so their codes are bit-identical."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import apache_beam as beam
@@ -23,6 +22,7 @@ from tfhash.components.code_shards import (
     write_shard,
 )
 
+from tfhash import storage
 from tfhash.artifacts import (
     EXAMPLES_INPUT,
     EXAMPLES_SIGNATURE,
@@ -39,7 +39,7 @@ BATCH_SIZE = 1024
 
 def split_files(examples_uri: str, split: str) -> list[str]:
     """The record files of one split of an Examples artifact (``Split-<name>/``)."""
-    files = sorted(tf.io.gfile.glob(os.path.join(examples_uri, f"Split-{split}", "*")))  # local or gs://
+    files = storage.glob(storage.join(examples_uri, f"Split-{split}", "*"))
     if not files:
         raise FileNotFoundError(f"no records for split {split!r} under {examples_uri}")
     return files
@@ -86,7 +86,7 @@ def shards_dir(cache_dir: str, saved_model_dir: str, files: list[str], num_class
     import json
 
     key = json.dumps([signature, sorted(files), signature_fingerprint(saved_model_dir), num_classes])
-    return os.path.join(cache_dir, f"shards-{hashlib.sha256(key.encode()).hexdigest()[:32]}")
+    return storage.join(cache_dir, f"shards-{hashlib.sha256(key.encode()).hexdigest()[:32]}")
 
 
 class _ReadParts(beam.DoFn):
@@ -184,7 +184,7 @@ class EncodeToShards(beam.PTransform):
 
     def expand(self, pipeline):
         handler, directory, files = self.handler, self.directory, self.files
-        tf.io.gfile.makedirs(directory)
+        storage.makedirs(directory)
         spec = {"sources": files, "signature": handler.signature, "fingerprint": handler.fingerprint,
                 "num_classes": handler.num_classes, "part_records": self.part_records}  # fmt: skip
         return (pipeline
@@ -230,9 +230,7 @@ def run_shard_jobs(pipeline: beam.Pipeline, jobs: list[ShardJob], **options) -> 
     pending = [(number, job) for number, job in enumerate(jobs) if found[number] is None]
     if pending:
         for _, job in pending:
-            manifest = os.path.join(job.directory, MANIFEST)
-            if tf.io.gfile.exists(manifest):
-                tf.io.gfile.remove(manifest)
+            storage.remove(storage.join(job.directory, MANIFEST))
         with pipeline as running:
             for number, job in pending:
                 _ = running | f"Encode{number}" >> EncodeToShards(job.saved_model_dir, list(job.files), job.num_classes,

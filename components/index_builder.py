@@ -5,9 +5,7 @@ and the indexes are filled from the shards and saved locked to that version.
 """
 
 
-import json
 import logging
-import os
 
 import apache_beam as beam
 from tfhash.components.encoding import ShardJob, run_shard_jobs, shards_dir, split_files
@@ -18,13 +16,16 @@ from tfx.dsl.component.experimental.annotations import (
     Parameter,
 )
 from tfx.dsl.component.experimental.decorators import component
-from tfx.types import artifact, standard_artifacts
+from tfx.types import standard_artifacts
 
+from tfhash import storage
+from tfhash.artifact_types import BuiltIndexes
 from tfhash.artifacts import (
     INDEXES_FILE,
     examples_signature,
     index_dir,
     index_name,
+    read_data_description,
     signature_fingerprint,
 )
 
@@ -47,19 +48,13 @@ def fill_index(index, shards) -> None:
         index.add(codes, ids)
 
 
-class HashIndex(artifact.Artifact):
-    """The tfhash indexes built for one pushed model version."""
-
-    TYPE_NAME = "tfhash.HashIndex"
-
-
 @component(use_beam=True)
 def IndexBuilder(
     examples: InputArtifact[standard_artifacts.Examples],
     pushed_model: InputArtifact[standard_artifacts.PushedModel],
-    index: OutputArtifact[HashIndex],
+    index: OutputArtifact[BuiltIndexes],
     index_base_dir: Parameter[str],
-    num_classes: Parameter[int] = 10,
+    data_dir: Parameter[str],
     kinds: Parameter[str] = "BFlat",
     database_split: Parameter[str] = "database",
     modalities: Parameter[str] = "",
@@ -69,7 +64,8 @@ def IndexBuilder(
     beam_pipeline: BeamComponentParameter[beam.Pipeline] = None,
 ) -> None:
     """The TFX component: encodes the database split with exactly the pushed SavedModel version and
-    writes its tfhash indexes.
+    writes its tfhash indexes (``index_base_dir``: a folder or a URI of remote storage;
+    ``data_dir``: the exported data, whose description gives the number of classes).
 
     Indexes (their manifest naming that version and the signature fingerprint) go to
     ``<index_base_dir>/<version>/<kind>/``, or for a cross-modal model one per database modality,
@@ -88,7 +84,7 @@ def IndexBuilder(
     from tfhash.index.factory import parse_index_type
     from tfhash.index.milvus import collection_name
 
-    os.makedirs(index.uri, exist_ok=True)
+    storage.makedirs(index.uri)
     if not pushed_model.get_int_custom_property("pushed"):
         logger.warning("IndexBuilder: the model was not pushed; no index is built")
         index.set_int_custom_property("built", 0)
@@ -96,6 +92,7 @@ def IndexBuilder(
     version = pushed_model.get_string_custom_property("pushed_version")
     model_dir = pushed_model.get_string_custom_property("pushed_destination")
     fingerprint = signature_fingerprint(model_dir)
+    num_classes = int(read_data_description(data_dir)["num_classes"])
     files = split_files(examples.uri, database_split)
     # one database per modality of a cross-modal model ("<type>-<modality>"), else one ("<type>")
     written = {}
@@ -125,7 +122,6 @@ def IndexBuilder(
             finally:
                 built.close()
             written[index_name(kind, modality)] = path
-    with open(os.path.join(index.uri, INDEXES_FILE), "w") as handle:
-        json.dump({"model_version": version, "model_dir": model_dir, "indexes": written}, handle, indent=2)
+    storage.write_json(storage.join(index.uri, INDEXES_FILE), {"model_version": version, "model_dir": model_dir, "indexes": written})
     index.set_int_custom_property("built", 1)
     index.set_string_custom_property("model_version", version)

@@ -8,7 +8,7 @@ import tensorflow as tf
 from tfhash.components.compat import disable_tft_deep_copy
 from tfhash.components.input_maps import input_map_transform
 
-from tfhash.artifacts import ID, IMAGE, LABELS
+from tfhash.artifacts import ID, IMAGE, LABELS, model_inputs, read_data_description
 from tfhash.export import decode_images
 
 # The Transform executor imports this module before it builds its Beam pipeline.
@@ -28,8 +28,9 @@ def multi_hot(labels, num_classes: int) -> tf.Tensor:
 def preprocessing_fn(inputs, custom_config):
     """Transform's preprocessing function over the raw tf.Examples.
 
-    ``custom_config``: ``{"num_classes": C, "modalities": {name: {"kind": "image"|"vector",
-    "shape": [...]}}}`` (the export's metadata). Images are decoded (PNG or JPEG) to float pixels in
+    ``custom_config``: ``{"data_dir": <the exported data>, "inputs": [modality, ...]}``: the number of
+    classes and each input's kind and shape are read from the data's description
+    (:func:`tfhash.artifacts.read_data_description`) when the Transform runs. Images are decoded (PNG or JPEG) to float pixels in
     0..255 (the Keras models rescale themselves, as in the library); vectors go through their
     ``input_maps`` entry (:func:`tfhash.components.input_maps.input_map_transform`, seeded by
     ``seed``; default ``none``: z-scored with one mean and variance of the analysed split); labels become
@@ -41,8 +42,9 @@ def preprocessing_fn(inputs, custom_config):
     Transform output (:func:`tfhash.components.label_statistics.tag_statistic_vocabularies`), for the
     proxy methods' assignment (sHCLM) and balanced BCE weights.
     """
+    description = read_data_description(custom_config["data_dir"])
     outputs = {ID: inputs[ID]}
-    outputs[LABELS] = multi_hot(inputs[LABELS], int(custom_config["num_classes"]))
+    outputs[LABELS] = multi_hot(inputs[LABELS], int(description["num_classes"]))
     if custom_config.get("jcch_anchors"):
         from tfhash.components.label_statistics import jcch_coefficient_features
 
@@ -53,7 +55,9 @@ def preprocessing_fn(inputs, custom_config):
         from tfhash.components.label_statistics import tag_statistic_vocabularies
 
         tag_statistic_vocabularies(outputs[LABELS])
-    for name, spec in custom_config["modalities"].items():
+    model_inputs(description, custom_config["inputs"])  # every input is in the data
+    for name in custom_config["inputs"]:
+        spec = description["modalities"][name]
         if spec["kind"] == IMAGE:
             outputs[name] = decode_images(inputs[name], list(spec["shape"]))
         else:

@@ -7,7 +7,6 @@ could apply. Every record is checked here instead, and bad ones fail the run or 
 
 
 import json
-import os
 
 import apache_beam as beam
 from tfhash.components.record_validation import record_problem
@@ -20,17 +19,13 @@ from tfx.dsl.component.experimental.annotations import (
 )
 from tfx.dsl.component.experimental.decorators import component
 from tfx.proto import example_gen_pb2
-from tfx.types import artifact, artifact_utils, standard_artifacts
+from tfx.types import artifact_utils, standard_artifacts
 
-from tfhash.artifacts import ID, RECORDS_REPORT_FILE
+from tfhash import storage
+from tfhash.artifact_types import RecordReport
+from tfhash.artifacts import ID, RECORDS_REPORT_FILE, read_data_description
 
 POLICIES = ("fail", "drop")
-
-
-class RecordReport(artifact.Artifact):
-    """Counts of the records the RecordFilter refused, per split and reason."""
-
-    TYPE_NAME = "tfhash.RecordReport"
 
 
 def _problem_and_id(record: bytes, num_classes: int, modalities: dict):
@@ -53,7 +48,7 @@ def filter_records(pipeline: beam.Pipeline, input_uri: str, output_uri: str, spl
     for split in splits:
         checked = (
             pipeline
-            | f"Read[{split}]" >> beam.io.ReadFromTFRecord(os.path.join(input_uri, f"Split-{split}", "*"),
+            | f"Read[{split}]" >> beam.io.ReadFromTFRecord(storage.join(input_uri, f"Split-{split}", "*"),
                                                            compression_type=beam.io.filesystem.CompressionTypes.AUTO)
             | f"Check[{split}]" >> beam.Map(_problem_and_id, num_classes, modalities)
         )  # fmt: skip
@@ -61,7 +56,7 @@ def filter_records(pipeline: beam.Pipeline, input_uri: str, output_uri: str, spl
             checked
             | f"Good[{split}]" >> beam.Filter(lambda row: row[0] is None)
             | f"Record[{split}]" >> beam.Map(lambda row: row[2])
-            | f"Write[{split}]" >> beam.io.WriteToTFRecord(os.path.join(output_uri, f"Split-{split}", "data_tfrecord"),
+            | f"Write[{split}]" >> beam.io.WriteToTFRecord(storage.join(output_uri, f"Split-{split}", "data_tfrecord"),
                                                            file_name_suffix=".gz")
         )  # fmt: skip
         bad = checked | f"Bad[{split}]" >> beam.Filter(lambda row: row[0] is not None)
@@ -69,23 +64,20 @@ def filter_records(pipeline: beam.Pipeline, input_uri: str, output_uri: str, spl
     _ = (
         counts
         | "AllBad" >> beam.Flatten()
-        | "WriteBad" >> beam.io.WriteToText(os.path.join(report_dir, "bad_records"), file_name_suffix=".jsonl")
+        | "WriteBad" >> beam.io.WriteToText(storage.join(report_dir, "bad_records"), file_name_suffix=".jsonl")
     )
 
 
 def read_counts(report_dir: str, splits: list[str], sample_size: int = 20) -> dict:
     """The report of :func:`filter_records`: counts per split and reason, a sample of bad ids."""
-    import glob
-
     counts = {split: {} for split in splits}
     sample = []
-    for path in sorted(glob.glob(os.path.join(report_dir, "bad_records*.jsonl"))):
-        with open(path) as handle:
-            for line in handle:
-                split, reason, example_id = json.loads(line)
-                counts[split][reason] = counts[split].get(reason, 0) + 1
-                if len(sample) < sample_size:
-                    sample.append({"split": split, "reason": reason, "id": example_id})
+    for path in storage.glob(storage.join(report_dir, "bad_records*.jsonl")):
+        for line in storage.read_text(path).splitlines():
+            split, reason, example_id = json.loads(line)
+            counts[split][reason] = counts[split].get(reason, 0) + 1
+            if len(sample) < sample_size:
+                sample.append({"split": split, "reason": reason, "id": example_id})
     total = sum(sum(reasons.values()) for reasons in counts.values())
     return {"bad_records": total, "by_split": counts, "sample": sample}
 
@@ -106,14 +98,14 @@ def RecordFilter(
     examples: InputArtifact[standard_artifacts.Examples],
     filtered_examples: OutputArtifact[standard_artifacts.Examples],
     report: OutputArtifact[RecordReport],
-    num_classes: Parameter[int],
-    modalities: Parameter[str],
+    data_dir: Parameter[str],
     policy: Parameter[str] = "fail",
     beam_pipeline: BeamComponentParameter[beam.Pipeline] = None,
 ) -> None:
     """The TFX component: checks every record, writes ``report.json``, then applies ``policy``.
 
-    Every record of every split is checked with :func:`tfhash.components.record_validation.record_problem`
+    ``data_dir``: the exported data, whose description (:func:`tfhash.artifacts.read_data_description`)
+    gives the number of classes and each modality's kind and shape the records must have. Every record of every split is checked with :func:`tfhash.components.record_validation.record_problem`
     (a Beam job on the pipeline's runner). The counts per split and reason, and a sample of the bad
     records' ids, go to ``report.json``; then, by ``policy``:
 
@@ -125,13 +117,14 @@ def RecordFilter(
     """
     if policy not in POLICIES:
         raise ValueError(f"unknown bad-record policy {policy!r}; choose one of {POLICIES}")
+    description = read_data_description(data_dir)
     splits = artifact_utils.decode_split_names(examples.split_names)
     with beam_pipeline as pipeline:
-        filter_records(pipeline, examples.uri, filtered_examples.uri, splits, num_classes, json.loads(modalities), report.uri)
+        filter_records(pipeline, examples.uri, filtered_examples.uri, splits, int(description["num_classes"]),
+                       description["modalities"], report.uri)  # fmt: skip
     result = read_counts(report.uri, splits)
     result["policy"] = policy
-    with open(os.path.join(report.uri, RECORDS_REPORT_FILE), "w") as handle:
-        json.dump(result, handle, indent=2)
+    storage.write_json(storage.join(report.uri, RECORDS_REPORT_FILE), result)
     report.set_int_custom_property("bad_records", result["bad_records"])
     apply_policy(result, policy)
     filtered_examples.split_names = examples.split_names

@@ -3,12 +3,10 @@ code shards on the pipeline's runner (:mod:`tfhash.components.encoding`), comput
 module's mAP@R, P@H<=2 and P@N over the shards one at a time (the numbers of the in-memory
 evaluation), writes them (JSON + plots) as a ModelEvaluation, and blesses the model only when mAP
 (cross-modal models: the mean of both directions) reaches ``map_threshold`` and is not below the
-last blessed model's mAP (computed on the same data) by more than ``max_regression``. The stock
-Pusher consumes the blessing."""
+model serving now, the newest version the Pusher pushed (its mAP computed on the same data), by more
+than ``max_regression``. The stock Pusher consumes the blessing."""
 
 
-import json
-import os
 
 import apache_beam as beam
 import numpy as np
@@ -30,7 +28,14 @@ from tfx.dsl.component.experimental.decorators import component
 from tfx.types import standard_artifacts
 from tfx.utils import path_utils
 
-from tfhash.artifacts import EVALUATION_FILE, examples_signature
+from tfhash import storage
+from tfhash.artifacts import (
+    EVALUATION_FILE,
+    examples_signature,
+    list_versions,
+    model_version_dir,
+    read_data_description,
+)
 
 
 def directions(modalities: list[str] | None) -> list[tuple[str, str]]:
@@ -138,29 +143,35 @@ def RetrievalEvaluator(
     model: InputArtifact[standard_artifacts.Model],
     evaluation: OutputArtifact[standard_artifacts.ModelEvaluation],
     blessing: OutputArtifact[standard_artifacts.ModelBlessing],
-    baseline_model: InputArtifact[standard_artifacts.Model] = None,  # optional: the latest blessed model
-    num_classes: Parameter[int] = 10,
+    data_dir: Parameter[str] = "",
+    serving_base_dir: Parameter[str] = "",
     map_threshold: Parameter[float] = 0.5,
     max_regression: Parameter[float] = 0.01,
     top_r: Parameter[int] = 0,
     query_split: Parameter[str] = "query",
     database_split: Parameter[str] = "database",
     modalities: Parameter[str] = "",
-    class_names: Parameter[str] = "",
     gallery_seed: Parameter[int] = 0,
     beam_pipeline: BeamComponentParameter[beam.Pipeline] = None,
 ) -> None:
+    """The TFX component (module docstring); ``data_dir``: the exported data, whose description
+    (:func:`tfhash.artifacts.read_data_description`) gives the number of classes and their names;
+    ``serving_base_dir``: the Pusher's destination, whose newest version (the model serving now:
+    only blessed models are pushed) is the baseline (none there: the threshold alone decides)."""
     from tfhash.metrics.plots import plot_pr_curve
 
+    description = read_data_description(data_dir)
+    num_classes, class_names = int(description["num_classes"]), description.get("class_names") or None
     depth = top_r or None
     cross_modal = [m for m in modalities.split(",") if m] or None
     models = {"candidate": path_utils.serving_model_path(model.uri)}
-    if baseline_model is not None:
-        models["baseline"] = path_utils.serving_model_path(baseline_model.uri)
+    pushed = list_versions(serving_base_dir) if serving_base_dir else []
+    if pushed:
+        models["baseline"] = model_version_dir(serving_base_dir, pushed[-1])
     files = split_files(examples.uri, database_split)
     # the database side as one Beam job on the pipeline's runner; the candidate's codes stay in the
     # evaluation artifact for the IndexBuilder, the baseline's only while they are needed
-    scratch = os.path.join(evaluation.uri, "baseline-shards")
+    scratch = storage.join(evaluation.uri, "baseline-shards")
     jobs = {(name, signature): ShardJob(path, tuple(files), num_classes,
                                         shards_dir(evaluation.uri if name == "candidate" else scratch, path, files, num_classes, signature),
                                         signature)
@@ -173,28 +184,22 @@ def RetrievalEvaluator(
     try:
         shards = dict(zip(jobs, run_shard_jobs(beam_pipeline, list(jobs.values())), strict=True))
         summary, report, queries = metrics("candidate")
-        baseline = metrics("baseline")[0] if baseline_model is not None else None
+        baseline = metrics("baseline")[0] if "baseline" in models else None
         curve = {"precision": report.precision_by_radius.mean(axis=0), "recall": report.recall_by_radius.mean(axis=0)}
         gallery = evaluation_gallery(evaluation.uri, queries, examples.uri, query_split, database_split,
                                      shards[("candidate", directions(cross_modal)[0][1])], curve,
-                                     json.loads(class_names) if class_names else None, gallery_seed)  # fmt: skip
+                                     class_names, gallery_seed)  # fmt: skip
     finally:
-        if tf.io.gfile.exists(scratch):
-            tf.io.gfile.rmtree(scratch)
+        storage.rmtree(scratch)
     label = "mAP@all" if depth is None else f"mAP@{depth}"
     blessed, reason = blessing_decision(summary[label], baseline[label] if baseline else None, map_threshold, max_regression)
-    os.makedirs(evaluation.uri, exist_ok=True)
     result = {"metrics": summary, "baseline": baseline, "blessed": blessed, "reason": reason, "model_uri": model.uri,
-              "gallery": os.path.basename(gallery["html"]), "gallery_seed": gallery_seed}  # fmt: skip
-    with open(os.path.join(evaluation.uri, EVALUATION_FILE), "w") as handle:
-        json.dump(result, handle, indent=2)
-    plot_pr_curve(curve, os.path.join(evaluation.uri, "pr_curve.png"))
-    os.makedirs(blessing.uri, exist_ok=True)
-    with open(os.path.join(blessing.uri, "BLESSED" if blessed else "NOT_BLESSED"), "w") as handle:
-        handle.write(reason)
+              "gallery": storage.basename(gallery["html"]), "gallery_seed": gallery_seed}  # fmt: skip
+    storage.write_json(storage.join(evaluation.uri, EVALUATION_FILE), result)
+    plot_pr_curve(curve, storage.join(evaluation.uri, "pr_curve.png"))
+    storage.write_text(storage.join(blessing.uri, "BLESSED" if blessed else "NOT_BLESSED"), reason)
     blessing.set_int_custom_property("blessed", int(blessed))
     blessing.set_string_custom_property("current_model", model.uri)
     blessing.set_int_custom_property("current_model_id", model.id)
-    if baseline_model is not None:
-        blessing.set_string_custom_property("baseline_model", baseline_model.uri)
-        blessing.set_int_custom_property("baseline_model_id", baseline_model.id)
+    if "baseline" in models:
+        blessing.set_string_custom_property("baseline_model", models["baseline"])

@@ -14,7 +14,8 @@ import tensorflow as tf
 import tensorflow_transform as tft
 from tfx_bsl.public import tfxio
 
-from tfhash.artifacts import LABELS, TRAINING_FILE
+from tfhash import storage
+from tfhash.artifacts import IMAGE, LABELS, TRAINING_FILE, model_inputs, read_data_description
 from tfhash.export import IMAGE_RANGE, export_serving_model
 
 logger = logging.getLogger(__name__)
@@ -217,8 +218,9 @@ def training_arrays(data_accessor, file_pattern, schema, input_names: list[str],
 def fit_cached(fn_args, schema, training: dict, inputs: dict, num_classes: int, statistics, recipe, batch: int, policy: str,
                callbacks: list):  # fmt: skip
     """Train on a trunk cache (:meth:`tfhash.fine_tuning.FineTuning.fit_on_cache`) kept in the run's
-    ``trunk_cache_dir``, built from one pass over the transformed training records (``schema``);
-    returns the float32 model on raw images.
+    ``trunk_cache_dir`` (null for a run on remote storage: this machine's cache folder,
+    :func:`tfhash.storage.cache_dir`), built from one pass over the transformed training records
+    (``schema``); returns the float32 model on raw images.
 
     Raises:
         tfhash.trunk_cache.CacheError: several workers (each would build its own cache), or as
@@ -234,7 +236,8 @@ def fit_cached(fn_args, schema, training: dict, inputs: dict, num_classes: int, 
                          "turn it off for multi-worker training")  # fmt: skip
     (name,) = inputs
     if recipe.trunk_cache.directory is None:
-        recipe = replace(recipe, trunk_cache=replace(recipe.trunk_cache, directory=config["trunk_cache_dir"]))
+        directory = config.get("trunk_cache_dir") or storage.cache_dir("trunk_cache")
+        recipe = replace(recipe, trunk_cache=replace(recipe.trunk_cache, directory=directory))
     arrays, labels = training_arrays(fn_args.data_accessor, fn_args.train_files, schema, [name], batch)
     images = arrays[name]
     seed, epochs = int(training["seed"]), int(training["epochs"])
@@ -246,17 +249,16 @@ def fit_cached(fn_args, schema, training: dict, inputs: dict, num_classes: int, 
     return model
 
 
-def warmup_records(config: dict, count: int = 4) -> list[bytes]:
-    """The first ``count`` usable raw training records (the RecordFilter's check), to replay as TF
-    Serving warmup requests: a bad record there would make TF Serving refuse to load the model."""
+def warmup_records(data_dir: str, description: dict, count: int = 4) -> list[bytes]:
+    """The first ``count`` usable raw training records of the data exported to ``data_dir`` (the
+    RecordFilter's check against the data's ``description``), to replay as TF Serving warmup
+    requests: a bad record there would make TF Serving refuse to load the model."""
     from tfhash.components.record_validation import record_problem
 
-    if not config.get("raw_examples_dir"):
-        return []
     found = []
-    for path in _glob(os.path.join(config["raw_examples_dir"], "train", "*")):
+    for path in _glob(storage.join(data_dir, "train", "*")):
         for record in tf.data.TFRecordDataset(path, compression_type="GZIP"):
-            if record_problem(record.numpy(), int(config["num_classes"]), config["modalities"]) is None:
+            if record_problem(record.numpy(), int(description["num_classes"]), description["modalities"]) is None:
                 found.append(record.numpy())
                 if len(found) == count:
                     return found
@@ -265,14 +267,18 @@ def warmup_records(config: dict, count: int = 4) -> list[bytes]:
 
 def run_fn(fn_args) -> None:
     """TFX Trainer entry point. ``fn_args.custom_config``: ``training`` (the run config's
-    section; with the Tuner's ``fn_args.hyperparameters``, its recipe laid over it), ``inputs`` (model input name -> shape), ``num_classes``, ``modalities`` and
-    ``raw_examples_dir`` (the exported data, whose first usable training records become the TF
-    Serving warmup requests)."""
+    section; with the Tuner's ``fn_args.hyperparameters``, its recipe laid over it), ``inputs`` (the
+    model inputs' names), ``data_dir`` (the exported data: its description gives the classes and
+    the inputs' kinds and shapes, and its first usable training records become the TF Serving
+    warmup requests), ``data_root`` and ``trunk_cache_dir``."""
     from tfhash.fine_tuning import compile_fine_tuning
     from tfhash.registry import get_method
 
     config = fn_args.custom_config
     training = config["training"]
+    description = read_data_description(config["data_dir"])
+    modalities, num_classes = description["modalities"], int(description["num_classes"])
+    raw_shapes = model_inputs(description, list(config["inputs"]))
     if fn_args.hyperparameters:  # the Tuner's choice
         training = tuned_training(training, fn_args.hyperparameters, list(config["inputs"]))
         logging.info("training the recipe the Tuner chose: %s", json.dumps(training))
@@ -281,39 +287,37 @@ def run_fn(fn_args) -> None:
     transform_output = tft.TFTransformOutput(fn_args.transform_output)
     transformed = transform_output.transformed_feature_spec()
     # a vector's width is the Transform's output (an input map may change it: RBF features)
-    inputs = {name: list(shape) if config["modalities"][name]["kind"] == "image" else list(transformed[name].shape)
-              for name, shape in config["inputs"].items()}  # fmt: skip
+    inputs = {name: shape if modalities[name]["kind"] == IMAGE else list(transformed[name].shape)
+              for name, shape in raw_shapes.items()}  # fmt: skip
     batch = batch_size(training)
     schema = transform_output.transformed_metadata.schema
     epochs = int(training["epochs"])
     strategy = make_strategy()
     recipe = training_recipe(training).scaled_to_batch(batch / int(training["batch_size"]))
     needs_statistics = get_method(training["method"]).needs_tag_statistics
-    statistics = read_transform_tag_statistics(transform_output, int(config["num_classes"])) if needs_statistics else None
+    statistics = read_transform_tag_statistics(transform_output, num_classes) if needs_statistics else None
     callbacks = []
     if fn_args.model_run_dir:
         callbacks.append(keras.callbacks.TensorBoard(log_dir=fn_args.model_run_dir))
         tf.io.gfile.makedirs(fn_args.model_run_dir)
-        with tf.io.gfile.GFile(os.path.join(fn_args.model_run_dir, TRAINING_FILE), "w") as handle:
-            handle.write(json.dumps(training, indent=2))  # what this run trained (the summary reads it)
+        storage.write_json(storage.join(fn_args.model_run_dir, TRAINING_FILE), training)  # what this run trained (the summary reads it)
     try:
         if recipe.trunk_cache is not None:
             with strategy.scope():
-                model = fit_cached(fn_args, schema, training, inputs, int(config["num_classes"]), statistics, recipe, batch, policy,
-                                   callbacks)  # fmt: skip
+                model = fit_cached(fn_args, schema, training, inputs, num_classes, statistics, recipe, batch, policy, callbacks)
         else:
             train_data, steps_per_epoch = training_dataset(fn_args.data_accessor, fn_args.train_files, schema, list(inputs), batch,
                                                            int(training["seed"]), bool(training.get("label_coefficients")))  # fmt: skip
             keras.mixed_precision.set_global_policy(policy)
             with strategy.scope():
-                model = build_model(training, inputs, int(config["num_classes"]), statistics, config.get("data_root"))
+                model = build_model(training, inputs, num_classes, statistics, config.get("data_root"))
                 compile_fine_tuning(model, recipe, epochs, steps_per_epoch)
             train(model, train_data, epochs, callbacks)
     finally:
         keras.mixed_precision.set_global_policy("float32")
-    warmup = warmup_records(config) or None
-    image_inputs = [name for name in inputs if config["modalities"][name]["kind"] == "image"]
+    warmup = warmup_records(config["data_dir"], description) or None
+    image_inputs = [name for name in inputs if modalities[name]["kind"] == IMAGE]
     export_serving_model(model, transform_output, inputs, int(training["bits"]), export_directory(fn_args.serving_model_dir),
                          warmup_examples=warmup, value_ranges={name: IMAGE_RANGE for name in image_inputs},
                          image_inputs=image_inputs, mirrored_inputs=image_inputs if training.get("encode_mirrored") else [],
-                         raw_vectors={name: shape for name, shape in config["inputs"].items() if name not in image_inputs})  # fmt: skip
+                         raw_vectors={name: shape for name, shape in raw_shapes.items() if name not in image_inputs})  # fmt: skip

@@ -13,14 +13,16 @@ import tensorflow_transform as tft
 from tfhash.components.trainer import training_arrays
 from tfx import v1 as tfx
 
+from tfhash.artifacts import read_data_description
+
 #: Rows per read of the transformed records.
 READ_BATCH = 1024
 
 
 def tuner_fn(fn_args) -> tfx.components.TunerFnResult:
     """``fn_args.custom_config``: ``training`` (the run's bits and seed),
-    ``tuner`` (the config's ``tuner`` section), ``inputs`` (model input name -> shape) and
-    ``num_classes``.
+    ``tuner`` (the config's ``tuner`` section), ``inputs`` (the model inputs' names) and
+    ``data_dir`` (the exported data, whose description gives the number of classes).
 
     Raises:
         tfhash.tuning.TuningError: as :func:`tfhash.tuning.prepare` (data of a kind the pipeline
@@ -32,10 +34,11 @@ def tuner_fn(fn_args) -> tfx.components.TunerFnResult:
     config = fn_args.custom_config
     training, settings = config["training"], config["tuner"]
     names = list(config["inputs"])
+    num_classes = int(read_data_description(config["data_dir"])["num_classes"])
     schema = tft.TFTransformOutput(fn_args.transform_graph_path).transformed_metadata.schema
     arrays, labels = training_arrays(fn_args.data_accessor, fn_args.train_files, schema, names, READ_BATCH)
     x = arrays if len(names) == 2 else arrays[names[0]].reshape(len(labels), -1)
     task, default = prepare(x, labels, int(training["bits"]), int(training["seed"]), Budget.of(settings), kind=settings["kind"],
-                            in_pipeline=True, num_classes=int(config["num_classes"]),
+                            in_pipeline=True, num_classes=num_classes,
                             train_in_database=float(settings["train_in_database"]))  # fmt: skip
     return tfx.components.TunerFnResult(tuner=RecipeTuner(task, default, fn_args.working_dir), fit_kwargs={})

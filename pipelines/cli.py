@@ -14,11 +14,11 @@ def pipeline_group() -> None:
     """Run the TFX pipeline locally or compile it for Kubeflow."""
 
 
-def _load(config_path: str):
+def _load(config_path: str, **options):
     from tfhash.pipelines.config import PipelineConfig
 
     try:
-        return PipelineConfig.load(config_path)
+        return PipelineConfig.load(config_path, **options)
     except ValueError as err:
         raise BadInput(str(err)) from err
 
@@ -55,9 +55,23 @@ def run(obj, config_path: str) -> None:
 @pipeline_group.command("compile")
 @click.option("--config", "config_path", required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("--output", required=True, help="Kubeflow Pipelines v2 JSON to write.")
-def compile_(config_path: str, output: str) -> None:
-    """Compile the pipeline for Kubeflow Pipelines (KubeflowV2DagRunner)."""
-    config = _load(config_path)  # a bad config is refused before TFX loads
+@click.option("--run-dir", default=None, help="The run directory on the cluster's storage (e.g. gs://my-bucket/runs/mnist), "
+              "over the config's run_dir.")
+@click.option("--data-dir", default=None, help="Exported data on the cluster's storage, over the config's data_dir.")
+@click.option("--image", default=None, help="The container image the pods run, over the config's image.")
+def compile_(config_path: str, output: str, run_dir: str | None, data_dir: str | None, image: str | None) -> None:
+    """Compile the pipeline for Kubeflow Pipelines (KubeflowV2DagRunner). Nothing is read or
+    exported: every location must be a URI the pods reach (gs://, s3://) or an absolute path of a
+    volume they mount, and the data must be exported there before the run (docs/kubeflow.md)."""
+    overrides = {key: value for key, value in (("run_dir", run_dir), ("data_dir", data_dir), ("image", image)) if value}
+    if data_dir:
+        overrides["dataset"] = None  # data_dir replaces the shipped dataset
+    config = _load(config_path, for_cluster=True, overrides=overrides)  # a bad config is refused before TFX loads
     from tfhash.pipelines.runner import compile_kubeflow
 
     click.echo(compile_kubeflow(config, output))
+    where = config.layout
+    how = "" if config.data_dir else (f": tfhash data export {config.dataset} --output {where.data} --seed {config.split_seed}"
+                                      + (f" --limit {config.limit}" if config.limit else ""))  # fmt: skip
+    click.echo(f"[tfhash] the pods read the exported data at {where.data}{how or ' (export it there first)'}; the run "
+               f"writes under {config.run_dir}; image {config.image}", err=True)

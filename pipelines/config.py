@@ -17,7 +17,8 @@ import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from tfhash.artifacts import DEFAULT_RUN_DIR, RunLayout, resolve_path
+from tfhash import storage
+from tfhash.artifacts import DEFAULT_RUN_DIR, RunLayout, read_data_description
 from tfhash.codes import check_bits
 from tfhash.index.factory import parse_index_type
 from tfhash.index.milvus import MilvusIndex, is_local
@@ -192,18 +193,40 @@ def pipeline_recipe(kind: str):
     return recipe
 
 
-def resolve_training_paths(training: dict, base: Path) -> dict:
-    """``training`` with a relative encoder path (``backbone``) and weights file resolved against
-    ``base`` (the config file's folder)."""
+def resolve_training_paths(training: dict, locate) -> dict:
+    """``training`` with its encoder path (``backbone``) and weights file located by ``locate(key,
+    value)`` (:meth:`PipelineConfig.load`: relative to the config file's folder)."""
     from tfhash.networks import IMAGENET, is_encoder_path
 
     training = dict(training)
     backbone, weights = training.get("backbone"), training.get("backbone_weights")
     if isinstance(backbone, str) and is_encoder_path(backbone):
-        training["backbone"] = resolve_path(base, backbone)
+        training["backbone"] = locate("training.backbone", backbone)
     if isinstance(weights, str) and weights not in (IMAGENET, "none"):
-        training["backbone_weights"] = resolve_path(base, weights)
+        training["backbone_weights"] = locate("training.backbone_weights", weights)
     return training
+
+
+def cluster_location(key: str, value: str, base) -> str:
+    """``value`` of the location ``key`` in a config compiled for a cluster: a URI, or an absolute
+    path of a volume the pods mount or of their image; a relative path means nothing in a pod. The
+    run directory must be a URI: it holds the pipeline root, which Kubeflow Pipelines' launcher
+    reads and writes on object storage only (``gs://``, ``s3://``).
+
+    Raises:
+        ValueError: a relative path (naming the folder it would have meant on this machine), or a
+            run directory that is no URI.
+    """
+    if storage.is_uri(value):
+        return value
+    if key == "run_dir":
+        raise ValueError(f"run_dir {value!r} is not a URI: on a cluster the run directory holds the pipeline root, which "
+                         "Kubeflow Pipelines keeps on object storage; set it to e.g. gs://my-bucket/runs/mnist")  # fmt: skip
+    if os.path.isabs(value):
+        return value
+    raise ValueError(f"{key} {value!r} is relative: on a cluster it cannot mean {storage.resolve(base, value)!r} of this "
+                     "machine; give a URI of storage the pods read (e.g. gs://my-bucket/...) or an absolute path of a "
+                     "volume they mount")  # fmt: skip
 
 
 @dataclass
@@ -255,13 +278,14 @@ class PipelineConfig:
                        "standard split; not with data_dir")
     data_root: str | None = config_key(None, "the folder holding the shipped datasets and weights (null: $TFHASH_DATA_ROOT "
                                 "or ../shared/data)")
-    data_dir: str | None = config_key(None, "a folder written by `tfhash data export-user` (your own data) or `tfhash data "
-                               "export`, read instead of dataset")
+    data_dir: str | None = config_key(None, "a folder or URI (`gs://...`) written by `tfhash data export-user` (your own data) "
+                               "or `tfhash data export`, read instead of dataset")
     split_seed: int = config_key(0, "the seed of a shipped dataset's standard split")
     limit: int | None = config_key(None, "keep the first N examples of each split (small runs)")
     modality: str = config_key("image", "the feature the model reads (`image`, or a name of export-user's --features)")
     modalities: list[str] = config_key(list, "two feature names for a cross-modal method (jcch); the first is the query side")
-    run_dir: str = config_key(DEFAULT_RUN_DIR, "where the run writes: pipeline root, ML Metadata, pushed models, indexes")
+    run_dir: str = config_key(DEFAULT_RUN_DIR, "where the run writes: pipeline root, ML Metadata, pushed models, indexes; a "
+                              "folder or a URI (`gs://bucket/runs/x`: ML Metadata then in this machine's cache folder)")
     training: TrainingConfig = config_key(TrainingConfig, "the training section (keys `training.*` below)")
     map_threshold: float = config_key(0.5, "bless a model when its mAP@all reaches this")
     max_regression: float = config_key(0.01, "and when it is at most this below the last blessed model's")
@@ -274,11 +298,13 @@ class PipelineConfig:
                            "reports them")
     beam_args: list[str] = config_key(lambda: ["--direct_running_mode=in_memory", "--direct_num_workers=1"],
                                "arguments of every Beam job (runner, workers)")
-    image: str = config_key("tfhash-pipeline:latest", "the container image named in the Kubeflow JSON")
+    image: str = config_key("tfhash-pipeline:latest", "the container image the Kubeflow spec's pods run (`pipelines/Dockerfile`)")
     tuner: TunerConfig | None = config_key(None, "choose the method and recipe with the Tuner component on a validation split "
                                     "of the training rows (keys `tuner.*` below; null: train the training section as it is)")
+    #: A config for a cluster's pods (:meth:`load` with ``for_cluster``): its data are not looked for here.
+    for_cluster: dataclasses.InitVar[bool] = False
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, for_cluster: bool = False) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
             raise ValueError(f"name must be a non-empty string (it names the run's folders), got {self.name!r}")
         if isinstance(self.training, dict):
@@ -294,7 +320,7 @@ class PipelineConfig:
         if self.tuner is not None and self.training.backbone != "mlp":
             raise ValueError(f"tuner chooses among recipes for feature vectors (the mlp backbone), not backbone "
                              f"{self.training.backbone!r}; drop the tuner or train on features")  # fmt: skip
-        self._check_data()
+        self._check_data(for_cluster)
         check_count("limit", self.limit, optional=True)
         check_count("jcch_anchors", self.jcch_anchors, optional=True)
         if isinstance(self.split_seed, bool) or not isinstance(self.split_seed, int):
@@ -312,6 +338,10 @@ class PipelineConfig:
         if self.milvus_uri is not None and (not isinstance(self.milvus_uri, str) or not self.milvus_uri.strip()):
             raise ValueError(f"milvus_uri must be a Milvus server address such as http://milvus:19530 or a Milvus Lite "
                              f"file such as runs/milvus.db (or absent: the run's own Lite file), got {self.milvus_uri!r}")  # fmt: skip
+        if self.uses_milvus and (self.layout.remote or for_cluster) and (self.milvus_uri is None or is_local(self.milvus_uri)):
+            raise ValueError(f"index kind Milvus keeps its collections in {self.milvus!r}, a Milvus Lite file of one machine; "
+                             "a run on remote storage or a cluster needs a Milvus server both the pipeline and the search "
+                             "service reach: set milvus_uri (e.g. http://milvus:19530), or drop Milvus from index_kinds")  # fmt: skip
         if self.bad_records not in ("fail", "drop"):
             raise ValueError(f"bad_records must be 'fail' or 'drop', got {self.bad_records!r}")
         method = get_method(self.training.method)
@@ -355,23 +385,30 @@ class PipelineConfig:
             raise ValueError(f"training.input_map maps feature vectors (the mlp backbone); {mapped} feed backbone "
                              f"{self.training.backbone!r}: drop the input map")  # fmt: skip
 
-    def _check_data(self) -> None:
+    def _check_data(self, for_cluster: bool) -> None:
         """The data the run reads: an exported folder (``data_dir``) or a shipped dataset under
-        ``data_root``, and an image network's weights file, all found now rather than minutes in."""
+        ``data_root``, and an image network's weights file, all found now rather than minutes in;
+        for a cluster (``for_cluster``) only what can be told without reading them."""
         from tfhash.data import LOADERS
         from tfhash.networks import IMAGE_NETWORKS, resolve_weights
 
-        if self.data_root is not None and not os.path.isdir(self.data_root):
+        if not for_cluster:  # the file systems of the URIs this machine reads and writes
+            for location in (self.run_dir, self.data_dir):
+                storage.check_scheme(location)
+        if self.data_root is not None and storage.is_uri(self.data_root):
+            raise ValueError(f"data_root {self.data_root!r} is a URI; it is a folder of the machine (or the image) that reads "
+                             "the shipped datasets and weights: export data to remote storage with `tfhash data export "
+                             "--output gs://...` and set data_dir")  # fmt: skip
+        if not for_cluster and self.data_root is not None and not os.path.isdir(self.data_root):
             raise ValueError(f"data_root {self.data_root!r} is not a folder (the folder holding mnist/, cifar10/, ...)")
         if self.data_dir is not None:
-            if not os.path.isfile(os.path.join(self.data_dir, "metadata.json")):
-                raise ValueError(f"data_dir {self.data_dir!r} holds no metadata.json: write the folder with `tfhash data "
-                                 "export-user` (your own data) or `tfhash data export` first")  # fmt: skip
+            if not for_cluster:
+                read_data_description(self.data_dir)  # a ValueError naming the folder and the commands that write it
         elif self.dataset not in LOADERS:
             raise ValueError(f"unknown dataset {self.dataset!r}; the shipped ones are {sorted(LOADERS)}"
                              f"{suggestion(self.dataset, LOADERS)}; for your own data set data_dir to the folder "
                              "`tfhash data export-user` wrote")  # fmt: skip
-        if self.training.backbone in IMAGE_NETWORKS:
+        if self.training.backbone in IMAGE_NETWORKS and not for_cluster:
             resolve_weights(self.training.backbone, self.training.backbone_weights, self.data_root)
 
     @property
@@ -401,8 +438,15 @@ class PipelineConfig:
         return {name: input_map_of(self.training.input_map, name) for name in self.inputs}
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> PipelineConfig:
-        """Read a JSON config; relative paths resolve against its folder.
+    def load(cls, path: str | os.PathLike, for_cluster: bool = False, overrides: dict | None = None) -> PipelineConfig:
+        """Read a JSON config; relative paths resolve against its folder. Locations may be URIs of
+        remote storage (``gs://bucket/run``), which are kept as they are.
+
+        With ``for_cluster`` (``tfhash pipeline compile``), the config is for a cluster's pods: every
+        location must be a URI or an absolute path of a volume the pods mount (a relative one is
+        refused, :func:`cluster_location`; ``run_dir`` must be set), and nothing is read: the data,
+        the data root and the weights are looked for when the pipeline runs. ``overrides``: top-level
+        keys set over the file's (e.g. ``{"run_dir": "gs://my-bucket/runs/mnist"}``).
 
         Raises:
             ValueError: unreadable file, unknown keys or invalid values (the message says which).
@@ -415,23 +459,31 @@ class PipelineConfig:
         try:
             if not isinstance(raw, dict):
                 raise ValueError("a pipeline config is a JSON object of settings")
+            raw.update(overrides or {})
             check_keys(raw, [f.name for f in fields(cls)], "")
             missing = [f for f in fields(cls) if f.default is REQUIRED and f.default_factory is REQUIRED and f.name not in raw]
             if missing:
                 raise ValueError("missing " + "; ".join(f"setting {f.name!r} ({f.metadata['doc']})" for f in missing))
-            if raw.get("data_dir") and "dataset" in raw:
+            if raw.get("data_dir") and raw.get("dataset") is not None:
                 raise ValueError(f"dataset {raw['dataset']!r} and data_dir are both set; a run reads data_dir (its "
                                  "metadata.json names the data), so drop dataset")  # fmt: skip
             base = path.resolve().parent
+
+            def locate(key: str, value: str) -> str:
+                return cluster_location(key, value, base) if for_cluster else storage.resolve(base, value)
+
+            if for_cluster and "run_dir" not in raw:
+                raise ValueError("run_dir is not set: on a cluster, set it to a URI of storage the pods write (e.g. "
+                                 "gs://my-bucket/runs/mnist)")  # fmt: skip
             raw.setdefault("run_dir", DEFAULT_RUN_DIR)  # relative to the config file too
             for key in ("run_dir", "data_root", "data_dir"):
                 if isinstance(raw.get(key), str):
-                    raw[key] = resolve_path(base, raw[key])
+                    raw[key] = locate(key, raw[key])
             if isinstance(raw.get("milvus_uri"), str) and raw["milvus_uri"].strip() and is_local(raw["milvus_uri"]):
-                raw["milvus_uri"] = resolve_path(base, raw["milvus_uri"])  # a Milvus Lite file, relative to the config
+                raw["milvus_uri"] = locate("milvus_uri", raw["milvus_uri"])  # a Milvus Lite file, relative to the config
             if isinstance(raw.get("training"), dict):
-                raw["training"] = resolve_training_paths(raw["training"], base)
-            return cls(**raw)
+                raw["training"] = resolve_training_paths(raw["training"], locate)
+            return cls(**raw, for_cluster=for_cluster)
         except ValueError as err:
             raise ValueError(f"{path}: {err}") from err
 

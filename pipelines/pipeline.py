@@ -1,10 +1,9 @@
 """The tfhash pipeline: ImportExampleGen -> RecordFilter (bad-record policy) -> StatisticsGen ->
-SchemaGen -> Transform -> (Tuner, when the config has a ``tuner`` section) -> Trainer -> RetrievalEvaluator (against the latest blessed model) -> Pusher
--> IndexBuilder."""
+SchemaGen -> Transform -> (Tuner, when the config has a ``tuner`` section) -> Trainer ->
+RetrievalEvaluator (against the model serving now) -> Pusher -> IndexBuilder. The same definition
+runs locally and on Kubeflow Pipelines (no node that only one orchestrator runs)."""
 
 from __future__ import annotations
-
-import json
 
 from tfhash.components.index_builder import IndexBuilder
 from tfhash.components.record_filter import RecordFilter
@@ -16,34 +15,27 @@ from tfx.proto import example_gen_pb2, transform_pb2
 from tfhash.artifacts import SPLITS
 from tfhash.registry import get_method
 
-
-def model_inputs(metadata: dict, names: list[str]) -> dict[str, list[int]]:
-    """``{modality: shape}`` of the model inputs, checked against the exported data."""
-    missing = [name for name in names if name not in metadata["modalities"]]
-    if missing:
-        raise ValueError(f"the exported data has no modality {missing}; it has {sorted(metadata['modalities'])}")
-    return {name: list(metadata["modalities"][name]["shape"]) for name in names}
+#: The id of the pipeline's ExampleGen.
+EXAMPLE_GEN = "ImportExampleGen"
 
 
-def create_pipeline(config: PipelineConfig, metadata: dict, metadata_connection=None, pipeline_root: str | None = None,
-                    data_dir: str | None = None) -> tfx.dsl.Pipeline:  # fmt: skip
-    """Build the pipeline for ``config`` over data exported with ``metadata`` (see
-    :func:`tfhash.data.export.export_tfrecords`)."""
+def create_pipeline(config: PipelineConfig, metadata_connection=None) -> tfx.dsl.Pipeline:
+    """Build the pipeline for ``config``. It reads no data: the components read the exported data's
+    description (:func:`tfhash.artifacts.read_data_description`) from its folder when they run, so a
+    pipeline compiled for a cluster holds the config's locations only."""
     where = config.layout
-    inputs = model_inputs(metadata, config.inputs)
+    data = where.data
     cross_modal = ",".join(config.modalities)  # "" for single-modality models
-    num_classes = int(metadata["num_classes"])
     example_gen = tfx.components.ImportExampleGen(
-        input_base=data_dir or where.data,
+        input_base=data,
         input_config=example_gen_pb2.Input(
             splits=[example_gen_pb2.Input.Split(name=s, pattern=f"{s}/*") for s in SPLITS]
         ),
         payload_format=example_gen_pb2.FORMAT_PROTO,  # raw bytes: RecordFilter parses and checks them
-    )
+    ).with_id(EXAMPLE_GEN)
     record_filter = RecordFilter(
         examples=example_gen.outputs["examples"],
-        num_classes=num_classes,
-        modalities=json.dumps(metadata["modalities"]),
+        data_dir=data,
         policy=config.bad_records,
     )
     examples = record_filter.outputs["filtered_examples"]
@@ -55,8 +47,8 @@ def create_pipeline(config: PipelineConfig, metadata: dict, metadata_connection=
         preprocessing_fn="tfhash.components.preprocessing.preprocessing_fn",
         splits_config=transform_pb2.SplitsConfig(analyze=["train"], transform=list(SPLITS)),
         custom_config={
-            "num_classes": num_classes,
-            "modalities": {name: metadata["modalities"][name] for name in inputs},
+            "data_dir": data,
+            "inputs": config.inputs,
             "jcch_anchors": config.jcch_anchors,
             "input_maps": config.input_maps(),
             "seed": config.training.seed,
@@ -76,7 +68,7 @@ def create_pipeline(config: PipelineConfig, metadata: dict, metadata_connection=
             eval_args=tfx.proto.EvalArgs(splits=["train"]),
             # only what the search reads, so that other training edits reuse the cached Tuner run
             custom_config={"training": {"bits": config.training.bits, "seed": config.training.seed},
-                           "tuner": config.to_dict()["tuner"], "inputs": inputs, "num_classes": num_classes},  # fmt: skip
+                           "tuner": config.to_dict()["tuner"], "inputs": config.inputs, "data_dir": data},  # fmt: skip
         )
     trainer = tfx.components.Trainer(
         run_fn="tfhash.components.trainer.run_fn",
@@ -88,28 +80,20 @@ def create_pipeline(config: PipelineConfig, metadata: dict, metadata_connection=
         eval_args=tfx.proto.EvalArgs(splits=["query"]),
         custom_config={
             "training": config.to_dict()["training"],
-            "inputs": inputs,
-            "num_classes": num_classes,
-            "raw_examples_dir": data_dir or where.data,
+            "inputs": config.inputs,
+            "data_dir": data,
             "data_root": config.data_root,
-            "modalities": metadata["modalities"],
             "trunk_cache_dir": where.trunk_cache,
         },
     )
-    baseline = tfx.dsl.Resolver(
-        strategy_class=tfx.dsl.experimental.LatestBlessedModelStrategy,
-        model=tfx.dsl.Channel(type=tfx.types.standard_artifacts.Model),
-        model_blessing=tfx.dsl.Channel(type=tfx.types.standard_artifacts.ModelBlessing),
-    ).with_id("latest_blessed_model_resolver")
     evaluator = RetrievalEvaluator(
         examples=examples,
         model=trainer.outputs["model"],
-        baseline_model=baseline.outputs["model"],
-        num_classes=num_classes,
+        serving_base_dir=where.serving,  # the baseline: the model serving now (an ML Metadata resolver runs on Vertex AI only)
+        data_dir=data,
         map_threshold=config.map_threshold,
         max_regression=config.max_regression,
         modalities=cross_modal,
-        class_names=json.dumps(list(metadata.get("class_names") or [])),
     )
     pusher = tfx.components.Pusher(
         model=trainer.outputs["model"],
@@ -123,7 +107,7 @@ def create_pipeline(config: PipelineConfig, metadata: dict, metadata_connection=
         pushed_model=pusher.outputs["pushed_model"],
         evaluation=evaluator.outputs["evaluation"],
         index_base_dir=where.indexes,
-        num_classes=num_classes,
+        data_dir=data,
         kinds=",".join(config.index_kinds),
         modalities=cross_modal,
         milvus_uri=config.milvus,
@@ -131,8 +115,8 @@ def create_pipeline(config: PipelineConfig, metadata: dict, metadata_connection=
     )
     return tfx.dsl.Pipeline(
         pipeline_name=config.name,
-        pipeline_root=pipeline_root or where.pipeline_root,
-        components=[example_gen, record_filter, statistics_gen, schema_gen, transform, *([tuner] if tuner else []), trainer, baseline,
+        pipeline_root=where.pipeline_root,
+        components=[example_gen, record_filter, statistics_gen, schema_gen, transform, *([tuner] if tuner else []), trainer,
                     evaluator, pusher, index_builder],  # fmt: skip
         enable_cache=True,
         metadata_connection_config=metadata_connection,

@@ -5,8 +5,6 @@ recorded of it."""
 from __future__ import annotations
 
 import datetime
-import glob
-import json
 import os
 import time
 import uuid
@@ -14,9 +12,11 @@ from collections.abc import Callable
 
 import numpy as np
 from tfhash.pipelines.config import PipelineConfig
-from tfhash.pipelines.pipeline import create_pipeline
+from tfhash.pipelines.pipeline import EXAMPLE_GEN, create_pipeline
 
+from tfhash import storage
 from tfhash.artifacts import (
+    DATA_DESCRIPTION_FILE,
     EVALUATION_FILE,
     EXAMPLES_INPUT,
     EXAMPLES_SIGNATURE,
@@ -32,23 +32,22 @@ from tfhash.artifacts import (
     Item,
     RunLayout,
     label_spec,
+    model_inputs,
+    read_data_description,
     read_items,
 )
 
 
 def export_data(config: PipelineConfig, log=print) -> dict:
-    """Write the dataset's split as TFRecords once per run directory (reused when present); with
-    ``data_dir`` set, use the TFRecords exported there."""
+    """Write the dataset's split as TFRecords once per run directory (reused when present: its
+    description, :func:`tfhash.artifacts.read_data_description`, is written last); with ``data_dir``
+    set, use the TFRecords exported there. Returns the data's description."""
     from tfhash.data import load_dataset
     from tfhash.data.export import export_tfrecords
 
     target = config.layout.data
-    meta_path = os.path.join(target, "metadata.json")
-    if os.path.isfile(meta_path):
-        return json.loads(open(meta_path).read())
-    if config.data_dir:
-        raise ValueError(f"data_dir {config.data_dir} has no metadata.json: write it with `tfhash data export` "
-                         "or `tfhash data export-user`")  # fmt: skip
+    if config.data_dir or storage.isfile(storage.join(target, DATA_DESCRIPTION_FILE)):
+        return read_data_description(target)
     log(f"exporting {config.dataset} (split seed {config.split_seed}) to {target}")
     return export_tfrecords(load_dataset(config.dataset, config.data_root, config.split_seed), target, limit=config.limit)
 
@@ -64,18 +63,17 @@ def run_local(config: PipelineConfig, log=print, after_push: Callable[[RunLayout
         from tfhash.index.milvus import check_reachable
 
         check_reachable(config.milvus)
-    metadata = export_data(config, log)
+    model_inputs(export_data(config, log), config.inputs)  # the inputs are in the data, or fail now
     where = config.layout
     connection = tfx.orchestration.metadata.sqlite_metadata_connection_config(where.metadata)
     log(f"running pipeline {config.name!r} (pipeline root {where.pipeline_root})")
     run_id = new_run_id()
-    local_runner(run_id).run(create_pipeline(config, metadata, connection))
+    local_runner(run_id).run(create_pipeline(config, connection))
     summary = summarise(config, run_id)
     if summary.get("model_version") and after_push is not None:
         summary.update(after_push(where))
     summary["wall_seconds"] = round(time.perf_counter() - start, 1)
-    with open(where.summary, "w") as handle:
-        json.dump(summary, handle, indent=2)
+    storage.write_json(where.summary, summary)
     return summary
 
 
@@ -155,11 +153,10 @@ def run_outputs(config: PipelineConfig, run_id: str | None = None) -> dict:
 
 def _artifact_json(artifact, name: str):
     """The JSON file ``name`` that a component wrote into its output ``artifact``; None without one."""
-    path = os.path.join(artifact.uri, name) if artifact is not None else None
-    if path is None or not os.path.isfile(path):
+    path = storage.join(artifact.uri, name) if artifact is not None else None
+    if path is None or not storage.isfile(path):
         return None
-    with open(path) as handle:
-        return json.load(handle)
+    return storage.read_json(path)
 
 
 def _custom_property(artifact, name: str):
@@ -189,7 +186,7 @@ def summarise(config: PipelineConfig, run_id: str | None = None) -> dict:
         "metrics": result.get("metrics"),
         "blessed": result.get("blessed"),
         "blessing_reason": result.get("reason"),
-        "gallery": os.path.join(evaluation.uri, result["gallery"]) if result.get("gallery") else None,
+        "gallery": storage.join(evaluation.uri, result["gallery"]) if result.get("gallery") else None,
         **indexes,
         "bad_records": _artifact_json(outputs.get(("RecordFilter", "report")), RECORDS_REPORT_FILE),
     }
@@ -212,7 +209,7 @@ def example_query(config: PipelineConfig, indexes: dict) -> dict:
 
     from tfhash.index import load_index
 
-    query_files = sorted(glob.glob(os.path.join(config.layout.data, "query", "*")))
+    query_files = storage.glob(storage.join(config.layout.data, "query", "*"))
     first = next(iter(tf.data.TFRecordDataset(query_files, compression_type="GZIP").take(1)))
     serve = tf.saved_model.load(indexes["model_dir"]).signatures[EXAMPLES_SIGNATURE]
     code = serve(**{EXAMPLES_INPUT: tf.reshape(first, [1])})[PACKED_CODES].numpy()
@@ -231,8 +228,8 @@ def example_query(config: PipelineConfig, indexes: dict) -> dict:
         "answers": answers,
         "same_distances": len({tuple(answer["distances"]) for answer in answers.values()}) == 1,
     }
-    items_file = os.path.join(config.layout.data, ITEMS_FILE)
-    if os.path.isfile(items_file):
+    items_file = storage.join(config.layout.data, ITEMS_FILE)
+    if storage.isfile(items_file):
         items = read_items(items_file)
 
         def named(item_id: int) -> dict:
@@ -245,15 +242,29 @@ def example_query(config: PipelineConfig, indexes: dict) -> dict:
     return example
 
 
-def compile_kubeflow(config: PipelineConfig, output: str, metadata: dict | None = None) -> str:
-    """Compile the pipeline to a Kubeflow Pipelines v2 JSON naming ``config.image``. The data
-    location and the run directory must then be reachable from the cluster (e.g. gs:// paths)."""
+def compile_kubeflow(config: PipelineConfig, output: str) -> str:
+    """Compile the pipeline for Kubeflow Pipelines v2 (its tasks run ``config.image``) and write it
+    to ``output`` (a file or a URI), and nothing else: no data is read or exported (the components
+    read the data's description when they run). Its locations are the config's as they are, so they
+    must be reachable from the cluster's pods (:meth:`PipelineConfig.load` with ``for_cluster``).
+
+    ``output`` ending in ``.yaml`` / ``.yml``: the PipelineSpec, which ``kfp.Client`` submits to
+    Kubeflow Pipelines; otherwise the PipelineJob JSON that Vertex AI Pipelines runs. Both use the
+    pipeline spec schema 2.1 (the Kubeflow Pipelines backend reads no other), name the run
+    directory's ``pipeline_root`` as the default pipeline root, and run ImportExampleGen uncached:
+    Kubeflow Pipelines does not run TFX's driver that fingerprints the input files, so a cached
+    ExampleGen would keep reading data exported again to the same place."""
+    import yaml
     from tfx import v1 as tfx
 
-    metadata = metadata or export_data(config)
     runner = tfx.orchestration.experimental.KubeflowV2DagRunner(
-        config=tfx.orchestration.experimental.KubeflowV2DagRunnerConfig(default_image=config.image),
-        output_filename=output,
-    )
-    runner.run(create_pipeline(config, metadata))
+        config=tfx.orchestration.experimental.KubeflowV2DagRunnerConfig(default_image=config.image, use_pipeline_spec_2_1=True))
+    job = runner.run(create_pipeline(config), write_out=False)
+    spec = job["pipelineSpec"]
+    spec["defaultPipelineRoot"] = config.layout.pipeline_root
+    spec["root"]["dag"]["tasks"][EXAMPLE_GEN]["cachingOptions"] = {"enableCache": False}
+    if output.endswith((".yaml", ".yml")):
+        storage.write_text(output, yaml.safe_dump(spec, sort_keys=True))
+    else:
+        storage.write_json(output, job)
     return output

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import logging
 import os
-from pathlib import Path
 
 import click
 
+from tfhash import storage
 from tfhash.console import BadInput
 
 
@@ -34,8 +34,10 @@ def _layout(config_path: str):
 def exported_image_root(items_file: str) -> str | None:
     """The folder ``tfhash data export-user`` read the images from, as the ``metadata.json`` beside
     ``items_file`` records it, when it still exists."""
+    from tfhash.artifacts import read_data_description
+
     try:
-        root = json.loads(Path(items_file).resolve().with_name("metadata.json").read_text()).get("image_root")
+        root = read_data_description(storage.parent(items_file)).get("image_root")
     except (OSError, ValueError, AttributeError):
         return None
     return root if isinstance(root, str) and os.path.isdir(root) else None
@@ -114,14 +116,15 @@ def model(model_config_file, model_name, model_base_path, host, port, poll_secon
 
 @serve_group.command("search")
 @click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False), help="A pipeline config: its serving and index folders.")
-@click.option("--index-base-dir", help="Folder of <version>/<kind>/ indexes (instead of --config).")
-@click.option("--model-base-dir", help="SavedModel versions: encode in process (or, with --model-server, check fingerprints).")
+@click.option("--index-base-dir", help="Folder or URI (gs://, s3://) of <version>/<kind>/ indexes (instead of --config).")
+@click.option("--model-base-dir", help="Folder or URI of the SavedModel versions: encode in process (or, with --model-server, "
+              "check fingerprints).")
 @click.option("--model-server", help="host:port of TF Serving (or `tfhash serve model`): encode there.")
 @click.option("--model-name", help="The model's name on --model-server (default: the pipeline name).")
 @click.option("--kind", default="BFlat", show_default=True,
               help="Which index of each version to serve (cross-modal models: <kind>-<database modality>).")
 @click.option("--query-modality", default=None, help="Cross-modal models: the queries' modality (its tower encodes).")
-@click.option("--items", "items_file", default=None, type=click.Path(exists=True, dir_okay=False),
+@click.option("--items", "items_file", default=None,
               help="The data's items.csv (written by tfhash data export / export-user): answers name each hit's file and "
                    "classes (default with --config: the run's data folder's items.csv, when there is one).")
 @click.option("--image-root", default=None, type=click.Path(exists=True, file_okay=False),
@@ -162,8 +165,8 @@ def search(config_path, index_base_dir, model_base_dir, model_server, model_name
     if config_path:
         layout = _layout(config_path)
         model_name, model_base_dir, index_base_dir = model_name or layout.name, model_base_dir or layout.serving, index_base_dir or layout.indexes
-        found = os.path.join(layout.data, ITEMS_FILE)
-        items_file = items_file or (found if os.path.isfile(found) else None)
+        found = storage.join(layout.data, ITEMS_FILE)
+        items_file = items_file or (found if storage.isfile(found) else None)
     try:
         items = read_items(items_file) if items_file else None  # refused here, before any process starts
     except (OSError, ValueError) as err:
@@ -174,6 +177,11 @@ def search(config_path, index_base_dir, model_base_dir, model_server, model_name
         image_root = exported_image_root(items_file)
     if not index_base_dir or not (model_base_dir or model_server):
         raise click.UsageError("pass --config, or --index-base-dir with --model-base-dir and/or --model-server")
+    try:
+        for location in (index_base_dir, model_base_dir):
+            storage.check_scheme(location)
+    except ValueError as err:
+        raise BadInput(str(err)) from err
     if model_server and not model_name:
         raise click.UsageError("--model-server needs --model-name")
     try:

@@ -12,9 +12,10 @@ import os
 
 from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
-from tfhash.serving.versions import list_versions, pair_published
+from tfhash.serving.versions import pair_published
 
-from tfhash.artifacts import WARMUP_FILE, model_version_dir
+from tfhash import storage
+from tfhash.artifacts import WARMUP_FILE, list_versions, model_version_dir
 
 TF_SERVING_IMAGE = "tensorflow/serving:2.16.1"
 PROMETHEUS_PATH = "/monitoring/prometheus/metrics"
@@ -57,9 +58,8 @@ def read_models_config(path: str) -> model_server_config_pb2.ModelServerConfig:
         ValueError: unreadable or malformed file, or no model in it.
     """
     try:
-        with open(path) as handle:
-            parsed = text_format.Parse(handle.read(), model_server_config_pb2.ModelServerConfig())
-    except (OSError, text_format.ParseError) as err:
+        parsed = text_format.Parse(storage.read_text(path), model_server_config_pb2.ModelServerConfig())
+    except (OSError, UnicodeDecodeError, text_format.ParseError) as err:
         raise ValueError(f"{path}: cannot read the model server config ({err})") from err
     if not parsed.model_config_list.config:
         raise ValueError(f"{path}: the config names no model (model_config_list is empty)")
@@ -82,38 +82,54 @@ def monitoring_config_text(path: str = PROMETHEUS_PATH) -> str:
     return f'prometheus_config {{\n  enable: true\n  path: "{path}"\n}}\n'
 
 
+def container_paths(model_name: str, base_path: str, config_dir: str) -> tuple[str, str, list[str]]:
+    """Where the official container reads the models and the config folder, and the volumes that
+    put them there: a local folder is mounted (``/models/<name>``, ``/config``); a URI of remote
+    storage is read as it is (TF Serving reads ``gs://`` and ``s3://`` itself, with the container's
+    cloud credentials)."""
+    volumes = []
+    models, config = base_path, config_dir
+    if not storage.is_uri(base_path):
+        models = f"/models/{model_name}"
+        volumes.append(f"{base_path}:{models}:ro")
+    if not storage.is_uri(config_dir):
+        config = "/config"
+        volumes.append(f"{config_dir}:{config}:ro")
+    return models, config, volumes
+
+
+def server_flags(config: str) -> list[str]:
+    """The official server's flags for the config folder ``config`` (as the container sees it)."""
+    return [f"--model_config_file={config}/models.config", "--model_config_file_poll_wait_seconds=60",
+            "--file_system_poll_wait_seconds=1", "--enable_batching=true",
+            f"--batching_parameters_file={config}/batching_parameters.txt", f"--monitoring_config_file={config}/monitoring.config"]  # fmt: skip
+
+
 def docker_run_script(model_name: str, base_path: str, config_dir: str, grpc_port: int, rest_port: int) -> str:
+    _, config, volumes = container_paths(model_name, base_path, config_dir)
+    mounts = "".join(f' -v "{volume}"' for volume in volumes)
+    flags = " \\\n  ".join(server_flags(config))
     return f"""#!/usr/bin/env bash
 # Serve {model_name} with the official TF Serving image (needs Docker; not runnable on the build machine).
 set -euo pipefail
-exec docker run --rm -p {grpc_port}:8500 -p {rest_port}:8501 \\
-  -v "{base_path}:/models/{model_name}:ro" -v "{config_dir}:/config:ro" \\
+exec docker run --rm -p {grpc_port}:8500 -p {rest_port}:8501{mounts} \\
   {TF_SERVING_IMAGE} \\
-  --model_config_file=/config/models.config --model_config_file_poll_wait_seconds=60 \\
-  --file_system_poll_wait_seconds=1 \\
-  --enable_batching=true --batching_parameters_file=/config/batching_parameters.txt \\
-  --monitoring_config_file=/config/monitoring.config
+  {flags}
 """
 
 
 def docker_compose_text(model_name: str, base_path: str, config_dir: str, grpc_port: int, rest_port: int) -> str:
+    _, config, volumes = container_paths(model_name, base_path, config_dir)
+    mounts = "".join(f'\n      - "{volume}"' for volume in volumes)
+    flags = "".join(f"\n      - {flag}" for flag in server_flags(config))
     return f"""# TF Serving for {model_name}: gRPC on {grpc_port}, REST on {rest_port}, Prometheus at {PROMETHEUS_PATH}.
 services:
   tf-serving:
     image: {TF_SERVING_IMAGE}
     ports:
       - "{grpc_port}:8500"
-      - "{rest_port}:8501"
-    volumes:
-      - "{base_path}:/models/{model_name}:ro"
-      - "{config_dir}:/config:ro"
-    command:
-      - --model_config_file=/config/models.config
-      - --model_config_file_poll_wait_seconds=60
-      - --file_system_poll_wait_seconds=1
-      - --enable_batching=true
-      - --batching_parameters_file=/config/batching_parameters.txt
-      - --monitoring_config_file=/config/monitoring.config
+      - "{rest_port}:8501"{"" if not volumes else f"{chr(10)}    volumes:{mounts}"}
+    command:{flags}
 """
 
 
@@ -123,7 +139,8 @@ def write_deployment(base_path: str, model_name: str, output_dir: str, num_versi
     """Write the TF Serving artifacts for the versions under ``base_path`` into ``output_dir``:
 
     * ``models.config`` -- ``ModelServerConfig`` text proto with the base path as the official
-      ``tensorflow/serving`` container sees it (``/models/<name>``), the version policy below and a
+      ``tensorflow/serving`` container sees it (``/models/<name>``, or the URI of a base path on
+      remote storage, :func:`container_paths`), the version policy below and a
       ``stable`` version label on the newest served version;
     * ``models.local.config`` -- the same with the host path, for ``tfhash serve model`` or a
       ``tensorflow_model_server`` run on this host;
@@ -152,18 +169,18 @@ def write_deployment(base_path: str, model_name: str, output_dir: str, num_versi
     Raises:
         ValueError: ``base_path`` holds no complete SavedModel version (with a published index).
     """
-    base_path, output_dir = os.path.abspath(base_path), os.path.abspath(output_dir)
+    base_path, output_dir = (path if storage.is_uri(path) else os.path.abspath(path) for path in (base_path, output_dir))
     versions = list_versions(base_path)
     if index_base_dir is not None:
-        versions = [v for v in versions if pair_published(index_base_dir, v, os.path.join(base_path, str(v)))]
+        versions = [v for v in versions if pair_published(index_base_dir, v, model_version_dir(base_path, v))]
     if not versions:
         having = f" with a published index under {index_base_dir}" if index_base_dir is not None else ""
         raise ValueError(f"{base_path}: no SavedModel version (a numbered folder with saved_model.pb){having} to serve")
     versions = versions[-num_versions:]
     labels = {"stable": versions[-1]}
-    os.makedirs(output_dir, exist_ok=True)
     files = {
-        "models.config": models_config([model_config(model_name, f"/models/{model_name}", labels=labels, versions=versions)]),
+        "models.config": models_config([model_config(model_name, container_paths(model_name, base_path, output_dir)[0],
+                                                     labels=labels, versions=versions)]),  # fmt: skip
         "models.local.config": models_config([model_config(model_name, base_path, labels=labels, versions=versions)]),
     }
     texts = {name: text_format.MessageToString(proto) for name, proto in files.items()}
@@ -177,16 +194,13 @@ def write_deployment(base_path: str, model_name: str, output_dir: str, num_versi
         "version_policy": "specific",
         "versions": versions,
         "version_labels": labels,
-        "warmup_records": {str(v): os.path.isfile(os.path.join(model_version_dir(base_path, v), WARMUP_FILE)) for v in versions},
+        "warmup_records": {str(v): storage.isfile(storage.join(model_version_dir(base_path, v), WARMUP_FILE)) for v in versions},
         "files": sorted([*texts, "deployment.json"]),
         "image": TF_SERVING_IMAGE,
     }
     texts["deployment.json"] = json.dumps(summary, indent=2)
     for name, text in texts.items():  # each file replaced whole: a server polling it never reads half of one
-        staging = os.path.join(output_dir, f".{name}.tmp")
-        with open(staging, "w") as handle:
-            handle.write(text)
-        if name == "docker-run.sh":
-            os.chmod(staging, 0o755)
-        os.replace(staging, os.path.join(output_dir, name))
+        storage.write_text(storage.join(output_dir, name), text)
+        if name == "docker-run.sh" and not storage.is_uri(output_dir):
+            os.chmod(storage.join(output_dir, name), 0o755)
     return summary

@@ -35,9 +35,10 @@ from tfhash.serving.errors import (
     too_large,
 )
 from tfhash.serving.grpc_server import LOOPBACK, GrpcServer
-from tfhash.serving.versions import Retries, list_versions, select_versions, tree_stamp
+from tfhash.serving.versions import Retries, select_versions, tree_stamp
 
-from tfhash.artifacts import EXAMPLES_SIGNATURE, model_version_dir
+from tfhash import storage
+from tfhash.artifacts import EXAMPLES_SIGNATURE, list_versions, model_version_dir
 
 logger = logging.getLogger(__name__)
 
@@ -71,11 +72,11 @@ class LoadedVersion:
 
 
 def load_version(path: str, version: int) -> LoadedVersion:
-    """Load one SavedModel version directory (raises whatever TensorFlow raises on a bad one)."""
+    """Load one SavedModel version directory, a folder or a URI (raises whatever TensorFlow raises
+    on a bad one)."""
     module = tf.saved_model.load(path)
     proto = saved_model_pb2.SavedModel()
-    with open(os.path.join(path, "saved_model.pb"), "rb") as handle:
-        proto.ParseFromString(handle.read())
+    proto.ParseFromString(storage.read_bytes(storage.join(path, "saved_model.pb")))
     # the SavedModel also holds an internal "__saved_model_init_op" entry, which is no signature
     signature_defs = {k: v for k, v in proto.meta_graphs[0].signature_def.items() if k in module.signatures}
     return LoadedVersion(version, path, module, signature_defs)
@@ -177,6 +178,16 @@ def run_signature(function, inputs: dict, output_filter=(), max_tensor_bytes: in
     return {name: tensor.numpy() for name, tensor in result.items() if name in wanted}
 
 
+def within_root(root: str):
+    """A test of whether a base path lies under ``root``: a folder (symbolic links followed) or a
+    URI prefix (``gs://bucket/models``: the same scheme and bucket, and whole path segments)."""
+    if storage.is_uri(root):
+        prefix = root.rstrip("/") + "/"
+        return lambda path: storage.is_uri(path) and (path.rstrip("/") + "/").startswith(prefix)
+    folder = os.path.realpath(root)
+    return lambda path: not storage.is_uri(path) and os.path.commonpath([folder, os.path.realpath(path)]) == folder
+
+
 def check_server_config(server_config, allowed_root: str | None = None) -> None:
     """Refuse a ``ModelServerConfig`` that names no model, a model twice, a model without a name
     or base path, another platform than TensorFlow, or (with ``allowed_root``) a base path outside
@@ -187,13 +198,13 @@ def check_server_config(server_config, allowed_root: str | None = None) -> None:
     names = [c.name for c in configs]
     if len(set(names)) != len(names):
         raise invalid(f"the config names a model twice: {[quoted_value(n) for n in names][:8]}")
-    root = os.path.realpath(allowed_root) if allowed_root else None
+    root = within_root(allowed_root) if allowed_root else None
     for config in configs:
         if not config.name or "/" in config.name or not config.base_path:
             raise invalid(f"every model needs a name without '/' and a base_path; got name {quoted_value(config.name)}")
         if config.model_platform not in ("", "tensorflow"):
             raise invalid(f"model {quoted_value(config.name)}: platform {quoted_value(config.model_platform)} is not served (only 'tensorflow')")
-        if root is not None and os.path.commonpath([root, os.path.realpath(config.base_path)]) != root:
+        if root is not None and not root(config.base_path):
             raise ServingError(grpc.StatusCode.PERMISSION_DENIED,
                                f"model {quoted_value(config.name)}: base_path is outside the folder this server may load from")  # fmt: skip
 
@@ -253,7 +264,7 @@ class ModelRegistry:
         except Exception as err:  # any load failure is recorded, reported and retried, never fatal
             logger.error("model %s version %d failed to load: %s", name, version, err)
             message = f"{type(err).__name__}: {err}"
-            for prefix in {os.path.realpath(base_path), os.path.abspath(base_path), base_path}:
+            for prefix in {base_path} if storage.is_uri(base_path) else {os.path.realpath(base_path), os.path.abspath(base_path), base_path}:
                 message = message.replace(prefix, "<base_path>")
             self.retries.failed((name, version), stamp, message)
             return None

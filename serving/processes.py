@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING
 from tfhash.serving.grpc_server import EXIT_SECONDS, LOOPBACK, grpc_address, run_until_signal
 from tfhash.serving.shared_status import SharedStatus, service_status, slot_path, withdraw
 
+from tfhash import storage
+
 if TYPE_CHECKING:
     from tfhash.serving.search_service import SearchServer
 
@@ -93,7 +95,7 @@ def build_server(spec: SearchSpec, siblings: SharedStatus | None = None, reuse_p
 
         if items is None:
             raise ValueError("--image-root shows the items of --items: pass the data's items.csv too")
-        rest_options["images"] = ItemImages(spec.image_root, items, os.path.dirname(os.path.abspath(spec.items_file)))
+        rest_options["images"] = ItemImages(spec.image_root, items, storage.parent(spec.items_file))
     return SearchServer(searcher, spec.host, spec.port, spec.rest_port, spec.poll_seconds, spec.max_request_mb << 20,
                         rest_options=rest_options, siblings=siblings, reuse_port=reuse_port, rest_sockets=rest_sockets,
                         search_threads=spec.search_threads, event_loop=spec.event_loop)  # fmt: skip

@@ -37,9 +37,8 @@ from tfhash.serving.requests import (
 )
 from tfhash.serving.searcher import Neighbours, ServedPair, VersionedSearcher
 from tfhash.serving.shared_status import SharedStatus, service_status
-from tfhash.serving.versions import list_versions
 
-from tfhash.artifacts import join_labels, model_version_dir
+from tfhash.artifacts import join_labels, list_versions, model_version_dir
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,6 @@ atomically for a newer pair, and the search that both fronts (gRPC, REST) use.""
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ from tfhash.serving.errors import invalid, not_found, quoted_value, unavailable
 from tfhash.serving.requests import DEFAULT_LIMITS, Limits, Query
 from tfhash.serving.versions import Retries, check_fingerprint, tree_stamp
 
+from tfhash import storage
 from tfhash.artifacts import Item, index_dir
 from tfhash.codes import as_packed
 from tfhash.index import (
@@ -195,7 +195,7 @@ class VersionedSearcher:
 
     def _try_pair(self, version: int) -> ServedPair | None:
         path = self.index_path(version)
-        if not os.path.isfile(os.path.join(path, "manifest.json")):
+        if not storage.isfile(storage.join(path, "manifest.json")):
             return None  # the index of this version is not built (or not published) yet
         stamp = tree_stamp(path, self._model_dir_of(version))
         parked = self._parked

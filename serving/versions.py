@@ -4,28 +4,12 @@ a version pairs with a published index, and when to retry a version that failed 
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 
-from tfhash.artifacts import index_versions_dir, model_version_dir, signature_fingerprint
+from tfhash import storage
+from tfhash.artifacts import index_versions_dir, signature_fingerprint
 from tfhash.index import IndexFormatError, check_model, read_manifest, verify_files
-
-
-def list_versions(base_path: str) -> list[int]:
-    """The complete versions under ``base_path``, ascending. A missing base path has none.
-
-    A version is a sub-directory whose name is a positive integer and that holds a ``saved_model.pb``
-    (what ``tensorflow_model_server`` and the TFX Pusher agree on). A folder without that file (a push
-    still being copied, a stray directory) is not a version yet.
-    """
-    if not os.path.isdir(base_path):
-        return []
-    found = []
-    for name in os.listdir(base_path):
-        if name.isdigit() and int(name) > 0 and os.path.isfile(os.path.join(model_version_dir(base_path, name), "saved_model.pb")):
-            found.append(int(name))
-    return sorted(found)
 
 
 def select_versions(available: list[int], policy) -> list[int]:
@@ -46,25 +30,10 @@ def select_versions(available: list[int], policy) -> list[int]:
 
 
 def tree_stamp(*paths: str | None) -> tuple:
-    """What changes when a file under ``paths`` (folders or files) is added, removed, resized or
-    rewritten: the relative path, size and modification time of every file (a missing path holds
-    none)."""
-    entries = []
-    for root, path in enumerate(paths):
-        if not path:
-            continue
-        if os.path.isfile(path):
-            info = os.stat(path)
-            entries.append((root, "", info.st_size, info.st_mtime_ns))
-        for folder, _, files in os.walk(path):
-            for name in files:
-                full = os.path.join(folder, name)
-                try:
-                    info = os.stat(full)
-                except OSError:  # removed while we walked: the next stamp tells
-                    continue
-                entries.append((root, os.path.relpath(full, path), info.st_size, info.st_mtime_ns))
-    return tuple(sorted(entries))
+    """What changes when a file under ``paths`` (folders, files or URIs) is added, removed, resized
+    or rewritten: the relative path, size and modification time of every file (a missing path holds
+    none; :func:`tfhash.storage.files_under`)."""
+    return tuple(sorted((root, *entry) for root, path in enumerate(paths) if path for entry in storage.files_under(path)))
 
 
 @dataclass
@@ -133,8 +102,8 @@ def pair_published(index_base_dir: str, version: int, model_dir: str | None) -> 
     manifest names the version, its checksums verify and its fingerprint is the SavedModel's (what
     the search service checks before it serves a pair, short of loading it)."""
     folder = index_versions_dir(index_base_dir, version)
-    for kind in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
-        path = os.path.join(folder, kind)
+    for kind in storage.listdir(folder) if storage.isdir(folder) else []:
+        path = storage.join(folder, kind)
         try:
             manifest = read_manifest(path)
             if manifest["model"].get("version") != str(version):

@@ -4,7 +4,8 @@
     library (tfhash.*)  <-  contract (tfhash.artifacts)  <-  stages: components | pipelines | serving
                                                           <-  entry points: tfhash.cli, benchmarks
 
-* the contract imports no other tfhash module (any layer may read its names);
+* the contract imports no other tfhash module but :data:`LEAVES` (any layer may read its names);
+* a leaf (``tfhash.storage``: where a file lives, a path or a URI) imports no tfhash module;
 * the library imports no stage and no entry point;
 * a stage imports the library and the contract, never another stage; the one composition edge is
   the pipeline definition, which names the components it runs (:data:`COMPOSITION`);
@@ -29,6 +30,8 @@ PACKAGES = {"tfhash": "tfhash", "components": "tfhash.components", "pipelines": 
             "serving": "tfhash.serving", "benchmarks": "benchmarks", "tests": "tests"}  # fmt: skip
 STAGES = ("components", "pipelines", "serving")
 #: (importing module, imported module) pairs allowed across stages: the pipeline is its components.
+#: Library modules that import no tfhash module, which the contract may build on.
+LEAVES = {"tfhash.storage"}
 COMPOSITION = {("tfhash.pipelines.pipeline", "tfhash.components.index_builder"),
                ("tfhash.pipelines.pipeline", "tfhash.components.record_filter"),
                ("tfhash.pipelines.pipeline", "tfhash.components.retrieval_evaluator")}  # fmt: skip
@@ -80,7 +83,9 @@ def violations(modules: dict[str, str]) -> list[str]:
             target_layer = layer(imported)
             if target_layer is None or imported not in known:
                 continue
-            if source_layer == "contract" and imported != importer and target_layer != "contract":
+            if importer in LEAVES:
+                broken.append(f"{importer} -> {imported}: a leaf imports no tfhash module")
+            elif source_layer == "contract" and imported != importer and target_layer != "contract" and imported not in LEAVES:
                 broken.append(f"{importer} -> {imported}: the contract imports no other tfhash module")
             elif source_layer == "library" and target_layer not in ("library", "contract"):
                 broken.append(f"{importer} -> {imported}: the library imports no stage or entry point")
@@ -120,6 +125,7 @@ def test_the_import_graph_follows_the_dependency_rule():
     ("tfhash.index.base", "from tfhash.components.encoding import encode_split\n", "the library imports no stage"),
     ("tfhash.models.scdh", "from tfhash import cli\n", "the library imports no stage or entry point"),
     ("tfhash.artifacts", "from tfhash.codes import pack_codes\n", "the contract imports no other tfhash module"),
+    ("tfhash.storage", "from tfhash.artifacts import ID\n", "a leaf imports no tfhash module"),
     ("benchmarks.serving", "def f():\n    from tests.serving_fixtures import stop_cli\n", "the benchmarks import no test code"),
     ("tests.serving_fixtures", "from benchmarks.serving import run_level\n", "a test helper imports no benchmark"),
 ])
@@ -181,6 +187,21 @@ def test_index_layout():
     assert index_name("BFlat", "text") == "BFlat-text"
 
 
+def test_a_run_on_remote_storage_keeps_there_all_but_what_must_be_a_local_file(tmp_path, monkeypatch):
+    from tfhash.artifacts import RunLayout
+
+    monkeypatch.setenv("TFHASH_CACHE_DIR", str(tmp_path / "cache"))
+    remote = RunLayout("gs://bucket/runs/x/", "demo")
+    assert (remote.data, remote.pipeline_root, remote.serving, remote.indexes, remote.summary) == (
+        "gs://bucket/runs/x/data", "gs://bucket/runs/x/pipeline_root", "gs://bucket/runs/x/serving/demo",
+        "gs://bucket/runs/x/indexes/demo", "gs://bucket/runs/x/summary.json")  # fmt: skip
+    assert remote.remote and remote.trunk_cache is None  # the Trainer's memory maps: the cache folder of its machine
+    assert remote.metadata.startswith(str(tmp_path / "cache" / "runs" / "demo-")) and remote.metadata.endswith("metadata.sqlite")
+    assert RunLayout("gs://bucket/runs/y", "demo").metadata != remote.metadata  # one store per run directory
+    local = RunLayout(str(tmp_path / "run"), "demo", "gs://bucket/data")
+    assert not local.remote and local.data == "gs://bucket/data" and local.metadata == str(tmp_path / "run" / "metadata.sqlite")
+
+
 def test_run_layout_of_a_config_file_is_the_pipelines(tmp_path):
     import json
 
@@ -191,7 +212,7 @@ def test_run_layout_of_a_config_file_is_the_pipelines(tmp_path):
     folder = tmp_path / "configs"
     folder.mkdir()
     (tmp_path / "exported").mkdir()
-    (tmp_path / "exported" / "metadata.json").write_text("{}")
+    (tmp_path / "exported" / "metadata.json").write_text('{"num_classes": 2, "modalities": {}}')
     for extra in ({"dataset": "mnist"}, {"run_dir": "../runs/x", "data_dir": "../exported"}, {"run_dir": str(tmp_path / "abs")}):
         path = folder / "c.json"
         path.write_text(json.dumps({"name": "demo", **extra}))

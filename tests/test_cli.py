@@ -89,7 +89,7 @@ def test_every_command_reports_bad_input_alike(tmp_path):
     """The data, index, pipeline and serve commands print a refused input as click does its usage
     errors: ``Error: <message>`` and exit code 2."""
     (tmp_path / "broken.json").write_text("{")
-    (tmp_path / "bits.json").write_text(json.dumps({"name": "x", "training": {"bits": 30}}))
+    (tmp_path / "bits.json").write_text(json.dumps({"name": "x", "run_dir": "gs://bucket/run", "training": {"bits": 30}}))
     (tmp_path / "empty").mkdir()
     commands = {
         "data": (["data", "export-user", "--features", "nopath", "--output", str(tmp_path / "o")], "takes NAME=PATH"),
@@ -227,7 +227,7 @@ def test_console_is_quiet_by_default_and_full_with_verbose(tmp_path):
     data.mkdir()
     (data / "metadata.json").write_text(json.dumps({"num_classes": 10, "modalities": {"image": {"kind": "image", "shape": [28, 28]}}}))
     config = tmp_path / "config.json"
-    config.write_text(json.dumps({"name": "console", "data_dir": "data", "run_dir": "run"}))
+    config.write_text(json.dumps({"name": "console", "data_dir": str(data), "run_dir": "gs://tfhash-console/run"}))
     env = {key: value for key, value in os.environ.items() if key not in ("TF_CPP_MIN_LOG_LEVEL", "PYTHONWARNINGS")}
 
     def compile_(*flags: str) -> subprocess.CompletedProcess:

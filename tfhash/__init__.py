@@ -37,10 +37,16 @@ _SUBMODULES = (
     "artifacts",
 )
 
+#: The TFX artifact types of the pipeline's components, which a Kubeflow pod imports as
+#: ``tfhash.<name>`` (:mod:`tfhash.artifact_types`).
+_ARTIFACT_TYPES = ("RecordReport", "BuiltIndexes")
+
 __all__ = ["__version__", *_SUBMODULES]
 
 
 def __getattr__(name: str) -> Any:
     if name in _SUBMODULES:
         return importlib.import_module(f"tfhash.{name}")
+    if name in _ARTIFACT_TYPES:
+        return importlib.import_module("tfhash.artifact_types").TYPES[name]
     raise AttributeError(f"module 'tfhash' has no attribute {name!r}")

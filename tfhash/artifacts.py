@@ -12,10 +12,13 @@ imported only by the functions that build graph pieces, so the names cost nothin
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from tfhash import storage
 
 __all__ = [
     "ITEMS_FILE",
@@ -26,8 +29,12 @@ __all__ = [
     "split_labels",
     "signature_fingerprint",
     "model_version_dir",
+    "list_versions",
     "index_dir",
     "RunLayout",
+    "DATA_DESCRIPTION_FILE",
+    "read_data_description",
+    "model_inputs",
     "EXAMPLES_SIGNATURE",
     "FEATURES_SIGNATURE",
     "PIXELS_SIGNATURE",
@@ -65,6 +72,46 @@ def modality_spec(kind: str, shape):
     raise ValueError(f"modality kind {kind!r} is neither {IMAGE!r} nor {VECTOR!r}")
 
 
+# --- the data's description ------------------------------------------------------------------
+
+#: The file beside the exported splits that describes them (``tfhash data export``, ``export-user``):
+#: ``num_classes``, ``class_names``, ``modalities`` (each one's ``kind`` and ``shape``), the split.
+#: The pipeline's components read it when they run, so compiling a pipeline reads no data.
+DATA_DESCRIPTION_FILE = "metadata.json"
+
+
+def read_data_description(data_dir: str) -> dict:
+    """The description of the data exported to ``data_dir`` (a folder or a URI).
+
+    Raises:
+        ValueError: no description there (the message names the folder and the commands that
+            write one), or one that is not a JSON object with ``num_classes`` and ``modalities``.
+    """
+    path = storage.join(data_dir, DATA_DESCRIPTION_FILE)
+    try:
+        description = storage.read_json(path)
+    except FileNotFoundError as err:
+        raise ValueError(f"data_dir {data_dir!r} holds no {DATA_DESCRIPTION_FILE}: write the folder with `tfhash data "
+                         "export-user` (your own data) or `tfhash data export` first") from err  # fmt: skip
+    except ValueError as err:
+        raise ValueError(f"{path}: not valid JSON ({err})") from err
+    if not isinstance(description, dict) or not {"num_classes", "modalities"} <= set(description):
+        raise ValueError(f"{path}: not a description of exported data (no num_classes and modalities); export the data again")
+    return description
+
+
+def model_inputs(description: dict, names: list[str]) -> dict[str, list[int]]:
+    """``{modality: shape}`` of the model inputs ``names`` in the exported data's ``description``.
+
+    Raises:
+        ValueError: a name the data has no modality of.
+    """
+    missing = [name for name in names if name not in description["modalities"]]
+    if missing:
+        raise ValueError(f"the exported data has no modality {missing}; it has {sorted(description['modalities'])}")
+    return {name: list(description["modalities"][name]["shape"]) for name in names}
+
+
 # --- items ---------------------------------------------------------------------------------------
 
 #: The file beside the exported records that names every item: columns ``id,path,labels``.
@@ -100,11 +147,12 @@ def write_items(path: str | os.PathLike, items: dict[int, Item]) -> None:
     The file lies beside the exported records and gives each id's source file and class names,
     which the search service reads to name its answers.
     """
-    with open(path, "w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(ITEM_COLUMNS)
-        for item_id in sorted(items):
-            writer.writerow([item_id, items[item_id].path, join_labels(items[item_id].labels)])
+    text = io.StringIO(newline="")
+    writer = csv.writer(text)
+    writer.writerow(ITEM_COLUMNS)
+    for item_id in sorted(items):
+        writer.writerow([item_id, items[item_id].path, join_labels(items[item_id].labels)])
+    storage.write_text(path, text.getvalue())
 
 
 def read_items(path: str | os.PathLike) -> dict[int, Item]:
@@ -114,8 +162,7 @@ def read_items(path: str | os.PathLike) -> dict[int, Item]:
         ValueError: a file without the header ``id,path,labels`` or with a row that is not
             ``<integer id>,<path>,<labels>`` (naming the line).
     """
-    with open(path, newline="", encoding="utf-8") as handle:
-        rows = list(csv.reader(handle))
+    rows = list(csv.reader(io.StringIO(storage.read_text(path), newline="")))
     if not rows or tuple(rows[0]) != ITEM_COLUMNS:
         raise ValueError(f"{path}: an items file starts with the header {','.join(ITEM_COLUMNS)}")
     items = {}
@@ -206,12 +253,29 @@ def signature_fingerprint(saved_model_dir: str) -> str:
 
 def model_version_dir(model_base_dir: str, version: int | str) -> str:
     """A model version's SavedModel folder under a TF Serving model base directory."""
-    return os.path.join(model_base_dir, str(version))
+    return storage.join(model_base_dir, str(version))
+
+
+def list_versions(base_path: str) -> list[int]:
+    """The complete versions under ``base_path`` (a folder or a URI), ascending. A missing base path
+    has none.
+
+    A version is a sub-directory whose name is a positive integer and that holds a ``saved_model.pb``
+    (what ``tensorflow_model_server`` and the TFX Pusher agree on). A folder without that file (a push
+    still being copied, a stray directory) is not a version yet.
+    """
+    if not storage.isdir(base_path):
+        return []
+    found = []
+    for name in storage.listdir(base_path):
+        if name.isdigit() and int(name) > 0 and storage.isfile(storage.join(model_version_dir(base_path, name), "saved_model.pb")):
+            found.append(int(name))
+    return sorted(found)
 
 
 def index_versions_dir(index_base_dir: str, version: int | str) -> str:
     """The folder of every index built for one model version."""
-    return os.path.join(index_base_dir, str(version))
+    return storage.join(index_base_dir, str(version))
 
 
 def index_name(index_type: str, modality: str | None = None) -> str:
@@ -223,7 +287,7 @@ def index_name(index_type: str, modality: str | None = None) -> str:
 def index_dir(index_base_dir: str, version: int | str, index_type: str, modality: str | None = None) -> str:
     """``<index base>/<model version>/<index type>[-<modality>]``: where the IndexBuilder writes an
     index and the search service looks for it."""
-    return os.path.join(index_versions_dir(index_base_dir, version), index_name(index_type, modality))
+    return storage.join(index_versions_dir(index_base_dir, version), index_name(index_type, modality))
 
 
 # --- run layout ----------------------------------------------------------------------------------
@@ -241,63 +305,75 @@ TUNER_RESULTS_FILE = "tuner_results.json"  # the stock Tuner: the completed tria
 DEFAULT_RUN_DIR = "runs/pipeline"
 
 
-def resolve_path(base: str | os.PathLike, value: str | None) -> str | None:
-    """A path from a pipeline config file: absolute as given, relative ones against ``base`` (the
-    config file's folder); None stays None."""
-    if not value or os.path.isabs(value):
-        return value
-    return str((Path(base) / value).resolve())
-
-
 @dataclass(frozen=True)
 class RunLayout:
     """Every location a pipeline run uses under ``run_dir`` (``data_dir``: exported records
-    elsewhere). ``name`` is the pipeline's name, which is also the served model's name."""
+    elsewhere). ``name`` is the pipeline's name, which is also the served model's name.
+
+    ``run_dir`` and ``data_dir`` may be URIs of remote storage (``gs://bucket/run``): every location
+    under them is then a URI too, but for those that must be files of the machine that runs them
+    (:attr:`metadata`, :attr:`trunk_cache`)."""
 
     run_dir: str
     name: str
     data_dir: str | None = None
 
+    def _under(self, *parts: str) -> str:
+        return storage.join(self.run_dir, *parts)
+
+    @property
+    def remote(self) -> bool:
+        """Whether the run writes to remote storage (``run_dir`` is a URI)."""
+        return storage.is_uri(self.run_dir)
+
     @property
     def data(self) -> str:
-        return self.data_dir or os.path.join(self.run_dir, "data")
+        return self.data_dir or self._under("data")
 
     @property
     def pipeline_root(self) -> str:
-        return os.path.join(self.run_dir, "pipeline_root")
+        return self._under("pipeline_root")
 
     @property
     def metadata(self) -> str:
-        return os.path.join(self.run_dir, "metadata.sqlite")
+        """The ML Metadata SQLite file of ``tfhash pipeline run``: in ``run_dir``, or for a remote
+        one (SQLite needs a local file) in this machine's cache folder
+        (:func:`tfhash.storage.cache_dir`) under a key of ``run_dir``."""
+        if not self.remote:
+            return self._under("metadata.sqlite")
+        return os.path.join(storage.cache_dir("runs", f"{self.name}-{storage.key_of(self.run_dir)}"), "metadata.sqlite")
 
     @property
-    def trunk_cache(self) -> str:
-        """Where the Trainer keeps its trunk caches (:mod:`tfhash.trunk_cache`), one per key."""
-        return os.path.join(self.run_dir, "trunk_cache")
+    def trunk_cache(self) -> str | None:
+        """Where the Trainer keeps its trunk caches (:mod:`tfhash.trunk_cache`), one per key; None
+        for a remote ``run_dir``: the caches are memory maps, which the Trainer then keeps in the
+        cache folder of the machine it runs on."""
+        return None if self.remote else self._under("trunk_cache")
 
     @property
     def serving(self) -> str:
         """The TF Serving model base directory (the Pusher's destination)."""
-        return os.path.join(self.run_dir, "serving", self.name)
+        return self._under("serving", self.name)
 
     @property
     def indexes(self) -> str:
         """The index base directory (the IndexBuilder's destination)."""
-        return os.path.join(self.run_dir, "indexes", self.name)
+        return self._under("indexes", self.name)
 
     @property
     def milvus_lite(self) -> str:
-        """The Milvus Lite file that holds the run's ``Milvus`` indexes when no server is configured."""
-        return os.path.join(self.run_dir, "milvus", f"{self.name}.db")
+        """The Milvus Lite file that holds the run's ``Milvus`` indexes when no server is configured
+        (a local run directory only: a remote run's ``Milvus`` indexes need a Milvus server)."""
+        return self._under("milvus", f"{self.name}.db")
 
     @property
     def tf_serving(self) -> str:
         """TF Serving's models.config and the deployment examples."""
-        return os.path.join(self.run_dir, "tf_serving")
+        return self._under("tf_serving")
 
     @property
     def summary(self) -> str:
-        return os.path.join(self.run_dir, "summary.json")
+        return self._under("summary.json")
 
     @classmethod
     def from_config_file(cls, path: str | os.PathLike) -> RunLayout:
@@ -315,4 +391,4 @@ class RunLayout:
         if not isinstance(raw, dict) or not isinstance(raw.get("name"), str) or not raw["name"]:
             raise ValueError(f"{path}: a pipeline config is a JSON object with a non-empty string 'name'")
         base = path.resolve().parent
-        return cls(resolve_path(base, raw.get("run_dir", DEFAULT_RUN_DIR)), raw["name"], resolve_path(base, raw.get("data_dir")))
+        return cls(storage.resolve(base, raw.get("run_dir", DEFAULT_RUN_DIR)), raw["name"], storage.resolve(base, raw.get("data_dir")))

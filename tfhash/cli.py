@@ -124,17 +124,19 @@ def data_info(name: str, data_root: str | None, seed: int) -> None:
 
 @data.command("export")
 @click.argument("name", type=click.Choice(["mnist", "cifar10", "mirflickr25k", "wiki"]))
-@click.option("--output", required=True, type=click.Path(file_okay=False), help="Folder for train/, query/, database/.")
+@click.option("--output", required=True, help="Folder or URI (gs://bucket/data/mnist) for train/, query/, database/.")
 @click.option("--data-root", default=None)
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the standard split.")
 @click.option("--shards", default=1, show_default=True, type=click.IntRange(1))
 @click.option("--limit", default=None, type=click.IntRange(1), help="Keep the first N examples of each split.")
 def data_export(name: str, output: str, data_root: str | None, seed: int, shards: int, limit: int | None) -> None:
     """Write a dataset's standard split as gzipped TFRecord tf.Examples (ImportExampleGen input)."""
+    from tfhash import storage
     from tfhash.data import DataFormatError, DataNotFoundError, load_dataset
     from tfhash.data.export import export_tfrecords
 
     try:
+        storage.check_scheme(output)
         metadata = export_tfrecords(load_dataset(name, data_root=data_root, seed=seed), output, shards, limit)
     except (DataNotFoundError, DataFormatError, ValueError) as err:
         raise BadInput(str(err)) from err
@@ -154,7 +156,7 @@ def _modalities(ctx: click.Context, param: click.Parameter, items: tuple[str, ..
 
 
 @data.command("export-user")
-@click.option("--output", required=True, type=click.Path(file_okay=False), help="Folder for train/, query/, database/.")
+@click.option("--output", required=True, help="Folder or URI (gs://bucket/data/photos) for train/, query/, database/.")
 @click.option("--images", type=click.Path(exists=True),
               help="A folder of class sub-folders of images (<folder>/<class>/<image>), or a .csv list of image files "
                    "and their class names (path,labels; ';' between several).")
@@ -176,11 +178,13 @@ def data_export_user(output, images, image_size, skip_bad, features, labels, que
     """Write your own data (image folders, or .npy/.csv features with labels) as pipeline input,
     with metadata.json (what was converted, resized or skipped) and items.csv (each id's file and
     classes)."""
+    from tfhash import storage
     from tfhash.data import DataFormatError
     from tfhash.data.export import export_tfrecords
     from tfhash.data.user import load_user_dataset
 
     try:
+        storage.check_scheme(output)
         dataset = load_user_dataset(features or None, labels, images, tuple(image_size) if image_size else None,
                                     queries, train, seed, name, skip_bad)  # fmt: skip
         metadata = export_tfrecords(dataset, output, shards)

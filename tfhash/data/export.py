@@ -8,14 +8,23 @@ Every split becomes a folder (``train/``, ``query/``, ``database/``) of ``tf.Exa
 from __future__ import annotations
 
 import io
-import json
 import os
-from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
-from tfhash.artifacts import ID, IMAGE, ITEMS_FILE, LABELS, SPLITS, VECTOR, Item, write_items
+from tfhash import storage
+from tfhash.artifacts import (
+    DATA_DESCRIPTION_FILE,
+    ID,
+    IMAGE,
+    ITEMS_FILE,
+    LABELS,
+    SPLITS,
+    VECTOR,
+    Item,
+    write_items,
+)
 from tfhash.data.dataset import HashingDataset
 
 #: The first bytes of each image file format tfhash reads back (exported records, the search page), and its type.
@@ -78,7 +87,8 @@ def to_example(inputs: dict[str, np.ndarray], labels: np.ndarray, example_id: in
 def export_tfrecords(dataset: HashingDataset, output_dir: str | os.PathLike, shards: int = 1, limit: int | None = None) -> dict:
     """Write every split of ``dataset`` under ``output_dir`` and return the metadata.
 
-    ``metadata.json`` beside the splits records the dataset, the class names, the modality kinds and
+    ``output_dir`` is a folder or a URI of remote storage (``gs://bucket/data``). ``metadata.json``
+    (:data:`tfhash.artifacts.DATA_DESCRIPTION_FILE`), written last, beside the splits records the dataset, the class names, the modality kinds and
     shapes, the split sizes and the seed that drew the split, and what reading the user's files did
     (``notes``: images converted, resized, skipped). ``items.csv``
     (:data:`tfhash.artifacts.ITEMS_FILE`) names every exported item: its id, its source file and its
@@ -90,14 +100,14 @@ def export_tfrecords(dataset: HashingDataset, output_dir: str | os.PathLike, sha
     """
     import tensorflow as tf
 
-    out = Path(output_dir)
+    out = os.fspath(output_dir)
     counts, exported = {}, []
     for split in SPLITS:
         index = getattr(dataset.split, split)[:limit]
-        (out / split).mkdir(parents=True, exist_ok=True)
+        storage.makedirs(storage.join(out, split))
         options = tf.io.TFRecordOptions(compression_type="GZIP")
         writers = [
-            tf.io.TFRecordWriter(str(out / split / f"data-{s:05d}-of-{shards:05d}.tfrecord.gz"), options)
+            tf.io.TFRecordWriter(storage.join(out, split, f"data-{s:05d}-of-{shards:05d}.tfrecord.gz"), options)
             for s in range(shards)
         ]
         try:
@@ -123,7 +133,8 @@ def export_tfrecords(dataset: HashingDataset, output_dir: str | os.PathLike, sha
         "items": ITEMS_FILE,
     }
     paths = dataset.extra.get("paths") or [""] * len(dataset.labels)
-    write_items(out / ITEMS_FILE, {int(row): Item(paths[row], tuple(dataset.class_names[c] for c in np.flatnonzero(dataset.labels[row])))
-                                   for row in set(exported)})  # fmt: skip
-    (out / "metadata.json").write_text(json.dumps(metadata, indent=2))
+    write_items(storage.join(out, ITEMS_FILE),
+                {int(row): Item(paths[row], tuple(dataset.class_names[c] for c in np.flatnonzero(dataset.labels[row])))
+                 for row in set(exported)})  # fmt: skip
+    storage.write_json(storage.join(out, DATA_DESCRIPTION_FILE), metadata)  # last: its presence says the export is whole
     return metadata

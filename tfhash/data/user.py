@@ -363,12 +363,12 @@ def image_query(image, data_dir: str | os.PathLike, feature: str = "image") -> b
         DataFormatError: an unreadable image, or a ``data_dir`` without image metadata.
     """
     import io
-    import json
 
+    from tfhash.artifacts import read_data_description
     from tfhash.data.export import to_example
 
     try:
-        shape = json.loads((Path(data_dir) / "metadata.json").read_text())["modalities"][feature]["shape"]
+        shape = read_data_description(os.fspath(data_dir))["modalities"][feature]["shape"]
     except (OSError, ValueError, KeyError) as err:
         raise DataFormatError(f"{data_dir}: no {feature!r} images described in metadata.json ({err})") from err
     try:

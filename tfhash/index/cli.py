@@ -50,7 +50,7 @@ def index_group() -> None:
 @click.option("--index-type", "--kind", "index_type", default="BFlat", show_default=True,
               help=f"Index type: {index_type_names()}.")
 @click.option("--bits", type=int, default=None, help="Code length (default: from the codes).")
-@click.option("--output", required=True, type=click.Path(file_okay=False), help="Index directory to write.")
+@click.option("--output", required=True, help="Index directory to write: a folder or a URI (gs://bucket/indexes/3/BFlat).")
 @click.option("--model-version", default=None, help="SavedModel version the codes came from (recorded).")
 @click.option("--signature-fingerprint", default=None, help="Fingerprint of the encoding signature (recorded).")
 @click.option("--batch-size", default=100_000, show_default=True, type=click.IntRange(1))
@@ -80,7 +80,7 @@ def build(codes_file, array_name, ids_array, index_type, bits, output, model_ver
 
 
 @index_group.command("search")
-@click.argument("index_dir", type=click.Path(exists=True, file_okay=False))
+@click.argument("index_dir")
 @click.option("--queries", "queries_file", required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("--array", "array_name", default="query_codes", show_default=True)
 @click.option("-k", "k", default=10, show_default=True, type=int)
@@ -88,7 +88,7 @@ def build(codes_file, array_name, ids_array, index_type, bits, output, model_ver
 @click.option("--expected-signature-fingerprint", default=None,
               help="Refuse an index built by another SavedModel (its fingerprint: tfhash.artifacts.signature_fingerprint).")
 def search(index_dir, queries_file, array_name, k, expected_model_version, expected_signature_fingerprint) -> None:
-    """k nearest ids and distances for each query (JSON lines on stdout)."""
+    """k nearest ids and distances for each query (JSON lines on stdout); INDEX_DIR: a folder or a URI."""
     from tfhash.index import load_index
 
     with _reported():
@@ -103,9 +103,9 @@ def search(index_dir, queries_file, array_name, k, expected_model_version, expec
 
 
 @index_group.command("info")
-@click.argument("index_dir", type=click.Path(exists=True, file_okay=False))
+@click.argument("index_dir")
 def info(index_dir) -> None:
-    """Print the index manifest after verifying the checksums."""
+    """Print the index manifest after verifying the checksums; INDEX_DIR: a folder or a URI."""
     from tfhash.index import read_manifest, verify_files
 
     with _reported():

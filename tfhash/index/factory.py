@@ -10,10 +10,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from tfhash import storage
 from tfhash.index.base import HashIndex, HashIndexError
 from tfhash.index.binary import BinaryIndex
 from tfhash.index.milvus import MilvusIndex
-from tfhash.index.persistence import FORMAT_TAG_FIELD, open_index, parse_manifest
+from tfhash.index.persistence import FORMAT_TAG_FIELD, on_local_copy, open_index, parse_manifest
 from tfhash.index.scann_index import ScannIndex
 
 
@@ -128,6 +129,9 @@ def load_index(path, expected_model_version: str | None = None,
                expected_signature_fingerprint: str | None = None, mapped: bool = False) -> HashIndex:  # fmt: skip
     """Load an index directory after verifying its manifest, its model and its checksums.
 
+    ``path`` may be a URI of remote storage: its files are copied to this machine's cache folder
+    (:func:`tfhash.storage.local_copy`) and loaded from there.
+
     Args:
         mapped: map a flat binary index's codes and ids from its files instead of reading them
             into memory: every process that maps the same directory shares one copy (the page
@@ -149,6 +153,9 @@ def load_index(path, expected_model_version: str | None = None,
         ImportError: the index's back-end is not installed.
         IndexUnavailableError: a Milvus index whose server cannot be reached.
     """
+    if storage.is_uri(path):  # a local copy, shared by the processes that load the same files (mapped: one page cache)
+        read_manifest(path)  # no manifest there: not (yet) an index, said of the URI
+        return on_local_copy(path, lambda local: load_index(local, expected_model_version, expected_signature_fingerprint, mapped))
     manifest = read_manifest(path)
     row = FORMAT_TAGS[manifest[FORMAT_TAG_FIELD]]
     return open_index(path, manifest, row.cls.read_files, expected_model_version, expected_signature_fingerprint, mapped)

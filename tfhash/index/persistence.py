@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Collection
 from pathlib import Path
 
+from tfhash import storage
 from tfhash._version import __version__
 
 FORMAT_VERSION = 1
@@ -38,8 +39,13 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def save_index(index, path, model_version: str | None = None, signature_fingerprint: str | None = None) -> Path:
+def save_index(index, path, model_version: str | None = None, signature_fingerprint: str | None = None) -> Path | str:
     """Write ``index`` to the directory ``path`` atomically: its data files plus ``manifest.json``.
+
+    ``path`` may be a URI of remote storage (``gs://bucket/indexes/3/BFlat``): the index is then
+    written to a local temporary folder as below and uploaded file by file, the manifest last, after
+    the manifest of an index it replaces was removed: a reader (:func:`parse_manifest`) sees no index
+    there, or a complete one, since the manifest is what names and checks every file.
 
     Any index is written through its ``write_files``, ``format_tag``, ``bits``, ``ntotal``,
     ``exact`` and ``params``. A save writes into a temporary sibling directory and renames it into
@@ -56,6 +62,8 @@ def save_index(index, path, model_version: str | None = None, signature_fingerpr
     The field ``kind`` holds the index's format tag (``<format family>-<method>``), which names the
     class that reads the directory.
     """
+    if storage.is_uri(path):
+        return _upload_index(index, path, model_version, signature_fingerprint)
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
@@ -91,6 +99,20 @@ def save_index(index, path, model_version: str | None = None, signature_fingerpr
     return target
 
 
+def _upload_index(index, uri: str, model_version: str | None, signature_fingerprint: str | None) -> str:
+    """:func:`save_index` to remote storage: staged locally, uploaded with the manifest last; files
+    of a replaced index that the new one does not name are removed after."""
+    with tempfile.TemporaryDirectory(prefix="tfhash-index-upload-") as local:
+        staged = save_index(index, os.path.join(local, "index"), model_version, signature_fingerprint)
+        before = {name for name, _, _ in storage.files_under(uri)}
+        storage.remove(storage.join(uri, MANIFEST))
+        storage.copy_tree(staged, uri, last=MANIFEST)
+        now = {name for name, _, _ in storage.files_under(staged)}
+    for name in sorted(before - now):
+        storage.remove(storage.join(uri, name))
+    return uri
+
+
 def parse_manifest(path, format_tags: Collection[str]) -> dict:
     """Parse and check the manifest of the index directory ``path``, which must record one of
     ``format_tags``.
@@ -98,11 +120,11 @@ def parse_manifest(path, format_tags: Collection[str]) -> dict:
     Raises:
         IndexFormatError: missing or unparsable manifest, unknown format version or format tag.
     """
-    manifest_path = Path(path) / MANIFEST
-    if not manifest_path.is_file():
-        raise IndexFormatError(f"{path}: no {MANIFEST}; not a tfhash index directory")
+    manifest_path = storage.join(path, MANIFEST)
     try:
-        manifest = json.loads(manifest_path.read_text())
+        manifest = json.loads(storage.read_bytes(manifest_path))
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as err:
+        raise IndexFormatError(f"{path}: no {MANIFEST}; not a tfhash index directory") from err
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise IndexFormatError(f"{manifest_path}: not valid JSON ({err})") from err
     version = manifest.get("format_version")
@@ -123,8 +145,22 @@ def parse_manifest(path, format_tags: Collection[str]) -> dict:
     return manifest
 
 
+def on_local_copy(path: str, read: Callable):
+    """``read(folder)`` of the local copy of the index directory at the URI ``path``
+    (:func:`tfhash.storage.local_copy`: downloaded once, shared by the processes that read the same
+    files); an IndexFormatError names the URI."""
+    local = storage.local_copy(path, "indexes")
+    try:
+        return read(local)
+    except IndexFormatError as err:
+        raise IndexFormatError(str(err).replace(local, f"{path} (its local copy)")) from err
+
+
 def verify_files(path, manifest: dict) -> None:
-    """Check that every file named by the manifest exists with the recorded sha256."""
+    """Check that every file named by the manifest exists with the recorded sha256 (under a URI:
+    in its local copy, :func:`tfhash.storage.local_copy`, which loading it then reuses)."""
+    if storage.is_uri(path):
+        return on_local_copy(path, lambda local: verify_files(local, manifest))
     for name, digest in manifest["files"].items():
         file_path = Path(path) / name
         if not file_path.is_file():

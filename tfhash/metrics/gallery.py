@@ -12,11 +12,12 @@ import io
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
+from tfhash import storage
 from tfhash.codes import hamming_distances
+from tfhash.metrics.plots import save_figure
 
 #: The gallery's files, beside the evaluation's metrics.
 GALLERY_HTML, GALLERY_PNG = "gallery.html", "gallery.png"
@@ -80,7 +81,7 @@ def _png(image: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
-def _draw(rows: list[tuple[Shown, list[Shown]]], pr_curve: dict | None, path: Path, title: str) -> None:
+def _draw(rows: list[tuple[Shown, list[Shown]]], pr_curve: dict | None, path: str, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -117,7 +118,7 @@ def _draw(rows: list[tuple[Shown, list[Shown]]], pr_curve: dict | None, path: Pa
         axis.set_xlim(0, 1)
         axis.set_ylim(0, 1.02)
         axis.grid(alpha=0.3)
-    figure.savefig(path, bbox_inches="tight")
+    save_figure(figure, path, bbox_inches="tight")
     plt.close(figure)
 
 
@@ -132,9 +133,8 @@ def write_gallery(output_dir: str | os.PathLike, rows: list[tuple[Shown, list[Sh
         pr_curve: ``{"precision": ..., "recall": ...}`` by radius, or None.
         seed: the seed that chose the queries, recorded on the page.
     """
-    out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    _draw(rows, pr_curve, out / GALLERY_PNG, title)
+    out = os.fspath(output_dir)
+    _draw(rows, pr_curve, storage.join(out, GALLERY_PNG), title)
 
     def cell(shown: Shown, query: bool) -> str:
         picture = (f'<img src="data:image/png;base64,{base64.b64encode(_png(shown.image)).decode()}" alt="item {shown.id}">'
@@ -163,8 +163,8 @@ their query (framed in red). <a href="{GALLERY_PNG}">The same as one picture</a>
 {body}
 </body></html>
 """
-    (out / GALLERY_HTML).write_text(page, encoding="utf-8")
-    return {"html": str(out / GALLERY_HTML), "png": str(out / GALLERY_PNG)}
+    storage.write_text(storage.join(out, GALLERY_HTML), page)
+    return {"html": storage.join(out, GALLERY_HTML), "png": storage.join(out, GALLERY_PNG)}
 
 
 def gallery_rows(query_ids, query_labels, neighbour_ids, neighbour_distances, labels_of, image_of=None,

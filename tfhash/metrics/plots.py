@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import os
 
 import numpy as np
+
+from tfhash import storage
 
 
 def _figure():
@@ -14,6 +17,13 @@ def _figure():
     import matplotlib.pyplot as plt
 
     return plt, plt.subplots(figsize=(5, 4), dpi=100)
+
+
+def save_figure(figure, path: str | os.PathLike, **options) -> None:
+    """Write a matplotlib figure as PNG to ``path`` (a file or a URI of remote storage)."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", **options)
+    storage.write_bytes(os.fspath(path), buffer.getvalue())
 
 
 def plot_pr_curve(curve: dict, path: str | os.PathLike, title: str = "Precision-recall by Hamming radius") -> None:
@@ -27,7 +37,7 @@ def plot_pr_curve(curve: dict, path: str | os.PathLike, title: str = "Precision-
     ax.set_title(title)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path)
+    save_figure(fig, path)
     plt.close(fig)
 
 
@@ -41,7 +51,7 @@ def plot_precision_at_n(curve: dict, path: str | os.PathLike, title: str = "Prec
     ax.set_title(title)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path)
+    save_figure(fig, path)
     plt.close(fig)
 
 
@@ -65,5 +75,5 @@ def plot_tsne(codes: np.ndarray, labels: np.ndarray, path: str | os.PathLike, se
     ax.set_yticks([])
     ax.set_title(title)
     fig.tight_layout()
-    fig.savefig(path)
+    save_figure(fig, path)
     plt.close(fig)

@@ -1,0 +1,301 @@
+"""Where a file lives: a local path, or a URI of remote storage (``gs://``, ``s3://``, any scheme
+``tf.io.gfile`` knows), read and written through one set of functions.
+
+Local paths go through the standard library, as they always did: nothing heavy is imported, and a
+write is atomic (a temporary sibling renamed into place). URIs go through ``tf.io.gfile``, and are
+never turned into local paths: an object store makes an object visible whole when its upload ends,
+and a folder is published by writing its marker file (a manifest) last (:func:`copy_tree`). What
+must be a local file (a memory map, an SQLite database) is a local copy (:func:`local_copy`) or lives
+in the local cache folder (:func:`cache_dir`). This module imports no other tfhash module.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+import uuid
+
+__all__ = ["is_uri", "check_scheme", "join", "resolve", "parent", "basename", "exists", "isdir", "isfile", "listdir", "glob", "makedirs", "remove",
+           "rmtree", "read_bytes", "read_text", "read_json", "write_bytes", "write_text", "write_json", "files_under",
+           "copy_tree", "local_copy", "cache_dir", "key_of"]  # fmt: skip
+
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def is_uri(path) -> bool:
+    """Whether ``path`` names remote storage (``<scheme>://...``) rather than a local file."""
+    return isinstance(path, str) and bool(_SCHEME.match(path))
+
+
+def _gfile():
+    import tensorflow as tf
+
+    return tf.io.gfile
+
+
+#: What to install for a scheme that TensorFlow has no file system for (TensorFlow 2.16 has ``gs://``).
+SCHEME_PACKAGES = {"s3": "tensorflow-io==0.37.* (TensorFlow's S3 file system) and apache-beam[aws] (Beam's)",
+                   "hdfs": "tensorflow-io==0.37.* (TensorFlow's HDFS file system)"}  # fmt: skip
+
+
+def check_scheme(path) -> None:
+    """Refuse a URI whose scheme TensorFlow has no file system for here, with what to install;
+    a local path passes.
+
+    Raises:
+        ValueError: the scheme is unknown to ``tf.io.gfile``.
+    """
+    if not is_uri(path):
+        return
+    import tensorflow as tf
+
+    try:
+        tf.io.gfile.exists(path)
+    except tf.errors.UnimplementedError as err:
+        scheme = path.split("://", 1)[0]
+        hint = SCHEME_PACKAGES.get(scheme, "the package that registers it with tf.io.gfile")
+        raise ValueError(f"{path}: TensorFlow has no file system for {scheme}:// here; install {hint}") from err
+
+
+def join(base, *parts: str) -> str:
+    """``base`` and ``parts`` joined with ``/`` for a URI, by :func:`os.path.join` for a path."""
+    if is_uri(base):
+        return "/".join([base.rstrip("/"), *(str(p).strip("/") for p in parts)])
+    return os.path.join(os.fspath(base), *parts)
+
+
+def resolve(base, value: str | None) -> str | None:
+    """A location from a config file: a URI or an absolute path as given, a relative path against
+    ``base`` (the file's folder; a URI base joins it); None or empty stays as it is."""
+    if not value or is_uri(value) or os.path.isabs(value):
+        return value
+    if is_uri(base):
+        return join(base, value)
+    return os.path.realpath(os.path.join(os.fspath(base), value))
+
+
+def parent(path) -> str:
+    """The folder (or URI) that holds a file; a local one made absolute."""
+    if is_uri(path):
+        return str(path).rstrip("/").rsplit("/", 1)[0]
+    return os.path.dirname(os.path.abspath(path))
+
+
+def basename(path) -> str:
+    """The last part of a path or URI."""
+    return str(path).rstrip("/").rsplit("/", 1)[-1] if is_uri(path) else os.path.basename(path)
+
+
+def exists(path) -> bool:
+    return _gfile().exists(path) if is_uri(path) else os.path.exists(path)
+
+
+def isdir(path) -> bool:
+    return _gfile().isdir(path) if is_uri(path) else os.path.isdir(path)
+
+
+def isfile(path) -> bool:
+    """Whether ``path`` is a file (for a URI: an object that is not a folder)."""
+    if is_uri(path):
+        gfile = _gfile()
+        return gfile.exists(path) and not gfile.isdir(path)
+    return os.path.isfile(path)
+
+
+def listdir(path) -> list[str]:
+    """The names directly under a folder, sorted (a URI's without the trailing ``/`` of sub-folders)."""
+    if is_uri(path):
+        return sorted({name.rstrip("/") for name in _gfile().listdir(path)})
+    return sorted(os.listdir(path))
+
+
+def glob(pattern: str) -> list[str]:
+    """The files matching ``pattern``, sorted."""
+    if is_uri(pattern):
+        return sorted(_gfile().glob(pattern))
+    import glob as local_glob
+
+    return sorted(local_glob.glob(pattern))
+
+
+def makedirs(path) -> None:
+    """Create a folder and its parents (nothing to do for an object store, whose folders are the
+    objects' name prefixes, but ``tf.io.gfile`` writes a marker, which does no harm)."""
+    if is_uri(path):
+        _gfile().makedirs(path)
+    else:
+        os.makedirs(path, exist_ok=True)
+
+
+def remove(path) -> None:
+    """Remove a file; a missing one is not an error."""
+    if not is_uri(path):
+        if os.path.lexists(path):
+            os.remove(path)
+    elif _gfile().exists(path):
+        _gfile().remove(path)
+
+
+def rmtree(path) -> None:
+    """Remove a folder and everything under it; a missing one is not an error."""
+    if is_uri(path):
+        if _gfile().exists(path):
+            _gfile().rmtree(path)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _not_found():
+    import tensorflow as tf
+
+    return tf.errors.NotFoundError
+
+
+def read_bytes(path) -> bytes:
+    """The whole file. Raises FileNotFoundError for a missing one, path or URI alike."""
+    if not is_uri(path):
+        with open(path, "rb") as handle:
+            return handle.read()
+    try:
+        with _gfile().GFile(path, "rb") as handle:
+            return handle.read()
+    except _not_found() as err:
+        raise FileNotFoundError(f"{path}: no such object") from err
+
+
+def read_text(path) -> str:
+    return read_bytes(path).decode("utf-8")
+
+
+def read_json(path):
+    return json.loads(read_text(path))
+
+
+def write_bytes(path, data: bytes) -> None:
+    """Write a whole file so that a reader sees the old one or the new one, never a part: a local
+    file under a temporary sibling name renamed into place; an object in one upload. Its folder is
+    created when missing."""
+    if is_uri(path):
+        with _gfile().GFile(path, "wb") as handle:
+            handle.write(data)
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    staging = os.path.join(folder, f".{os.path.basename(path)}.tmp-{uuid.uuid4().hex}")
+    try:
+        with open(staging, "wb") as handle:
+            handle.write(data)
+        os.replace(staging, path)
+    except BaseException:
+        if os.path.exists(staging):
+            os.remove(staging)
+        raise
+
+
+def write_text(path, text: str) -> None:
+    write_bytes(path, text.encode("utf-8"))
+
+
+def write_json(path, value) -> None:
+    write_text(path, json.dumps(value, indent=2))
+
+
+def files_under(path) -> list[tuple[str, int, int]]:
+    """``(relative path, size, modification time in ns)`` of every file under a folder (a file
+    path: the file itself, relative path ``""``), sorted; a missing path holds none. A file removed
+    while the folder is read is left out."""
+    if is_uri(path):
+        gfile = _gfile()
+        if not gfile.exists(path):
+            return []
+        if not gfile.isdir(path):
+            info = gfile.stat(path)
+            return [("", info.length, info.mtime_nsec)]
+        found = []
+        for folder, _, names in gfile.walk(path):
+            for name in names:
+                full = join(folder, name)
+                try:
+                    info = gfile.stat(full)
+                except _not_found():
+                    continue
+                found.append((full[len(path.rstrip("/")) + 1:], info.length, info.mtime_nsec))
+        return sorted(found)
+    if os.path.isfile(path):
+        info = os.stat(path)
+        return [("", info.st_size, info.st_mtime_ns)]
+    found = []
+    for folder, _, names in os.walk(path):
+        for name in names:
+            full = os.path.join(folder, name)
+            try:
+                info = os.stat(full)
+            except OSError:
+                continue
+            found.append((os.path.relpath(full, path), info.st_size, info.st_mtime_ns))
+    return sorted(found)
+
+
+def copy_tree(source, target, last: str | None = None) -> None:
+    """Copy every file under the folder ``source`` to the same place under ``target`` (either may
+    be a URI), the file named ``last`` (e.g. a manifest, which says the folder is complete) after
+    all the others, so a reader that waits for it never sees a part."""
+    names = [name for name, _, _ in files_under(source)]
+    for name in sorted(names, key=lambda n: (n == last, n)):
+        write_bytes(join(target, *name.split(os.sep)), read_bytes(join(source, *name.split(os.sep))))
+
+
+def cache_dir(*parts: str) -> str:
+    """A folder of this machine for what must be local when the data are remote (local copies,
+    ML Metadata of a remote run): ``$TFHASH_CACHE_DIR``, else ``$XDG_CACHE_HOME/tfhash``, else
+    ``~/.cache/tfhash``; created when missing."""
+    root = os.environ.get("TFHASH_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "tfhash")
+    folder = os.path.join(root, *parts)
+    os.makedirs(folder, exist_ok=True)
+    return folder
+
+
+def key_of(text: str) -> str:
+    """A short stable name for ``text`` (a URI) in the local cache."""
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def local_copy(path, kind: str = "copies") -> str:
+    """A local folder with the files of the folder ``path``: ``path`` itself when it is local; for a
+    URI, a copy under :func:`cache_dir` named by the URI and its files' sizes and times, downloaded
+    once (processes that ask for the same content share it) and renamed into place whole. Copies of
+    the same URI with older content are removed (a process still mapping one keeps its files until
+    it unmaps them).
+
+    Raises:
+        FileNotFoundError: a URI with no files under it.
+    """
+    if not is_uri(path):
+        return os.fspath(path)
+    files = files_under(path)
+    if not files:
+        raise FileNotFoundError(f"{path}: no files under this URI")
+    uri_key = key_of(path.rstrip("/"))
+    folder = cache_dir(kind)
+    target = os.path.join(folder, f"{uri_key}-{key_of(json.dumps(files))}")
+    if os.path.isdir(target):
+        return target
+    staging = tempfile.mkdtemp(prefix=f".{uri_key}.tmp-", dir=folder)
+    try:
+        copy_tree(path, staging)
+        try:
+            os.rename(staging, target)
+        except OSError:  # another process finished the same copy first
+            if not os.path.isdir(target):
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    for name in os.listdir(folder):
+        if name.startswith(f"{uri_key}-") and os.path.join(folder, name) != target:
+            shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
+    return target
