@@ -133,7 +133,7 @@ def blessing_decision(candidate_map: float, baseline_map: float | None, threshol
     if candidate_map < threshold:
         return False, f"mAP {candidate_map:.4f} is below the threshold {threshold}"
     if baseline_map is not None and candidate_map < baseline_map - max_regression:
-        return False, f"mAP {candidate_map:.4f} regresses more than {max_regression} from the blessed {baseline_map:.4f}"
+        return False, f"mAP {candidate_map:.4f} regresses more than {max_regression} from the serving model's {baseline_map:.4f}"
     return True, "blessed"
 
 
@@ -143,7 +143,7 @@ def RetrievalEvaluator(
     model: InputArtifact[standard_artifacts.Model],
     evaluation: OutputArtifact[standard_artifacts.ModelEvaluation],
     blessing: OutputArtifact[standard_artifacts.ModelBlessing],
-    data_dir: Parameter[str] = "",
+    data_dir: Parameter[str],
     serving_base_dir: Parameter[str] = "",
     map_threshold: Parameter[float] = 0.5,
     max_regression: Parameter[float] = 0.01,

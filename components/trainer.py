@@ -168,11 +168,6 @@ def read_transform_tag_statistics(transform_output, num_classes: int) -> tuple[i
                                transform_output.vocabulary_file_by_name(TAG_PAIRS), num_classes)  # fmt: skip
 
 
-def _glob(patterns) -> list[str]:
-    patterns = [patterns] if isinstance(patterns, str) else list(patterns)
-    return sorted(f for p in patterns for f in tf.io.gfile.glob(p))
-
-
 def targets(features: dict, label_coefficients: bool):
     """The fit target: the multi-hot labels, or labels with the JCCH q / u from Transform."""
     if label_coefficients:
@@ -256,7 +251,7 @@ def warmup_records(data_dir: str, description: dict, count: int = 4) -> list[byt
     from tfhash.components.record_validation import record_problem
 
     found = []
-    for path in _glob(storage.join(data_dir, "train", "*")):
+    for path in storage.glob(storage.join(data_dir, "train", "*")):
         for record in tf.data.TFRecordDataset(path, compression_type="GZIP"):
             if record_problem(record.numpy(), int(description["num_classes"]), description["modalities"]) is None:
                 found.append(record.numpy())

@@ -6,6 +6,7 @@ import json
 
 import click
 
+from tfhash import storage
 from tfhash.console import BadInput
 
 
@@ -59,11 +60,15 @@ def run(obj, config_path: str) -> None:
               "over the config's run_dir.")
 @click.option("--data-dir", default=None, help="Exported data on the cluster's storage, over the config's data_dir.")
 @click.option("--image", default=None, help="The container image the pods run, over the config's image.")
-def compile_(config_path: str, output: str, run_dir: str | None, data_dir: str | None, image: str | None) -> None:
+@click.option("--milvus-uri", default=None, help="The Milvus server of a Milvus index (e.g. http://milvus.search:19530), over "
+              "the config's milvus_uri.")
+def compile_(config_path: str, output: str, run_dir: str | None, data_dir: str | None, image: str | None,
+             milvus_uri: str | None) -> None:  # fmt: skip
     """Compile the pipeline for Kubeflow Pipelines (KubeflowV2DagRunner). Nothing is read or
     exported: every location must be a URI the pods reach (gs://, s3://) or an absolute path of a
     volume they mount, and the data must be exported there before the run (docs/kubeflow.md)."""
-    overrides = {key: value for key, value in (("run_dir", run_dir), ("data_dir", data_dir), ("image", image)) if value}
+    overrides = {key: value for key, value in (("run_dir", run_dir), ("data_dir", data_dir), ("image", image),
+                                               ("milvus_uri", milvus_uri)) if value}  # fmt: skip
     if data_dir:
         overrides["dataset"] = None  # data_dir replaces the shipped dataset
     config = _load(config_path, for_cluster=True, overrides=overrides)  # a bad config is refused before TFX loads
@@ -75,3 +80,8 @@ def compile_(config_path: str, output: str, run_dir: str | None, data_dir: str |
                                       + (f" --limit {config.limit}" if config.limit else ""))  # fmt: skip
     click.echo(f"[tfhash] the pods read the exported data at {where.data}{how or ' (export it there first)'}; the run "
                f"writes under {config.run_dir}; image {config.image}", err=True)
+    schemes = {location.split("://", 1)[0] for location in (config.run_dir, config.data_dir) if storage.is_uri(location)} - {"gs"}
+    if schemes:
+        click.echo(f"[tfhash] {', '.join(sorted(schemes))}:// needs what pipelines/Dockerfile does not install: "
+                   f"{'; '.join(storage.SCHEME_PACKAGES.get(s, 'the package that registers it') for s in sorted(schemes))}",
+                   err=True)  # fmt: skip

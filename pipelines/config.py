@@ -104,6 +104,10 @@ class TrainingConfig:
         if self.mixed_precision not in PRECISIONS:
             raise ValueError(f"mixed_precision must be one of {list(PRECISIONS)}, got {self.mixed_precision!r}")
         cache = self.optimisation().trunk_cache  # raises ValueError on unknown or invalid fine-tuning settings
+        if cache is not None and cache.directory is not None and storage.is_uri(cache.directory):
+            raise ValueError(f"training.fine_tuning.trunk_cache.directory {cache.directory!r} is a URI; the cache is memory maps, "
+                             "a local folder (leave it null: the run's folder, or on remote storage the cache folder of the "
+                             "machine that trains)")  # fmt: skip
         if cache is not None:
             method = get_method(self.method)
             if self.backbone in ("small_cnn", "mlp") or method.cross_modal or method.semi_supervised:
@@ -288,7 +292,8 @@ class PipelineConfig:
                               "folder or a URI (`gs://bucket/runs/x`: ML Metadata then in this machine's cache folder)")
     training: TrainingConfig = config_key(TrainingConfig, "the training section (keys `training.*` below)")
     map_threshold: float = config_key(0.5, "bless a model when its mAP@all reaches this")
-    max_regression: float = config_key(0.01, "and when it is at most this below the last blessed model's")
+    max_regression: float = config_key(0.01, "and when it is at most this below the model serving now's (the newest pushed "
+                                       "version's)")
     index_kinds: list[str] = config_key(lambda: ["BFlat"], "the indexes built for the pushed model (`BFlat`, `BIVF<n>`, "
                                  "`BMultiHash<n>`, `ScaNN`, `ScaNNBrute`, `Milvus`)")
     milvus_uri: str | None = config_key(None, "the Milvus of the `Milvus` index: a server URI or a Milvus Lite file (null: a "
@@ -339,9 +344,10 @@ class PipelineConfig:
             raise ValueError(f"milvus_uri must be a Milvus server address such as http://milvus:19530 or a Milvus Lite "
                              f"file such as runs/milvus.db (or absent: the run's own Lite file), got {self.milvus_uri!r}")  # fmt: skip
         if self.uses_milvus and (self.layout.remote or for_cluster) and (self.milvus_uri is None or is_local(self.milvus_uri)):
-            raise ValueError(f"index kind Milvus keeps its collections in {self.milvus!r}, a Milvus Lite file of one machine; "
-                             "a run on remote storage or a cluster needs a Milvus server both the pipeline and the search "
-                             "service reach: set milvus_uri (e.g. http://milvus:19530), or drop Milvus from index_kinds")  # fmt: skip
+            raise ValueError(f"index kind Milvus would keep its collections in a Milvus Lite file ({self.milvus!r}), which only "
+                             "one machine opens; a run on remote storage or a cluster needs a Milvus server both the pipeline "
+                             "and the search service reach: set milvus_uri (e.g. http://milvus:19530), or drop Milvus from "
+                             "index_kinds")  # fmt: skip
         if self.bad_records not in ("fail", "drop"):
             raise ValueError(f"bad_records must be 'fail' or 'drop', got {self.bad_records!r}")
         method = get_method(self.training.method)

@@ -67,11 +67,11 @@ def config_(config_path, base_path, model_name, index_base_dir, output, num_vers
         summary = write_deployment(base_path, model_name, output, num_versions=num_versions, index_base_dir=index_base_dir)
     except ValueError as err:
         raise BadInput(str(err)) from err
-    click.echo(json.dumps({**summary, "output": os.path.abspath(output)}, indent=2))
+    click.echo(json.dumps({**summary, "output": output if storage.is_uri(output) else os.path.abspath(output)}, indent=2))
 
 
 @serve_group.command("model")
-@click.option("--model-config-file", type=click.Path(exists=True, dir_okay=False), help="A models.config text proto.")
+@click.option("--model-config-file", help="A models.config text proto (a file or a URI).")
 @click.option("--model-name", help="Serve one model (instead of --model-config-file) ...")
 @click.option("--model-base-path", help="... from this base directory (latest version).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Bind address (loopback by default).")
@@ -168,6 +168,8 @@ def search(config_path, index_base_dir, model_base_dir, model_server, model_name
         found = storage.join(layout.data, ITEMS_FILE)
         items_file = items_file or (found if storage.isfile(found) else None)
     try:
+        for location in (items_file, index_base_dir, model_base_dir):
+            storage.check_scheme(location)
         items = read_items(items_file) if items_file else None  # refused here, before any process starts
     except (OSError, ValueError) as err:
         raise BadInput(str(err)) from err
@@ -177,11 +179,6 @@ def search(config_path, index_base_dir, model_base_dir, model_server, model_name
         image_root = exported_image_root(items_file)
     if not index_base_dir or not (model_base_dir or model_server):
         raise click.UsageError("pass --config, or --index-base-dir with --model-base-dir and/or --model-server")
-    try:
-        for location in (index_base_dir, model_base_dir):
-            storage.check_scheme(location)
-    except ValueError as err:
-        raise BadInput(str(err)) from err
     if model_server and not model_name:
         raise click.UsageError("--model-server needs --model-name")
     try:

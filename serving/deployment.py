@@ -170,13 +170,15 @@ def write_deployment(base_path: str, model_name: str, output_dir: str, num_versi
         ValueError: ``base_path`` holds no complete SavedModel version (with a published index).
     """
     base_path, output_dir = (path if storage.is_uri(path) else os.path.abspath(path) for path in (base_path, output_dir))
-    versions = list_versions(base_path)
-    if index_base_dir is not None:
-        versions = [v for v in versions if pair_published(index_base_dir, v, model_version_dir(base_path, v))]
+    versions = []
+    for version in reversed(list_versions(base_path)):  # newest first: older pairs are not verified (nor downloaded)
+        if index_base_dir is None or pair_published(index_base_dir, version, model_version_dir(base_path, version)):
+            versions.insert(0, version)
+        if len(versions) == num_versions:
+            break
     if not versions:
         having = f" with a published index under {index_base_dir}" if index_base_dir is not None else ""
         raise ValueError(f"{base_path}: no SavedModel version (a numbered folder with saved_model.pb){having} to serve")
-    versions = versions[-num_versions:]
     labels = {"stable": versions[-1]}
     files = {
         "models.config": models_config([model_config(model_name, container_paths(model_name, base_path, output_dir)[0],

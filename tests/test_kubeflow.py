@@ -182,3 +182,21 @@ def test_the_files_the_image_copies_build_the_package(tmp_path):
     (wheel,) = (tmp_path / "wheel").glob("tfhash-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"tfhash/serving/search_pb2_grpc.py", "tfhash/artifact_types.py", "tfhash/pipelines/configs/mnist.json"} <= names
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/getting-started.md", "docs/kubeflow.md"])
+def test_the_documented_compile_commands_compile(page, tmp_path):
+    """Each page's `tfhash pipeline compile` line, its placeholders filled, compiles the shipped
+    config it names (run from the project root, as the pages say)."""
+    import shlex
+
+    text = (ROOT / page).read_text().replace("\\\n", " ")
+    lines = [line.split("#", 1)[0] for line in text.splitlines() if line.strip().startswith("tfhash pipeline compile")]
+    assert lines, page
+    for line in lines:
+        filled = line.replace("BUCKET", "tfhash-docs").replace("MILVUS", "milvus.search").replace("REGISTRY/PROJECT", "registry.example/team")
+        args = shlex.split(filled)[1:]
+        args[args.index("--output") + 1] = str(tmp_path / os.path.basename(args[args.index("--output") + 1]))
+        args[args.index("--config") + 1] = str(ROOT / args[args.index("--config") + 1])
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 0, (page, line, result.output)

@@ -25,6 +25,7 @@ def ram():
     ("/configs", "runs/x", "/configs/runs/x"),
     ("/configs", "/abs/run", "/abs/run"),
     ("/configs", "gs://bucket/run", "gs://bucket/run"),
+    ("/configs", "gs://bucket/run/", "gs://bucket/run"),
     ("gs://bucket/configs", "runs/x", "gs://bucket/configs/runs/x"),
     ("/configs", None, None),
 ])  # fmt: skip
@@ -85,6 +86,8 @@ def test_a_local_copy_is_shared_and_follows_the_content(ram):
 
 
 def test_an_index_saved_to_a_uri_loads_locked_to_its_model_and_a_damaged_one_is_refused(ram):
+    """Loaded through a local copy; a file damaged in the store is a new copy, refused by its
+    checksum; a damaged local copy is downloaded again."""
     from tfhash.index import IndexFormatError, index_factory, load_index
 
     rng = np.random.default_rng(0)
@@ -99,11 +102,19 @@ def test_an_index_saved_to_a_uri_loads_locked_to_its_model_and_a_damaged_one_is_
         load_index(f"{ram}/7/BFlat", expected_model_version="8")
     damaged = storage.read_bytes(f"{ram}/7/BFlat/codes.npy")
     storage.remove(f"{ram}/7/BFlat/codes.npy")
-    storage.write_bytes(f"{ram}/7/BFlat/codes.npy", damaged[:-1])  # cut short (ram:// keeps no times: a new size is a new copy)
+    storage.write_bytes(f"{ram}/7/BFlat/codes.npy", damaged[:-1])  # cut short: a new size, so a new copy
     with pytest.raises(IndexFormatError, match=rf"{ram}/7/BFlat \(its local copy\): checksum mismatch for codes.npy"):
         load_index(f"{ram}/7/BFlat")
     with pytest.raises(IndexFormatError, match="no manifest.json; not a tfhash index directory"):
         load_index(f"{ram}/8/BFlat")
+    index.save(f"{ram}/9/BFlat", model_version="9")  # an intact index whose local copy is damaged
+    copy = storage.local_copy(f"{ram}/9/BFlat", "indexes")
+    with open(os.path.join(copy, "codes.npy"), "r+b") as handle:
+        handle.seek(-1, os.SEEK_END)
+        last = handle.read(1)
+        handle.seek(-1, os.SEEK_END)
+        handle.write(bytes([last[0] ^ 1]))
+    assert load_index(f"{ram}/9/BFlat", expected_model_version="9").ntotal == 50
 
 
 def test_a_scheme_tensorflow_cannot_open_is_refused_with_what_to_install(tmp_path):

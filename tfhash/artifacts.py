@@ -108,7 +108,8 @@ def model_inputs(description: dict, names: list[str]) -> dict[str, list[int]]:
     """
     missing = [name for name in names if name not in description["modalities"]]
     if missing:
-        raise ValueError(f"the exported data has no modality {missing}; it has {sorted(description['modalities'])}")
+        raise ValueError(f"the exported data has no modality {missing}; it has {sorted(description['modalities'])}: set the "
+                         "config's modality (or modalities) to those names, or export the data with them")  # fmt: skip
     return {name: list(description["modalities"][name]["shape"]) for name in names}
 
 
@@ -258,18 +259,17 @@ def model_version_dir(model_base_dir: str, version: int | str) -> str:
 
 def list_versions(base_path: str) -> list[int]:
     """The complete versions under ``base_path`` (a folder or a URI), ascending. A missing base path
-    has none.
+    has none; an error reaching remote storage raises OSError (rather than look like no version).
 
     A version is a sub-directory whose name is a positive integer and that holds a ``saved_model.pb``
     (what ``tensorflow_model_server`` and the TFX Pusher agree on). A folder without that file (a push
     still being copied, a stray directory) is not a version yet.
     """
-    if not storage.isdir(base_path):
-        return []
-    found = []
-    for name in storage.listdir(base_path):
-        if name.isdigit() and int(name) > 0 and storage.isfile(storage.join(model_version_dir(base_path, name), "saved_model.pb")):
-            found.append(int(name))
+    found = set()
+    for path in storage.glob(storage.join(base_path, "*", "saved_model.pb")):  # one listing, also of a bucket
+        name = storage.basename(storage.parent(path))
+        if name.isdigit() and int(name) > 0:
+            found.add(int(name))
     return sorted(found)
 
 
@@ -341,7 +341,7 @@ class RunLayout:
         (:func:`tfhash.storage.cache_dir`) under a key of ``run_dir``."""
         if not self.remote:
             return self._under("metadata.sqlite")
-        return os.path.join(storage.cache_dir("runs", f"{self.name}-{storage.key_of(self.run_dir)}"), "metadata.sqlite")
+        return os.path.join(storage.cache_dir("runs", f"{self.name}-{storage.key_of(self.run_dir.rstrip('/'))}"), "metadata.sqlite")
 
     @property
     def trunk_cache(self) -> str | None:

@@ -195,8 +195,8 @@ def data_export_user(output, images, image_size, skip_bad, features, labels, que
 
 @data.command("image-query")
 @click.argument("image", type=click.Path(exists=True, dir_okay=False))
-@click.option("--data-dir", required=True, type=click.Path(exists=True, file_okay=False),
-              help="The folder export-user wrote (its metadata.json: the images' size and colour).")
+@click.option("--data-dir", required=True,
+              help="The folder or URI export-user wrote (its metadata.json: the images' size and colour).")
 def data_image_query(image: str, data_dir: str) -> None:
     """Print IMAGE as a base64 serialized tf.Example, prepared as export-user prepared the images:
     the "examples" entry of a REST search body."""

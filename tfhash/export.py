@@ -7,10 +7,9 @@ its inputs before the model runs (:class:`ServingModule`).
 
 from __future__ import annotations
 
-import os
-
 import tensorflow as tf
 
+from tfhash import storage
 from tfhash.artifacts import (
     EXAMPLES_INPUT,
     EXAMPLES_SIGNATURE,
@@ -254,8 +253,8 @@ def write_warmup_requests(path: str, serialized_examples: list[bytes], model_nam
     written to ``assets.extra/tf_serving_warmup_requests`` in the SavedModel at ``path``."""
     from tensorflow_serving.apis import model_pb2, predict_pb2, prediction_log_pb2
 
-    target = os.path.join(path, WARMUP_FILE)
-    tf.io.gfile.makedirs(os.path.dirname(target))
+    target = storage.join(path, WARMUP_FILE)
+    storage.makedirs(storage.parent(target))
     with tf.io.TFRecordWriter(target) as writer:
         request = predict_pb2.PredictRequest(model_spec=model_pb2.ModelSpec(name=model_name, signature_name=EXAMPLES_SIGNATURE))
         request.inputs[EXAMPLES_INPUT].CopyFrom(tf.make_tensor_proto(serialized_examples, dtype=tf.string))

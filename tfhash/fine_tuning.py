@@ -130,8 +130,9 @@ class TrunkCache:
             network's entry of :data:`DEFAULT_CUTS`; required for other backbones).
         views: augmented views of each training image stored (view 0 as is, view 1 mirrored, the
             rest drawn by the recipe's ``augment`` policy); each epoch draws one view per image.
-        directory: where caches are kept, one entry per key (the Trainer's default: ``trunk_cache``
-            in the run directory).
+        directory: where caches are kept, one entry per key, a local folder (the Trainer's default:
+            ``trunk_cache`` in the run directory, or for a run on remote storage the cache folder
+            of the machine that trains, :func:`tfhash.storage.cache_dir`).
         mixup: mixup of the cached activations (Zhang et al., 2018) with a ``Beta(mixup, mixup)``
             weight per row, the partner a row of the same batch; 0 (default) is off. The mixed
             row's targets are the union of both label sets with the SCUL weights ``q`` / ``u``

@@ -11,6 +11,7 @@ in the local cache folder (:func:`cache_dir`). This module imports no other tfha
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -19,11 +20,11 @@ import shutil
 import tempfile
 import uuid
 
-__all__ = ["is_uri", "check_scheme", "join", "resolve", "parent", "basename", "exists", "isdir", "isfile", "listdir", "glob", "makedirs", "remove",
+__all__ = ["is_uri", "check_scheme", "join", "resolve", "parent", "basename", "isdir", "isfile", "listdir", "glob", "makedirs", "remove",
            "rmtree", "read_bytes", "read_text", "read_json", "write_bytes", "write_text", "write_json", "files_under",
            "copy_tree", "local_copy", "cache_dir", "key_of"]  # fmt: skip
 
-_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")  # two letters at least: not a Windows drive
 
 
 def is_uri(path) -> bool:
@@ -35,6 +36,27 @@ def _gfile():
     import tensorflow as tf
 
     return tf.io.gfile
+
+
+@contextlib.contextmanager
+def _remote(path):
+    """TensorFlow's errors on ``path`` as the standard library's: NotFound as FileNotFoundError, a
+    refused or missing credential as PermissionError, any other as OSError, each naming the path."""
+    import tensorflow as tf
+
+    try:
+        yield
+    except tf.errors.NotFoundError as err:
+        raise FileNotFoundError(f"{path}: no such object") from err
+    except (tf.errors.PermissionDeniedError, tf.errors.UnauthenticatedError) as err:
+        raise PermissionError(f"{path}: access refused ({_first_line(err)}); check the credentials this process runs with "
+                              "(Application Default Credentials: GOOGLE_APPLICATION_CREDENTIALS, or the pod's workload identity)") from err
+    except tf.errors.OpError as err:
+        raise OSError(f"{path}: {_first_line(err)}") from err
+
+
+def _first_line(err) -> str:
+    return (getattr(err, "message", "") or str(err)).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
 
 
 #: What to install for a scheme that TensorFlow has no file system for (TensorFlow 2.16 has ``gs://``).
@@ -59,6 +81,9 @@ def check_scheme(path) -> None:
         scheme = path.split("://", 1)[0]
         hint = SCHEME_PACKAGES.get(scheme, "the package that registers it with tf.io.gfile")
         raise ValueError(f"{path}: TensorFlow has no file system for {scheme}:// here; install {hint}") from err
+    except tf.errors.OpError as err:
+        raise ValueError(f"cannot reach {path}: {_first_line(err)} (check the storage's address and the credentials this "
+                         "process runs with)") from err
 
 
 def join(base, *parts: str) -> str:
@@ -70,8 +95,11 @@ def join(base, *parts: str) -> str:
 
 def resolve(base, value: str | None) -> str | None:
     """A location from a config file: a URI or an absolute path as given, a relative path against
-    ``base`` (the file's folder; a URI base joins it); None or empty stays as it is."""
-    if not value or is_uri(value) or os.path.isabs(value):
+    ``base`` (the file's folder; a URI base joins it); None or empty stays as it is. A URI loses a
+    trailing ``/``, so one location has one spelling."""
+    if is_uri(value):
+        return value.rstrip("/")
+    if not value or os.path.isabs(value):
         return value
     if is_uri(base):
         return join(base, value)
@@ -90,33 +118,41 @@ def basename(path) -> str:
     return str(path).rstrip("/").rsplit("/", 1)[-1] if is_uri(path) else os.path.basename(path)
 
 
-def exists(path) -> bool:
-    return _gfile().exists(path) if is_uri(path) else os.path.exists(path)
+def _kind(path) -> str | None:
+    """``"dir"``, ``"file"`` or None (nothing there) of a URI; an error reaching it raises
+    (``tf.io.gfile.isdir`` alone reads any error as "not a folder": a storage fault would look like
+    an empty folder)."""
+    gfile = _gfile()
+    with _remote(path):
+        if gfile.isdir(path):
+            return "dir"
+        return "file" if gfile.exists(path) else None
 
 
 def isdir(path) -> bool:
-    return _gfile().isdir(path) if is_uri(path) else os.path.isdir(path)
+    """Whether ``path`` is a folder (for a URI: a name prefix of objects). An error reaching remote
+    storage raises OSError rather than answer False."""
+    return _kind(path) == "dir" if is_uri(path) else os.path.isdir(path)
 
 
 def isfile(path) -> bool:
-    """Whether ``path`` is a file (for a URI: an object that is not a folder)."""
-    if is_uri(path):
-        gfile = _gfile()
-        return gfile.exists(path) and not gfile.isdir(path)
-    return os.path.isfile(path)
+    """Whether ``path`` is a file (for a URI: an object that is not a folder); errors as :func:`isdir`."""
+    return _kind(path) == "file" if is_uri(path) else os.path.isfile(path)
 
 
 def listdir(path) -> list[str]:
     """The names directly under a folder, sorted (a URI's without the trailing ``/`` of sub-folders)."""
     if is_uri(path):
-        return sorted({name.rstrip("/") for name in _gfile().listdir(path)})
+        with _remote(path):
+            return sorted({name.rstrip("/") for name in _gfile().listdir(path)})
     return sorted(os.listdir(path))
 
 
 def glob(pattern: str) -> list[str]:
     """The files matching ``pattern``, sorted."""
     if is_uri(pattern):
-        return sorted(_gfile().glob(pattern))
+        with _remote(pattern):
+            return sorted(_gfile().glob(pattern))
     import glob as local_glob
 
     return sorted(local_glob.glob(pattern))
@@ -126,7 +162,8 @@ def makedirs(path) -> None:
     """Create a folder and its parents (nothing to do for an object store, whose folders are the
     objects' name prefixes, but ``tf.io.gfile`` writes a marker, which does no harm)."""
     if is_uri(path):
-        _gfile().makedirs(path)
+        with _remote(path):
+            _gfile().makedirs(path)
     else:
         os.makedirs(path, exist_ok=True)
 
@@ -136,35 +173,34 @@ def remove(path) -> None:
     if not is_uri(path):
         if os.path.lexists(path):
             os.remove(path)
-    elif _gfile().exists(path):
-        _gfile().remove(path)
+        return
+    try:
+        with _remote(path):
+            _gfile().remove(path)
+    except FileNotFoundError:
+        pass
 
 
 def rmtree(path) -> None:
     """Remove a folder and everything under it; a missing one is not an error."""
-    if is_uri(path):
-        if _gfile().exists(path):
-            _gfile().rmtree(path)
-    else:
+    if not is_uri(path):
         shutil.rmtree(path, ignore_errors=True)
-
-
-def _not_found():
-    import tensorflow as tf
-
-    return tf.errors.NotFoundError
+        return
+    try:
+        with _remote(path):
+            _gfile().rmtree(path)
+    except FileNotFoundError:
+        pass
 
 
 def read_bytes(path) -> bytes:
-    """The whole file. Raises FileNotFoundError for a missing one, path or URI alike."""
+    """The whole file. A missing one raises FileNotFoundError, path or URI alike; another error
+    reaching remote storage raises OSError naming the URI."""
     if not is_uri(path):
         with open(path, "rb") as handle:
             return handle.read()
-    try:
-        with _gfile().GFile(path, "rb") as handle:
-            return handle.read()
-    except _not_found() as err:
-        raise FileNotFoundError(f"{path}: no such object") from err
+    with _remote(path), _gfile().GFile(path, "rb") as handle:
+        return handle.read()
 
 
 def read_text(path) -> str:
@@ -180,7 +216,7 @@ def write_bytes(path, data: bytes) -> None:
     file under a temporary sibling name renamed into place; an object in one upload. Its folder is
     created when missing."""
     if is_uri(path):
-        with _gfile().GFile(path, "wb") as handle:
+        with _remote(path), _gfile().GFile(path, "wb") as handle:
             handle.write(data)
         return
     folder = os.path.dirname(os.path.abspath(path))
@@ -209,19 +245,23 @@ def files_under(path) -> list[tuple[str, int, int]]:
     path: the file itself, relative path ``""``), sorted; a missing path holds none. A file removed
     while the folder is read is left out."""
     if is_uri(path):
-        gfile = _gfile()
-        if not gfile.exists(path):
+        gfile, kind = _gfile(), _kind(path)
+        if kind is None:
             return []
-        if not gfile.isdir(path):
-            info = gfile.stat(path)
+        if kind == "file":
+            with _remote(path):
+                info = gfile.stat(path)
             return [("", info.length, info.mtime_nsec)]
         found = []
-        for folder, _, names in gfile.walk(path):
+        with _remote(path):
+            walked = [(folder, names) for folder, _, names in gfile.walk(path)]
+        for folder, names in walked:
             for name in names:
                 full = join(folder, name)
                 try:
-                    info = gfile.stat(full)
-                except _not_found():
+                    with _remote(full):
+                        info = gfile.stat(full)
+                except FileNotFoundError:  # removed while we walked: the next look tells
                     continue
                 found.append((full[len(path.rstrip("/")) + 1:], info.length, info.mtime_nsec))
         return sorted(found)
@@ -240,11 +280,14 @@ def files_under(path) -> list[tuple[str, int, int]]:
     return sorted(found)
 
 
-def copy_tree(source, target, last: str | None = None) -> None:
-    """Copy every file under the folder ``source`` to the same place under ``target`` (either may
-    be a URI), the file named ``last`` (e.g. a manifest, which says the folder is complete) after
-    all the others, so a reader that waits for it never sees a part."""
-    names = [name for name, _, _ in files_under(source)]
+def copy_tree(source, target, last: str | None = None, names: list[str] | None = None) -> None:
+    """Copy every file under the folder ``source`` (or the relative ``names`` of them) to the same
+    place under ``target`` (either may be a URI), the file named ``last`` (e.g. a manifest, which
+    says the folder is complete) after all the others, so a reader that waits for it never sees a
+    part."""
+    names = [name for name, _, _ in files_under(source)] if names is None else names
+    if "" in names:
+        raise ValueError(f"{source} is a file, not a folder to copy")
     for name in sorted(names, key=lambda n: (n == last, n)):
         write_bytes(join(target, *name.split(os.sep)), read_bytes(join(source, *name.split(os.sep))))
 
@@ -265,37 +308,41 @@ def key_of(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def local_copy(path, kind: str = "copies") -> str:
+def local_copy(path, kind: str = "copies", fresh: bool = False) -> str:
     """A local folder with the files of the folder ``path``: ``path`` itself when it is local; for a
     URI, a copy under :func:`cache_dir` named by the URI and its files' sizes and times, downloaded
-    once (processes that ask for the same content share it) and renamed into place whole. Copies of
-    the same URI with older content are removed (a process still mapping one keeps its files until
-    it unmaps them).
+    once and renamed into place whole. Processes that ask for the same URI take turns (a lock file
+    beside the copies), so one downloads and the others find its copy. Older copies of the URI are
+    removed then (a process still mapping one keeps its files until it unmaps them). ``fresh``:
+    download again even when a copy of these sizes and times exists (one found corrupt, or from a
+    store whose times do not change on a rewrite).
 
     Raises:
         FileNotFoundError: a URI with no files under it.
+        ValueError: a URI of one file.
     """
     if not is_uri(path):
         return os.fspath(path)
+    import fcntl
+
     files = files_under(path)
     if not files:
         raise FileNotFoundError(f"{path}: no files under this URI")
     uri_key = key_of(path.rstrip("/"))
     folder = cache_dir(kind)
     target = os.path.join(folder, f"{uri_key}-{key_of(json.dumps(files))}")
-    if os.path.isdir(target):
-        return target
-    staging = tempfile.mkdtemp(prefix=f".{uri_key}.tmp-", dir=folder)
-    try:
-        copy_tree(path, staging)
+    with open(os.path.join(folder, f".{uri_key}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if os.path.isdir(target) and not fresh:
+            return target
+        staging = tempfile.mkdtemp(prefix=f".{uri_key}.tmp-", dir=folder)
         try:
+            copy_tree(path, staging, names=[name for name, _, _ in files])
+            shutil.rmtree(target, ignore_errors=True)
             os.rename(staging, target)
-        except OSError:  # another process finished the same copy first
-            if not os.path.isdir(target):
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    for name in os.listdir(folder):
-        if name.startswith(f"{uri_key}-") and os.path.join(folder, name) != target:
-            shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        for name in os.listdir(folder):
+            if name.startswith(f"{uri_key}-") and name != os.path.basename(target):
+                shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
     return target

@@ -87,7 +87,8 @@ def to_example(inputs: dict[str, np.ndarray], labels: np.ndarray, example_id: in
 def export_tfrecords(dataset: HashingDataset, output_dir: str | os.PathLike, shards: int = 1, limit: int | None = None) -> dict:
     """Write every split of ``dataset`` under ``output_dir`` and return the metadata.
 
-    ``output_dir`` is a folder or a URI of remote storage (``gs://bucket/data``). ``metadata.json``
+    ``output_dir`` is a folder or a URI of remote storage (``gs://bucket/data``); an earlier export
+    there is replaced (its records and description removed first). ``metadata.json``
     (:data:`tfhash.artifacts.DATA_DESCRIPTION_FILE`), written last, beside the splits records the dataset, the class names, the modality kinds and
     shapes, the split sizes and the seed that drew the split, and what reading the user's files did
     (``notes``: images converted, resized, skipped). ``items.csv``
@@ -101,10 +102,13 @@ def export_tfrecords(dataset: HashingDataset, output_dir: str | os.PathLike, sha
     import tensorflow as tf
 
     out = os.fspath(output_dir)
+    storage.remove(storage.join(out, DATA_DESCRIPTION_FILE))  # an export over an earlier one is whole only when it ends
     counts, exported = {}, []
     for split in SPLITS:
         index = getattr(dataset.split, split)[:limit]
         storage.makedirs(storage.join(out, split))
+        for earlier in storage.glob(storage.join(out, split, "data-*-of-*.tfrecord.gz")):  # an earlier export's records
+            storage.remove(earlier)
         options = tf.io.TFRecordOptions(compression_type="GZIP")
         writers = [
             tf.io.TFRecordWriter(storage.join(out, split, f"data-{s:05d}-of-{shards:05d}.tfrecord.gz"), options)

@@ -148,8 +148,13 @@ def parse_manifest(path, format_tags: Collection[str]) -> dict:
 def on_local_copy(path: str, read: Callable):
     """``read(folder)`` of the local copy of the index directory at the URI ``path``
     (:func:`tfhash.storage.local_copy`: downloaded once, shared by the processes that read the same
-    files); an IndexFormatError names the URI."""
+    files). A copy ``read`` refuses is downloaded again once (it may be an earlier content of the
+    same sizes and times); an IndexFormatError then names the URI."""
     local = storage.local_copy(path, "indexes")
+    try:
+        return read(local)
+    except IndexFormatError:
+        local = storage.local_copy(path, "indexes", fresh=True)
     try:
         return read(local)
     except IndexFormatError as err:
