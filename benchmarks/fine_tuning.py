@@ -38,9 +38,10 @@ from tfhash import proxies  # noqa: E402
 from tfhash.callbacks.retrieval_eval import RetrievalEvalCallback  # noqa: E402
 from tfhash.data import load_cifar10  # noqa: E402
 from tfhash.data.splits import validation_split  # noqa: E402
-from tfhash.fine_tuning import FineTuning, compile_fine_tuning  # noqa: E402
+from tfhash.fine_tuning import FineTuning  # noqa: E402
 from tfhash.metrics import evaluate_retrieval  # noqa: E402
 from tfhash.models import build_hclm, build_hyp2, build_scdh, image_backbone  # noqa: E402
+from tfhash.optimizers import compile_fine_tuning  # noqa: E402
 
 METHODS = ("SCDH", "HCLM", "sHCLM", "HyP2")
 BATCH = 64

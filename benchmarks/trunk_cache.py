@@ -39,10 +39,12 @@ from benchmarks.fine_tuning import SCDH_TABLE_I_ALEXNET, TimedRetrievalEval  # n
 from tfhash.codes import sign_codes  # noqa: E402
 from tfhash.data import load_cifar10  # noqa: E402
 from tfhash.data.splits import validation_split  # noqa: E402
-from tfhash.fine_tuning import FineTuning, compile_fine_tuning  # noqa: E402
+from tfhash.fine_tuning import FineTuning  # noqa: E402
 from tfhash.metrics import evaluate_retrieval  # noqa: E402
 from tfhash.models import build_hclm, build_hyp2, build_scdh, image_backbone  # noqa: E402
 from tfhash.networks import EFFICIENTNET_LITE  # noqa: E402
+from tfhash.optimizers import compile_fine_tuning  # noqa: E402
+from tfhash.trunk_cache import fit_on_cache  # noqa: E402
 
 BATCH = 64
 #: The settings of the shipped config (pipelines/configs/cifar10.json), the baseline of --recipe.
@@ -168,7 +170,7 @@ def run(args, images, labels, split) -> dict:
 
     policy = {"float32": "float32", "bfloat16": "mixed_bfloat16"}[args.precision]
     start = time.perf_counter()
-    model, history, cache = recipe.fit_on_cache(build(args.method, args.bits, args.seed), make_backbone(args.backbone, args.size, recipe),
+    model, history, cache = fit_on_cache(recipe, build(args.method, args.bits, args.seed), make_backbone(args.backbone, args.size, recipe),
                                                 x_train, y_train, epochs=args.epochs, batch_size=BATCH, seed=args.seed,
                                          backbone_name=args.backbone, policy=policy, callbacks=callbacks)  # fmt: skip
     seconds = time.perf_counter() - start - sum(c.seconds for c in curve)
@@ -217,7 +219,7 @@ def timing(args, images, labels, split) -> dict:
     try:
         cached_times = EpochTimes()
         start = time.perf_counter()
-        _, _, cache = recipe.fit_on_cache(build(args.method, args.bits, args.seed), make_backbone(args.backbone, args.size, recipe), x_train,
+        _, _, cache = fit_on_cache(recipe, build(args.method, args.bits, args.seed), make_backbone(args.backbone, args.size, recipe), x_train,
                                           y_train, epochs=measured + 1, batch_size=BATCH, seed=args.seed, backbone_name=args.backbone,
                                    policy=policy, callbacks=[cached_times])  # fmt: skip
         cached_total = time.perf_counter() - start

@@ -1,4 +1,4 @@
-"""The input maps of a feature-vector tower inside Transform (:data:`tfhash.fine_tuning.INPUT_MAPS`):
+"""The input maps of a feature-vector tower inside Transform (:data:`tfhash.towers.INPUT_MAPS`):
 the statistics come from tf.Transform analyzers over the analysed (training) split, so the
 transform graph, and with it the exported serving signature, maps raw vectors the same way.
 """
@@ -9,8 +9,8 @@ import tensorflow as tf
 import tensorflow_transform as tft
 from tfhash.components.label_statistics import SelectAnchors
 
-from tfhash.fine_tuning import INPUT_MAPS
 from tfhash.layers.input_maps import anchor_gamma, rbf_kernel
+from tfhash.towers import INPUT_MAPS
 
 #: How many anchors the pipeline's RBF map draws (as :func:`tfhash.layers.input_map_layers`).
 RBF_ANCHORS = 500

@@ -78,8 +78,8 @@ def backbone_for(training: dict, shape, name: str = "backbone", data_root=None, 
     Raises:
         BackboneError: an image backbone for feature vectors, or as :func:`image_backbone` does.
     """
-    from tfhash.fine_tuning import widths_of
     from tfhash.models import BackboneError, image_backbone, mlp, small_cnn
+    from tfhash.towers import widths_of
 
     backbone = training["backbone"]
     if backbone == "small_cnn":
@@ -121,8 +121,8 @@ def tuned_training(training: dict, hyperparameters: dict, input_names: list[str]
 
 
 def dtype_policy(training: dict) -> str:
-    """The Keras dtype policy of the run's ``mixed_precision`` (:func:`tfhash.fine_tuning.precision_policy`)."""
-    from tfhash.fine_tuning import precision_policy
+    """The Keras dtype policy of the run's ``mixed_precision`` (:func:`tfhash.precision.precision_policy`)."""
+    from tfhash.precision import precision_policy
 
     return precision_policy(training.get("mixed_precision", "auto"), bool(tf.config.list_physical_devices("GPU")))
 
@@ -212,18 +212,18 @@ def training_arrays(data_accessor, file_pattern, schema, input_names: list[str],
 
 def fit_cached(fn_args, schema, training: dict, inputs: dict, num_classes: int, statistics, recipe, batch: int, policy: str,
                callbacks: list):  # fmt: skip
-    """Train on a trunk cache (:meth:`tfhash.fine_tuning.FineTuning.fit_on_cache`) kept in the run's
+    """Train on a trunk cache (:func:`tfhash.trunk_cache.fit_on_cache`) kept in the run's
     ``trunk_cache_dir`` (null for a run on remote storage: this machine's cache folder,
     :func:`tfhash.storage.cache_dir`), built from one pass over the transformed training records
     (``schema``); returns the float32 model on raw images.
 
     Raises:
         tfhash.trunk_cache.CacheError: several workers (each would build its own cache), or as
-            ``FineTuning.fit_on_cache`` does.
+            ``fit_on_cache`` does.
     """
     from dataclasses import replace
 
-    from tfhash.trunk_cache import CacheError
+    from tfhash.trunk_cache import CacheError, fit_on_cache
 
     config = fn_args.custom_config
     if is_multi_worker():
@@ -236,7 +236,8 @@ def fit_cached(fn_args, schema, training: dict, inputs: dict, num_classes: int, 
     arrays, labels = training_arrays(fn_args.data_accessor, fn_args.train_files, schema, [name], batch)
     images = arrays[name]
     seed, epochs = int(training["seed"]), int(training["epochs"])
-    model, _, _ = recipe.fit_on_cache(
+    model, _, _ = fit_on_cache(
+        recipe,
         build=lambda backbone: build_model(training, inputs, num_classes, statistics, config.get("data_root"), backbone),
         make_backbone=lambda: backbone_for(training, inputs[name], "backbone", config.get("data_root")),
         images=images, labels=labels, epochs=epochs, batch_size=batch, seed=seed, backbone_name=training["backbone"],
@@ -266,7 +267,7 @@ def run_fn(fn_args) -> None:
     model inputs' names), ``data_dir`` (the exported data: its description gives the classes and
     the inputs' kinds and shapes, and its first usable training records become the TF Serving
     warmup requests), ``data_root`` and ``trunk_cache_dir``."""
-    from tfhash.fine_tuning import compile_fine_tuning
+    from tfhash.optimizers import compile_fine_tuning
     from tfhash.registry import get_method
 
     config = fn_args.custom_config

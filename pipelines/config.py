@@ -70,15 +70,15 @@ class TrainingConfig:
     label_coefficients: bool = config_key(False, "train with the JCCH coefficients q / u computed in Transform (needs "
                                    "jcch_anchors)")
     input_map: str | dict = config_key("none", "what Transform maps feature vectors through, with statistics of the training "
-                                "split (`tfhash.fine_tuning.INPUT_MAPS`): `none` (z-scores with one mean and variance), "
+                                "split (`tfhash.towers.INPUT_MAPS`): `none` (z-scores with one mean and variance), "
                                 "`standardise` (z-scores per feature), `rbf` (RBF features on 500 anchors, then "
                                 "standardised); one for every vector input or `{modality: map}`")
     recipe: str | None = config_key(None, "a kind of data of `tfhash.recipes.RECOMMENDED` (`multi-label`, `cross-modal`): "
                              "its method, settings, MLP and optimizer, under whatever this section sets itself")
 
     def __post_init__(self) -> None:
-        from tfhash.fine_tuning import checked_widths
         from tfhash.networks import check_backbone_name
+        from tfhash.towers import checked_widths
 
         if self.method not in method_names(in_pipeline=True):
             raise ValueError(f"unknown method {self.method!r}; the pipeline trains {method_names(in_pipeline=True)}"
@@ -99,7 +99,7 @@ class TrainingConfig:
                 raise ValueError(f"training.{key} must be an object of settings, got {getattr(self, key)!r}")
         if self.image_size is not None and not (isinstance(self.image_size, int) and 16 <= self.image_size <= 1024):
             raise ValueError(f"image_size must be an integer side from 16 to 1024 pixels, got {self.image_size!r}")
-        from tfhash.fine_tuning import PRECISIONS
+        from tfhash.precision import PRECISIONS
 
         if self.mixed_precision not in PRECISIONS:
             raise ValueError(f"mixed_precision must be one of {list(PRECISIONS)}, got {self.mixed_precision!r}")
@@ -374,7 +374,7 @@ class PipelineConfig:
             raise ValueError(f"training.fine_tuning.input_dropout is for the mlp backbone, not {self.training.backbone!r}")
 
     def _check_input_maps(self) -> None:
-        from tfhash.fine_tuning import INPUT_MAPS
+        from tfhash.towers import INPUT_MAPS
 
         chosen = self.training.input_map
         if not isinstance(chosen, (str, dict)):
@@ -439,7 +439,7 @@ class PipelineConfig:
 
     def input_maps(self) -> dict[str, str]:
         """``training.input_map`` of every input: ``{modality: map}`` (images: ``none``)."""
-        from tfhash.fine_tuning import input_map_of
+        from tfhash.towers import input_map_of
 
         return {name: input_map_of(self.training.input_map, name) for name in self.inputs}
 

@@ -5,6 +5,8 @@
                                                           <-  entry points: tfhash.cli, benchmarks
 
 * the contract imports no other tfhash module but :data:`LEAVES` (any layer may read its names);
+* inside the library, the building blocks (layers, losses, metrics, codes, indexes) import nothing
+  that trains or tunes, nor the command line (:data:`BUILDING_BLOCKS`, :data:`TRAINING`);
 * a leaf (``tfhash.storage``: where a file lives, a path or a URI) imports no tfhash module;
 * the library imports no stage and no entry point;
 * a stage imports the library and the contract, never another stage; the one composition edge is
@@ -13,6 +15,8 @@
 * the benchmarks only measure: they import no test code (``tests/``), and the tests' helpers (the
   fuzz oracle, the robustness scenarios, the fixtures) import no benchmark but its results writer
   (``benchmarks.common``); the test files themselves may import the benchmarks they test.
+
+And no module reaches itself through imports: the graph has no circle (:func:`circles`).
 """
 
 from __future__ import annotations
@@ -32,6 +36,10 @@ STAGES = ("components", "pipelines", "serving")
 #: (importing module, imported module) pairs allowed across stages: the pipeline is its components.
 #: Library modules that import no tfhash module, which the contract may build on.
 LEAVES = {"tfhash.storage"}
+#: Library modules (and packages) that models are made of, and those that train, tune or drive them:
+#: a building block imports none of the latter.
+BUILDING_BLOCKS = ("tfhash.layers", "tfhash.losses", "tfhash.metrics", "tfhash.codes", "tfhash.hamming", "tfhash.index")
+TRAINING = ("tfhash.recipes", "tfhash.fine_tuning", "tfhash.trunk_cache", "tfhash.tuning", "tfhash.cli")
 COMPOSITION = {("tfhash.pipelines.pipeline", "tfhash.components.index_builder"),
                ("tfhash.pipelines.pipeline", "tfhash.components.record_filter"),
                ("tfhash.pipelines.pipeline", "tfhash.components.retrieval_evaluator")}  # fmt: skip
@@ -72,6 +80,11 @@ def imported_modules(source: str, module: str, known: set[str]) -> set[str]:
     return found
 
 
+def within(module: str, roots) -> bool:
+    """``module`` is one of ``roots`` or inside one of them."""
+    return any(module == root or module.startswith(root + ".") for root in roots)
+
+
 def violations(modules: dict[str, str]) -> list[str]:
     """``importer -> imported: why`` for every import that breaks the rule (module docstring);
     ``modules``: module name -> its source."""
@@ -87,6 +100,8 @@ def violations(modules: dict[str, str]) -> list[str]:
                 broken.append(f"{importer} -> {imported}: a leaf imports no tfhash module")
             elif source_layer == "contract" and imported != importer and target_layer != "contract" and imported not in LEAVES:
                 broken.append(f"{importer} -> {imported}: the contract imports no other tfhash module")
+            elif within(importer, BUILDING_BLOCKS) and within(imported, TRAINING):
+                broken.append(f"{importer} -> {imported}: a building block imports nothing that trains, tunes or runs commands")
             elif source_layer == "library" and target_layer not in ("library", "contract"):
                 broken.append(f"{importer} -> {imported}: the library imports no stage or entry point")
             elif (source_layer in STAGES and target_layer not in ("library", "contract", source_layer)
@@ -98,6 +113,48 @@ def violations(modules: dict[str, str]) -> list[str]:
                   and imported.startswith("benchmarks") and imported not in ("benchmarks", "benchmarks.common")):  # fmt: skip
                 broken.append(f"{importer} -> {imported}: a test helper imports no benchmark but benchmarks.common")
     return broken
+
+
+def circles(modules: dict[str, str]) -> list[list[str]]:
+    """The import circles among ``modules`` (name -> source): each a sorted list of the modules
+    that reach one another through imports (strongly connected components of two or more, found
+    by Tarjan's algorithm; function-level imports count, as they do at run time)."""
+    known = set(modules)
+    graph = {name: sorted(imported_modules(source, name, known) & known - {name}) for name, source in modules.items()}
+    order, low, stack, on_stack, found = {}, {}, [], set(), []
+    for root in sorted(graph):
+        if root in order:
+            continue
+        work = [(root, iter(graph[root]))]
+        order[root] = low[root] = len(order)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, successors = work[-1]
+            successor = next(successors, None)
+            if successor is not None:
+                if successor not in order:
+                    order[successor] = low[successor] = len(order)
+                    stack.append(successor)
+                    on_stack.add(successor)
+                    work.append((successor, iter(graph[successor])))
+                elif successor in on_stack:
+                    low[node] = min(low[node], order[successor])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == order[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return sorted(found)
 
 
 def project_modules(root: Path = ROOT) -> dict[str, str]:
@@ -117,6 +174,17 @@ def test_the_import_graph_follows_the_dependency_rule():
     assert violations(modules) == []
 
 
+def test_no_module_reaches_itself_through_imports():
+    assert circles(project_modules()) == []
+
+
+def test_a_circle_through_a_function_level_import_is_found():
+    modules = {"tfhash.a": "from tfhash.b import x\n", "tfhash.b": "def f():\n    import tfhash.c\n",
+               "tfhash.c": "from tfhash import a\n", "tfhash.d": "from tfhash.a import y\n", "tfhash": ""}  # fmt: skip
+    assert circles(modules) == [["tfhash.a", "tfhash.b", "tfhash.c"]]
+    assert circles({**modules, "tfhash.c": ""}) == []
+
+
 @pytest.mark.parametrize(("importer", "source", "why"), [
     ("tfhash.serving.cli", "def f():\n    from tfhash.pipelines.config import PipelineConfig\n", "a stage imports no other stage"),
     ("tfhash.serving.versions", "from tfhash.components import export\n", "a stage imports no other stage"),
@@ -124,6 +192,9 @@ def test_the_import_graph_follows_the_dependency_rule():
     ("tfhash.components.trainer", "from ..serving import client\n", "a stage imports no other stage"),
     ("tfhash.index.base", "from tfhash.components.encoding import encode_split\n", "the library imports no stage"),
     ("tfhash.models.scdh", "from tfhash import cli\n", "the library imports no stage or entry point"),
+    ("tfhash.layers.input_maps", "from tfhash.fine_tuning import FineTuning\n", "a building block imports nothing that trains"),
+    ("tfhash.index.base", "def f():\n    from tfhash.tuning import tune\n", "a building block imports nothing that trains"),
+    ("tfhash.losses", "import tfhash.cli\n", "a building block imports nothing that trains"),
     ("tfhash.artifacts", "from tfhash.codes import pack_codes\n", "the contract imports no other tfhash module"),
     ("tfhash.storage", "from tfhash.artifacts import ID\n", "a leaf imports no tfhash module"),
     ("benchmarks.serving", "def f():\n    from tests.serving_fixtures import stop_cli\n", "the benchmarks import no test code"),

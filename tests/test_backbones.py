@@ -23,13 +23,10 @@ from tfhash.serving.errors import ServingError
 from tfhash.serving.model_server import DevModelServer
 
 from tfhash.export import export_image_model
-from tfhash.fine_tuning import (
-    FINE_TUNING_DEFAULTS,
-    FineTuning,
-    compile_fine_tuning,
-    learning_rate_schedule,
-)
+from tfhash.fine_tuning import FINE_TUNING_DEFAULTS, FineTuning
 from tfhash.models import AUGMENTATIONS, IMAGE_NETWORKS, BackboneError, build_scdh, image_backbone
+from tfhash.optimizers import compile_fine_tuning
+from tfhash.schedules import learning_rate_schedule
 
 SHAPE = (32, 32, 3)
 BITS = 16

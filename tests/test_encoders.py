@@ -11,9 +11,9 @@ import tensorflow as tf
 from tests.test_sample_weight import MODEL_CASES, model_case
 from tfhash.callbacks import RetrievalEvalCallback
 from tfhash.codes import sign_codes
-from tfhash.fine_tuning import backbone_variables
 from tfhash.models import build_scdh, mlp
 from tfhash.models.base import DEFAULT_MODALITY
+from tfhash.optimizers import backbone_variables
 
 
 def _model(name):

@@ -366,7 +366,7 @@ def test_an_unreachable_milvus_stops_the_run_before_any_work(tmp_path):
 def test_a_recipe_fills_the_training_section_under_its_own_keys():
     from tfhash.components.trainer import backbone_for
 
-    from tfhash.fine_tuning import compile_fine_tuning
+    from tfhash.optimizers import compile_fine_tuning
     from tfhash.recipes import RECOMMENDED
 
     config = PipelineConfig(name="x", dataset="wiki", modalities=["image", "text"],

@@ -11,17 +11,14 @@ import keras
 import numpy as np
 import pytest
 
-from tfhash.fine_tuning import (
-    FineTuning,
-    TrunkCache,
-    cpu_has_bfloat16,
-    precision_policy,
-)
+from tfhash.fine_tuning import FineTuning, TrunkCache
 from tfhash.models import build_hclm, build_scdh, image_backbone
 from tfhash.networks import SQUEEZENET_LAYERS
+from tfhash.precision import cpu_has_bfloat16, precision_policy
 from tfhash.trunk_cache import (
     CacheError,
     build_cache,
+    fit_on_cache,
     layer_names,
     mixup_batch,
     open_cache,
@@ -99,7 +96,7 @@ def cached_fit(weights, tmp_path, epochs=1, views=2, policy="float32", mixup=0.0
         seen["split"] = split
         return []
 
-    model, history, cache = recipe.fit_on_cache(scdh(), lambda: backbone(weights, **recipe.backbone_options()), images, labels,
+    model, history, cache = fit_on_cache(recipe, scdh(), lambda: backbone(weights, **recipe.backbone_options()), images, labels,
                                                 epochs=epochs, batch_size=16, seed=0, backbone_name="squeezenet", policy=policy,
                                          callbacks=callbacks)  # fmt: skip
     return model, history, cache, seen["split"], images
@@ -161,11 +158,11 @@ def test_mixup_trains_scdh_and_is_refused_for_a_method_without_clusters(weights,
         return build_hclm(net, 4, 16)
 
     with pytest.raises(CacheError, match="mixup mixes SCUL's label weights"):
-        recipe.fit_on_cache(hclm, lambda: backbone(weights), images, labels, epochs=1, batch_size=16, seed=0,
+        fit_on_cache(recipe, hclm, lambda: backbone(weights), images, labels, epochs=1, batch_size=16, seed=0,
                             backbone_name="squeezenet")  # fmt: skip
     assert not (tmp_path / "c").exists()  # refused before the cache was built
     with pytest.raises(CacheError, match="no trunk_cache; set trunk_cache=True"):
-        FineTuning.for_backbone("squeezenet", trunk_cache=False).fit_on_cache(hclm, lambda: backbone(weights), images, labels, epochs=1,
+        fit_on_cache(FineTuning.for_backbone("squeezenet", trunk_cache=False), hclm, lambda: backbone(weights), images, labels, epochs=1,
                                                                               batch_size=16, seed=0, backbone_name="squeezenet")  # fmt: skip
     with pytest.raises(ValueError, match="mixup must be a finite number"):
         TrunkCache(mixup=-1)

@@ -1,10 +1,12 @@
 """Fine-tuning recipes: how a tfhash model with a (pretrained) backbone is optimised.
 
-:class:`FineTuning` states a recipe, :func:`compile_fine_tuning` compiles a model with it, and
+:class:`FineTuning` states a recipe and trains with it (:meth:`FineTuning.fit`), and
 :data:`FINE_TUNING_DEFAULTS` holds tfhash's default per backbone. The pretrained layers and the new
-ones get two learning rates, which live in one optimizer of :mod:`tfhash.optimizers`. This module
-imports no TensorFlow (Keras is imported when an optimizer or schedule is made), so a pipeline
-config's fine-tuning settings are checked before anything heavy loads.
+ones get two learning rates, which live in one optimizer of :mod:`tfhash.optimizers`
+(:func:`tfhash.optimizers.compile_fine_tuning` compiles a model with a recipe's); training on a
+cached frozen trunk is :func:`tfhash.trunk_cache.fit_on_cache`. This module imports no TensorFlow
+(Keras is imported when an optimizer or schedule is made), so a pipeline config's fine-tuning
+settings are checked before anything heavy loads.
 """
 
 from __future__ import annotations
@@ -12,54 +14,10 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, fields, replace
 
-__all__ = ["FineTuning", "TrunkCache", "compile_fine_tuning", "learning_rate_schedule", "precision_policy", "cpu_has_bfloat16", "backbone_variables"]
+from tfhash.schedules import SCHEDULES
 
-SCHEDULES = ("constant", "step", "cosine")
-#: The input maps of a feature-vector tower (:mod:`tfhash.layers.input_maps`): none, standardisation
-#: (z-scores), RBF kernel features on anchors then z-scores; each adapted to the training rows.
-INPUT_MAPS = ("none", "standardise", "rbf")
+__all__ = ["FineTuning", "TrunkCache", "FINE_TUNING_DEFAULTS", "DEFAULT_CUTS"]
 
-
-def input_map_of(input_map: str | dict, modality: str | None) -> str:
-    """The map of ``modality`` in an ``input_map`` setting: one map for every tower, or
-    ``{modality: map}`` (a modality it does not name: ``"none"``)."""
-    return input_map.get(modality, "none") if isinstance(input_map, dict) else input_map
-
-
-def checked_widths(hidden, where: str = "hidden") -> tuple[int, ...] | dict[str, tuple[int, ...]]:
-    """An MLP's layer widths, one list for every tower or ``{modality: widths}`` (each tower named),
-    as tuples.
-
-    Raises:
-        ValueError: not positive integer widths; ``where`` names the setting.
-    """
-    def widths(value, name):
-        if not (isinstance(value, (list, tuple)) and all(isinstance(w, int) and not isinstance(w, bool) and w > 0 for w in value)):
-            raise ValueError(f"{name} must be a list of positive layer widths, e.g. [1024] ([] for a linear tower), got {value!r}")
-        return tuple(value)
-
-    if isinstance(hidden, dict):
-        if not hidden:
-            raise ValueError(f"{where} names no tower; give a list of widths, or {{modality: widths}}")
-        return {str(m): widths(v, f"{where} of {m!r}") for m, v in hidden.items()}
-    return widths(hidden, where)
-
-
-def widths_of(hidden, modality: str | None) -> tuple[int, ...]:
-    """The layer widths of ``modality``'s tower in a ``hidden`` setting (:func:`checked_widths`).
-
-    Raises:
-        ValueError: a per-tower setting that does not name ``modality``.
-    """
-    if not isinstance(hidden, dict):
-        return tuple(hidden)
-    if modality not in hidden:
-        raise ValueError(f"hidden gives widths for {sorted(hidden)}, not for the tower {modality!r}; name every tower")
-    return tuple(hidden[modality])
-
-
-#: The run config's ``mixed_precision`` values (:func:`precision_policy`).
-PRECISIONS = ("auto", "on", "off", "bfloat16")
 #: The cut of :class:`TrunkCache` per network tfhash knows: SqueezeNet v1.1's last pooling, below
 #: fire6-fire9 (a third of the network's training cost at 224x224 and most of its parameters);
 #: EfficientNet-Lite's first stage at stride 16 (its output: ``block7`` in Lite0, ``block10`` in
@@ -68,57 +26,6 @@ PRECISIONS = ("auto", "on", "off", "bfloat16")
 DEFAULT_CUTS = {"squeezenet": "pool5", "efficientnet_lite0": "block7", "efficientnet_lite1": "block10",
                 "efficientnet_lite2": "block10"}  # fmt: skip
 OPTIMIZERS = ("sgd", "adam", "adamw")
-
-
-def learning_rate_schedule(base: float, schedule: str, epochs: int, steps_per_epoch: int, decay_epochs=(),
-                           decay_rate: float = 0.2):  # fmt: skip
-    """The learning rate over optimizer steps: ``"constant"``; ``"step"``, multiplied by
-    ``decay_rate`` at each epoch of ``decay_epochs`` (SCDH: 0.2, "decreases by 80%"); ``"cosine"``,
-    from ``base`` to 0 over ``epochs`` (SGDR without restarts)."""
-    import keras
-
-    if schedule == "constant":
-        return float(base)
-    if schedule == "step":
-        # PiecewiseConstantDecay switches after a boundary step: the decayed rate starts with the
-        # first step of epoch e (0-based step e * steps_per_epoch).
-        boundaries = [int(e) * int(steps_per_epoch) - 1 for e in sorted(decay_epochs)]
-        if not boundaries:
-            return float(base)
-        values = [float(base) * float(decay_rate) ** i for i in range(len(boundaries) + 1)]
-        return keras.optimizers.schedules.PiecewiseConstantDecay(boundaries, values)
-    if schedule == "cosine":
-        return keras.optimizers.schedules.CosineDecay(float(base), max(1, int(epochs) * int(steps_per_epoch)))
-    raise ValueError(f"unknown learning-rate schedule {schedule!r}; choose one of {SCHEDULES}")
-
-
-def cpu_has_bfloat16(cpuinfo: str = "/proc/cpuinfo") -> bool:
-    """True when the CPU computes in bfloat16 natively (AVX512_BF16 or AMX-BF16 in its flags);
-    elsewhere oneDNN emulates it, slower than float32."""
-    try:
-        with open(cpuinfo) as handle:
-            flags = next((line for line in handle if line.startswith("flags")), "").split()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
-def precision_policy(setting: str, gpu: bool, cpuinfo: str = "/proc/cpuinfo") -> str:
-    """The Keras dtype policy of a run's ``mixed_precision`` setting: ``"off"`` float32; ``"on"``
-    mixed_float16; ``"auto"`` mixed_float16 with a GPU, else float32; ``"bfloat16"``
-    mixed_bfloat16 on a GPU or a CPU that has it (:func:`cpu_has_bfloat16`), else float32 with a
-    warning (the same run, slower, rather than a failure on another machine)."""
-    if setting not in PRECISIONS:
-        raise ValueError(f"mixed_precision must be one of {PRECISIONS}, got {setting!r}")
-    if setting == "bfloat16":
-        if gpu or cpu_has_bfloat16(cpuinfo):
-            return "mixed_bfloat16"
-        import logging
-
-        logging.getLogger(__name__).warning("mixed_precision 'bfloat16': this CPU has no bfloat16 instructions "
-                                            "(avx512_bf16 / amx_bf16); training in float32")  # fmt: skip
-        return "float32"
-    return "mixed_float16" if setting == "on" or (setting == "auto" and gpu) else "float32"
 
 
 @dataclass(frozen=True)
@@ -200,7 +107,7 @@ class FineTuning:
         backbone_learning_rate: the pretrained layers' rate; None = ``learning_rate``.
         momentum: SGD momentum.
         weight_decay: coupled L2 on every variable (sgd, adam); AdamW's decoupled decay (adamw).
-        schedule, decay_epochs, decay_rate: see :func:`learning_rate_schedule`.
+        schedule, decay_epochs, decay_rate: see :func:`tfhash.schedules.learning_rate_schedule`.
         frozen_epochs: epochs at the start during which the backbone does not move.
         freeze_batch_norm: keep the backbone's batch-norm statistics (see
             :func:`tfhash.models.backbones.image_backbone`).
@@ -297,7 +204,7 @@ class FineTuning:
             backbone: a name of :data:`tfhash.models.IMAGE_NETWORKS` (or an encoder's path), built
                 by :func:`tfhash.models.image_backbone` at ``size`` with ``weights`` and these
                 settings' :meth:`backbone_options`.
-            precision: the mixed precision of the cached training (:func:`precision_policy`:
+            precision: the mixed precision of the cached training (:func:`tfhash.precision.precision_policy`:
                 ``"off"``, ``"on"``, ``"auto"`` or ``"bfloat16"``); end-to-end training is float32.
             callbacks, verbose: as for ``keras.Model.fit``.
 
@@ -309,12 +216,15 @@ class FineTuning:
         import numpy as np
 
         from tfhash.models import image_backbone
+        from tfhash.optimizers import compile_fine_tuning
+        from tfhash.precision import precision_policy
+        from tfhash.trunk_cache import fit_on_cache
 
         def make_backbone():
             return image_backbone(backbone, np.shape(images)[1:], size=size, weights=weights, **self.backbone_options())
 
         if self.trunk_cache is not None:
-            model, _, _ = self.fit_on_cache(build, make_backbone, images, labels, epochs=epochs, batch_size=batch_size, seed=seed,
+            model, _, _ = fit_on_cache(self, build, make_backbone, images, labels, epochs=epochs, batch_size=batch_size, seed=seed,
                                        backbone_name=backbone, policy=precision_policy(precision, gpu=False), callbacks=callbacks,
                                        verbose=verbose)  # fmt: skip
             return model
@@ -323,81 +233,6 @@ class FineTuning:
         compile_fine_tuning(model, self, epochs, math.ceil(len(images) / batch_size))
         model.fit(images, labels, epochs=epochs, batch_size=batch_size, callbacks=list(callbacks), verbose=verbose)
         return model
-
-    def fit_on_cache(self, build, make_backbone, images, labels, *, epochs: int, batch_size: int, seed: int, backbone_name: str,
-                     policy: str = "float32", callbacks=(), verbose: int = 2):  # fmt: skip
-        """Train a tfhash model on a trunk cache of these settings' :attr:`trunk_cache` (what
-        :meth:`fit` does when it is set); returns ``(model, history, cache)``: ``model`` is a float32
-        model on raw images (the full backbone) holding the trained weights, ``cache`` the
-        :class:`tfhash.trunk_cache.Cache` trained on.
-
-        The backbone is cut by :func:`tfhash.trunk_cache.split_backbone` into the *trunk* (stored pixels -> the cut's
-        activations, in inference mode) and the *top*, which shares its layers with the backbone. The
-        cache holds the trunk's activations of ``trunk_cache.views`` copies of the training images
-        (view 0: as they are; view 1: mirrored; the others: :attr:`augment`'s random augmentation,
-        seeded), in ``float16`` on disk under a key of everything they depend on
-        (:class:`tfhash.trunk_cache.CacheKey`), reused by a later run with the same key. The cached
-        model is compiled with these settings (:func:`compile_fine_tuning`, the backbone rate on the
-        layers above the cut) and trained under ``policy``; the global mixed-precision policy is
-        restored afterwards.
-
-        Args:
-            build: backbone -> a tfhash model (a method's builder; one image input).
-            make_backbone: a new full backbone (weights loaded), called under ``policy`` and again
-                under float32.
-            images, labels: the training rows.
-            epochs, batch_size, seed: of the cached model's training (the seed also draws the views).
-            backbone_name: how the run names the backbone (part of the cache's key).
-            policy: ``"float32"`` or ``"mixed_bfloat16"`` for the cache and the training.
-            callbacks: Keras callbacks of the cached model's ``fit``, or ``callbacks(split)`` returning
-                them (e.g. a validation curve on the trunk's activations of held-out images).
-            verbose: as for ``keras.Model.fit``.
-
-        Raises:
-            tfhash.trunk_cache.CacheError: no :attr:`trunk_cache` set; as
-                :func:`tfhash.trunk_cache.split_backbone` and :func:`tfhash.trunk_cache.build_cache`;
-                a method with several backbones (cross-modal, Mean Teacher).
-        """
-        import keras
-
-        from tfhash.trunk_cache import CacheError, build_cache, head_weights, split_backbone
-
-        if self.trunk_cache is None:
-            raise CacheError("these fine-tuning settings have no trunk_cache; set trunk_cache=True (or its settings) or call fit")
-        previous = keras.mixed_precision.global_policy().name
-        keras.mixed_precision.set_global_policy(policy)
-        try:
-            backbone = make_backbone()
-            settings = self.trunk_cache
-            split = split_backbone(backbone, settings.cut)
-            cached = build(split.top)  # refused before the cache costs anything
-            if len(cached.modalities) != 1 or cached.modality_backbone() is not split.top:
-                raise CacheError(f"{type(cached).__name__} trains several backbones; the trunk cache serves models with one "
-                                 "image backbone (not cross-modal or Mean-Teacher models)")  # fmt: skip
-            if settings.mixup and not hasattr(cached, "clusters"):
-                raise CacheError(f"trunk_cache.mixup mixes SCUL's label weights; {type(cached).__name__} has no semantic "
-                                 "clusters (use it with SCDH, or set mixup to 0)")  # fmt: skip
-            cache = build_cache(split, images, labels, settings.directory, backbone_name, settings.views, self.augment, seed)
-            compile_fine_tuning(cached, self, int(epochs), -(-len(labels) // int(batch_size)))
-            callbacks = callbacks(split) if callable(callbacks) else list(callbacks)
-            history = cached.fit(cache.dataset(int(batch_size), seed, settings.mixup), epochs=int(epochs), callbacks=callbacks, verbose=verbose)
-        finally:
-            keras.mixed_precision.set_global_policy(previous)
-        keras.mixed_precision.set_global_policy("float32")
-        try:
-            full_backbone = make_backbone()
-            model = build(full_backbone)
-            model(keras.ops.zeros((1, *images.shape[1:]), images.dtype), training=False)  # creates the head's variables
-        finally:
-            keras.mixed_precision.set_global_policy(previous)
-        full_backbone.set_weights(backbone.get_weights())
-        source, target = head_weights(cached), head_weights(model)
-        if [tuple(v.shape) for v in source] != [tuple(v.shape) for v in target]:
-            raise CacheError("the model built on the full backbone does not have the cached model's head; "
-                             "the builder must build the same model for any backbone")  # fmt: skip
-        for src, dst in zip(source, target, strict=True):
-            dst.assign(keras.ops.cast(src, dst.dtype))
-        return model, history, cache
 
     def scaled_to_batch(self, factor: float) -> FineTuning:
         """This recipe for a batch ``factor`` times larger: learning rates scaled linearly (the
@@ -410,6 +245,7 @@ class FineTuning:
     def make_optimizer(self, epochs: int, steps_per_epoch: int):
         """The optimizer of this recipe (backbone variables still to be registered)."""
         from tfhash.optimizers import BackboneRateAdam, BackboneRateAdamW, BackboneRateSGD
+        from tfhash.schedules import learning_rate_schedule
 
         rate = learning_rate_schedule(self.learning_rate, self.schedule, epochs, steps_per_epoch, self.decay_epochs, self.decay_rate)
         scale = 1.0 if self.backbone_learning_rate is None else self.backbone_learning_rate / self.learning_rate
@@ -423,7 +259,7 @@ class FineTuning:
 
 #: Default recipes. Pretrained networks: the SCDH recipe (SGD momentum 0.9, backbone 0.001, new
 #: layers 0.01) with HyP2's weight decay, step decay by 80% and augmentation; the decay epochs are
-#: set from the run's epochs by :func:`compile_fine_tuning` when not given. From scratch (small_cnn,
+#: set from the run's epochs by :func:`tfhash.optimizers.compile_fine_tuning` when not given. From scratch (small_cnn,
 #: mlp): Adam 1e-3, constant, no augmentation (tfhash's recipe before fine-tuning existed); the MLP
 #: keeps :func:`tfhash.models.mlp`'s dropout of 0.2.
 FINE_TUNING_DEFAULTS: dict[str, dict] = {
@@ -432,23 +268,3 @@ FINE_TUNING_DEFAULTS: dict[str, dict] = {
     "small_cnn": {},
     "mlp": {"dropout": 0.2},
 }  # fmt: skip
-
-
-def backbone_variables(model) -> list:
-    """The pretrained variables of a tfhash model: those of the backbone that training updates for
-    each of its modalities (``model.modality_backbone``: every tower of a cross-modal model, the
-    student's of MT-SCDH, whose teacher is not trained)."""
-    return [v for modality in model.modalities for v in model.modality_backbone(modality).trainable_variables]
-
-
-def compile_fine_tuning(model, recipe: FineTuning, epochs: int, steps_per_epoch: int, **compile_kwargs):
-    """Compile ``model`` with ``recipe``; its backbone variables take the backbone rate (the same
-    rate when ``backbone_learning_rate`` is None, as for a backbone trained from scratch). A step
-    schedule without ``decay_epochs`` decays at 5/8 and 7/8 of ``epochs`` (SCDH's 100 and 140 of
-    160). Returns the optimizer."""
-    if recipe.schedule == "step" and not recipe.decay_epochs:
-        recipe = replace(recipe, decay_epochs=sorted({max(1, round(epochs * 5 / 8)), max(1, round(epochs * 7 / 8))}))
-    optimizer = recipe.make_optimizer(epochs, steps_per_epoch)
-    model.compile(optimizer=optimizer, **compile_kwargs)
-    optimizer.set_backbone_variables(backbone_variables(model))
-    return optimizer

@@ -1,10 +1,15 @@
-"""Optimizers with a separate rate for a pretrained backbone, as the papers fine-tune (see
-:mod:`tfhash.fine_tuning`, whose :class:`~tfhash.fine_tuning.FineTuning` makes them)."""
+"""Optimizers with a separate rate for a pretrained backbone, as the papers fine-tune, and
+:func:`compile_fine_tuning`, which compiles a model with the one a recipe
+(:class:`tfhash.fine_tuning.FineTuning`) makes."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import keras
 from keras import ops
+
+__all__ = ["BackboneRateSGD", "BackboneRateAdam", "BackboneRateAdamW", "compile_fine_tuning", "backbone_variables"]
 
 
 class _BackboneRates:
@@ -17,7 +22,7 @@ class _BackboneRates:
     frameworks (``gradient + weight_decay * variable``, as PyTorch's and Caffe's SGD apply it) for SGD
     and Adam, and AdamW's decoupled decay for ``"adamw"`` (:class:`BackboneRateAdamW`).
     Like Keras's ``exclude_from_weight_decay``, the registered variables are not part of the
-    optimizer's config: recompile with :func:`tfhash.fine_tuning.compile_fine_tuning` after loading a
+    optimizer's config: recompile with :func:`compile_fine_tuning` after loading a
     model to resume.
     """
 
@@ -72,3 +77,23 @@ class BackboneRateAdamW(_BackboneRates, keras.optimizers.AdamW):
         if self.weight_decay and super()._use_weight_decay(variable):
             rate = ops.multiply(ops.cast(learning_rate, variable.dtype), ops.cast(self.weight_decay, variable.dtype))
             variable.assign(ops.subtract(variable, ops.multiply(variable, rate)))
+
+
+def backbone_variables(model) -> list:
+    """The pretrained variables of a tfhash model: those of the backbone that training updates for
+    each of its modalities (``model.modality_backbone``: every tower of a cross-modal model, the
+    student's of MT-SCDH, whose teacher is not trained)."""
+    return [v for modality in model.modalities for v in model.modality_backbone(modality).trainable_variables]
+
+
+def compile_fine_tuning(model, recipe, epochs: int, steps_per_epoch: int, **compile_kwargs):
+    """Compile ``model`` with the optimizer of ``recipe`` (a :class:`tfhash.fine_tuning.FineTuning`);
+    its backbone variables take the backbone rate (the same rate when ``backbone_learning_rate`` is
+    None, as for a backbone trained from scratch). A step schedule without ``decay_epochs`` decays
+    at 5/8 and 7/8 of ``epochs`` (SCDH Sec. V-A: at 100 and 140 of 160). Returns the optimizer."""
+    if recipe.schedule == "step" and not recipe.decay_epochs:
+        recipe = replace(recipe, decay_epochs=sorted({max(1, round(epochs * 5 / 8)), max(1, round(epochs * 7 / 8))}))
+    optimizer = recipe.make_optimizer(epochs, steps_per_epoch)
+    model.compile(optimizer=optimizer, **compile_kwargs)
+    optimizer.set_backbone_variables(backbone_variables(model))
+    return optimizer

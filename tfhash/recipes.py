@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tfhash.fine_tuning import INPUT_MAPS, FineTuning, checked_widths, input_map_of, widths_of
+from tfhash.fine_tuning import FineTuning
 from tfhash.labels import multi_hot
+from tfhash.towers import INPUT_MAPS, checked_widths, input_map_of, widths_of
 
 if TYPE_CHECKING:  # Keras loads when a recipe builds or trains, not when a config names one
     import keras
@@ -43,7 +44,7 @@ class Recipe:
             tower of a cross-modal method); ``hidden`` is one list of widths, or
             ``{modality: widths}`` naming every tower; ``input_dropout`` is one rate, or
             ``{modality: rate}`` (0 for a modality not named).
-        input_map: what the raw features pass through first (:data:`tfhash.layers.INPUT_MAPS`:
+        input_map: what the raw features pass through first (:data:`tfhash.towers.INPUT_MAPS`:
             ``"none"``, ``"standardise"``, ``"rbf"``), adapted to the training rows and saved in the
             model; one map, or ``{modality: map}`` (``"none"`` for a modality not named).
         learning_rate, weight_decay: Adam's rate; decoupled weight decay (AdamW) when > 0.
@@ -197,7 +198,7 @@ class Recipe:
         if any(len(shape) != 2 for shape in shapes.values()):
             raise ValueError(f"a Recipe trains an MLP on feature vectors (n, d); x has shapes {shapes}. For pixels, flatten "
                              "them (x.reshape(len(x), -1)); to fine-tune an image network, build its model with "
-                             "tfhash.models.image_backbone and train it with tfhash.fine_tuning.compile_fine_tuning")  # fmt: skip
+                             "tfhash.models.image_backbone and train it with tfhash.optimizers.compile_fine_tuning")  # fmt: skip
         if method.cross_modal != (len(inputs) == 2) or len(inputs) > 2:
             want = "a dict of two modalities {name: (n, d)}" if method.cross_modal else "one (n, d) array"
             raise ValueError(f"{self.method} takes {want}; got inputs {sorted(shapes)}")

@@ -6,7 +6,7 @@ training image are computed once and stored (:func:`build_cache`); every epoch t
 layers above the cut and the hash head. That is what makes the papers' long fine-tuning schedules
 fit on two CPU cores. The cache is a training device only: the exported model is the whole network
 on raw images. Users reach it through :meth:`tfhash.fine_tuning.FineTuning.fit` with
-``trunk_cache`` set, which trains with :meth:`tfhash.fine_tuning.FineTuning.fit_on_cache`.
+``trunk_cache`` set, which trains with :func:`fit_on_cache`.
 """
 
 from __future__ import annotations
@@ -25,6 +25,11 @@ import keras
 import numpy as np
 
 from tfhash.networks import augmentation_policy
+from tfhash.optimizers import compile_fine_tuning
+
+__all__ = ["CacheError", "CacheKey", "Split", "Cache", "layer_names", "split_backbone", "view_transform", "build_cache",
+           "open_cache", "fit_on_cache", "head_weights", "mixup_batch", "weights_fingerprint", "data_fingerprint",
+           "cache_bytes"]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 
@@ -335,3 +340,72 @@ def head_weights(model: keras.Model) -> list:
     inside = {id(v) for v in model.modality_backbone().weights}
     return [v for v in model.weights if id(v) not in inside]
 
+
+def fit_on_cache(recipe, build, make_backbone, images, labels, *, epochs: int, batch_size: int, seed: int, backbone_name: str,
+                 policy: str = "float32", callbacks=(), verbose: int = 2):  # fmt: skip
+    """Train a tfhash model on a trunk cache of the fine-tuning ``recipe``'s ``trunk_cache``
+    (:class:`tfhash.fine_tuning.FineTuning`; what its ``fit`` does when it is set); returns
+    ``(model, history, cache)``: ``model`` is a float32 model on raw images (the full backbone)
+    holding the trained weights, ``cache`` the :class:`Cache` trained on.
+
+    The backbone is cut by :func:`split_backbone` into the *trunk* (stored pixels -> the cut's
+    activations, in inference mode) and the *top*, which shares its layers with the backbone. The
+    cache holds the trunk's activations of ``trunk_cache.views`` copies of the training images
+    (view 0: as they are; view 1: mirrored; the others: the recipe's ``augment`` random augmentation,
+    seeded), in ``float16`` on disk under a key of everything they depend on (:class:`CacheKey`),
+    reused by a later run with the same key. The cached model is compiled with the recipe
+    (:func:`tfhash.optimizers.compile_fine_tuning`, the backbone rate on the layers above the cut)
+    and trained under ``policy``; the global mixed-precision policy is restored afterwards.
+
+    Args:
+        build: backbone -> a tfhash model (a method's builder; one image input).
+        make_backbone: a new full backbone (weights loaded), called under ``policy`` and again
+            under float32.
+        images, labels: the training rows.
+        epochs, batch_size, seed: of the cached model's training (the seed also draws the views).
+        backbone_name: how the run names the backbone (part of the cache's key).
+        policy: ``"float32"`` or ``"mixed_bfloat16"`` for the cache and the training.
+        callbacks: Keras callbacks of the cached model's ``fit``, or ``callbacks(split)`` returning
+            them (e.g. a validation curve on the trunk's activations of held-out images).
+        verbose: as for ``keras.Model.fit``.
+
+    Raises:
+        CacheError: no ``trunk_cache`` set; as :func:`split_backbone` and :func:`build_cache`;
+            a method with several backbones (cross-modal, Mean Teacher).
+    """
+    if recipe.trunk_cache is None:
+        raise CacheError("these fine-tuning settings have no trunk_cache; set trunk_cache=True (or its settings) or call fit")
+    previous = keras.mixed_precision.global_policy().name
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        backbone = make_backbone()
+        settings = recipe.trunk_cache
+        split = split_backbone(backbone, settings.cut)
+        cached = build(split.top)  # refused before the cache costs anything
+        if len(cached.modalities) != 1 or cached.modality_backbone() is not split.top:
+            raise CacheError(f"{type(cached).__name__} trains several backbones; the trunk cache serves models with one "
+                             "image backbone (not cross-modal or Mean-Teacher models)")  # fmt: skip
+        if settings.mixup and not hasattr(cached, "clusters"):
+            raise CacheError(f"trunk_cache.mixup mixes SCUL's label weights; {type(cached).__name__} has no semantic "
+                             "clusters (use it with SCDH, or set mixup to 0)")  # fmt: skip
+        cache = build_cache(split, images, labels, settings.directory, backbone_name, settings.views, recipe.augment, seed)
+        compile_fine_tuning(cached, recipe, int(epochs), -(-len(labels) // int(batch_size)))
+        callbacks = callbacks(split) if callable(callbacks) else list(callbacks)
+        history = cached.fit(cache.dataset(int(batch_size), seed, settings.mixup), epochs=int(epochs), callbacks=callbacks, verbose=verbose)
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
+    keras.mixed_precision.set_global_policy("float32")
+    try:
+        full_backbone = make_backbone()
+        model = build(full_backbone)
+        model(keras.ops.zeros((1, *images.shape[1:]), images.dtype), training=False)  # creates the head's variables
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
+    full_backbone.set_weights(backbone.get_weights())
+    source, target = head_weights(cached), head_weights(model)
+    if [tuple(v.shape) for v in source] != [tuple(v.shape) for v in target]:
+        raise CacheError("the model built on the full backbone does not have the cached model's head; "
+                         "the builder must build the same model for any backbone")  # fmt: skip
+    for src, dst in zip(source, target, strict=True):
+        dst.assign(keras.ops.cast(src, dst.dtype))
+    return model, history, cache

@@ -12,7 +12,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from tfhash.fine_tuning import INPUT_MAPS
+from tfhash.towers import INPUT_MAPS
 
 
 def squared_distances(x, anchors):

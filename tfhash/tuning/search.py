@@ -80,7 +80,7 @@ class SearchSpace:
             order: Wiki's text), ``None`` for the same as ``hidden``; searched when it holds more
             than ``None``. On Wiki this tower encodes the database of image queries and the text
             queries, so its capacity trades one direction for the other.
-        input_map: the input maps of every tower (:data:`tfhash.fine_tuning.INPUT_MAPS`), adapted
+        input_map: the input maps of every tower (:data:`tfhash.towers.INPUT_MAPS`), adapted
             to each trial's training rows; the pipeline's search keeps ``"none"`` only.
         semi_supervised: the variants (of MT-SCDH) that train on unlabelled rows too: searched only
             when there are some. Every other variant trains on the labelled rows alone, an MT-SCDH
