@@ -43,7 +43,7 @@ def page_screenshot(run: dict, photos: Path, work: Path, picture: Path, seed: in
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
-    from tfhash.serving.processes import SearchSpec, build_server
+    from tfhash.serving.processes import SearchOptions, build_server
 
     from tfhash.artifacts import ITEMS_FILE, signature_fingerprint
     from tfhash.data.export import export_tfrecords
@@ -58,7 +58,7 @@ def page_screenshot(run: dict, photos: Path, work: Path, picture: Path, seed: in
     index = index_factory(codes.shape[1] * 8, "BFlat")
     index.add(codes, np.arange(len(codes), dtype=np.int64))
     index.save(str(work / "indexes" / version / "BFlat"), model_version=version, signature_fingerprint=signature_fingerprint(model_dir))
-    server = build_server(SearchSpec(str(work / "indexes"), model_base_dir=os.path.dirname(model_dir), items_file=str(work / "data" / ITEMS_FILE),
+    server = build_server(SearchOptions(index_base_dir=str(work / "indexes"), model_base_dir=os.path.dirname(model_dir), items_file=str(work / "data" / ITEMS_FILE),
                                      image_root=str(photos), rest_port=0)).start()  # fmt: skip
     options = webdriver.ChromeOptions()
     options.binary_location = shutil.which("chromium")

@@ -158,7 +158,7 @@ def search(config_path, index_base_dir, model_base_dir, model_server, model_name
     """Run the search service until Ctrl-C / SIGTERM (then drain in-flight requests)."""
     from tfhash.serving.event_loop import new_event_loop
     from tfhash.serving.grpc_server import EXIT_SECONDS, run_until_signal
-    from tfhash.serving.processes import ProcessFront, SearchSpec, ServiceFailed, build_server
+    from tfhash.serving.processes import ProcessFront, SearchOptions, ServiceFailed, build_server
 
     from tfhash.artifacts import ITEMS_FILE, read_items
 
@@ -185,14 +185,15 @@ def search(config_path, index_base_dir, model_base_dir, model_server, model_name
         new_event_loop(event_loop).close()  # refused here, before any process starts
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--event-loop") from err
-    spec = SearchSpec(index_base_dir, kind, model_base_dir, model_server, model_name, query_modality, items_file, image_root, host, port, rest_port,
-                      max_k, max_batch, max_request_mb, poll_seconds, search_threads, tf_threads, rest_timeout, event_loop)  # fmt: skip
+    options = SearchOptions(index_base_dir=index_base_dir, kind=kind, model_base_dir=model_base_dir, model_server=model_server,
+                            model_name=model_name, query_modality=query_modality, items_file=items_file, image_root=image_root,
+                            host=host, port=port, rest_port=rest_port, max_k=max_k, max_batch=max_batch,
+                            max_request_mb=max_request_mb, poll_seconds=poll_seconds, search_threads=search_threads,
+                            tf_threads=tf_threads, rest_timeout=rest_timeout, event_loop=event_loop)  # fmt: skip
     try:
-        server = ProcessFront(spec, processes, grace_seconds) if processes > 1 else build_server(spec)
+        server = ProcessFront(options, processes, grace_seconds) if processes > 1 else build_server(options)
     except ValueError as err:
         raise BadInput(str(err)) from err
-    except OSError as err:
-        raise click.ClickException(str(err)) from err
 
     def started(server) -> None:
         status = server.status()
@@ -205,7 +206,7 @@ def search(config_path, index_base_dir, model_base_dir, model_server, model_name
 
     try:
         run_until_signal(server, grace_seconds, on_started=started, exit_within=EXIT_SECONDS)
-    except ServiceFailed as err:
+    except (ServiceFailed, OSError) as err:  # OSError: a port that cannot be bound
         raise click.ClickException(str(err)) from err
     if getattr(server, "failure", None):
         raise click.ClickException(server.failure)

@@ -35,10 +35,11 @@ logger = logging.getLogger(__name__)
 START_SECONDS = 600.0
 #: After the grace period, how long a child may take to exit before it is killed.
 EXIT_MARGIN_SECONDS = 5.0
-@dataclass(frozen=True)
-class SearchSpec:
-    """Everything one process of ``tfhash serve search`` is built from (plain values: it travels
-    to child processes as JSON). The fields are the command's options."""
+@dataclass(frozen=True, kw_only=True)
+class SearchOptions:
+    """Everything one process of ``tfhash serve search`` is built from, given by keyword (plain
+    values: it travels to child processes as JSON). The fields are the command's options, under
+    the same names."""
 
     index_base_dir: str
     kind: str = "BFlat"
@@ -61,10 +62,10 @@ class SearchSpec:
     event_loop: str = "auto"
 
 
-def build_server(spec: SearchSpec, siblings: SharedStatus | None = None, reuse_port: bool = False,
+def build_server(options: SearchOptions, siblings: SharedStatus | None = None, reuse_port: bool = False,
                  rest_sockets: list | None = None) -> SearchServer:  # fmt: skip
-    """The search server of one process (bound, not started); the thread settings apply to this
-    process. Raises ValueError for an unreadable items file, OSError for a port that cannot be bound."""
+    """The search server of one process (not bound, not started: :meth:`SearchServer.start` does
+    both); the thread settings apply to this process. Raises ValueError for an unreadable items file."""
     # imported here: the supervising parent of several processes never loads TensorFlow or FAISS
     from tfhash.serving.requests import Limits
     from tfhash.serving.search_service import (
@@ -76,29 +77,30 @@ def build_server(spec: SearchSpec, siblings: SharedStatus | None = None, reuse_p
 
     from tfhash.artifacts import read_items
 
-    items = read_items(spec.items_file) if spec.items_file else None
-    set_search_threads(spec.search_threads)  # this thread's too: the first pair's warm-up search runs on it
-    if spec.tf_threads:
+    items = read_items(options.items_file) if options.items_file else None
+    set_search_threads(options.search_threads)  # this thread's too: the first pair's warm-up search runs on it
+    if options.tf_threads:
         import tensorflow as tf
 
-        tf.config.threading.set_intra_op_parallelism_threads(spec.tf_threads)
-        tf.config.threading.set_inter_op_parallelism_threads(spec.tf_threads)
-    limits = Limits(max_batch=spec.max_batch, max_k=spec.max_k)
-    if spec.model_server:
-        searcher = remote_searcher(spec.model_server, spec.model_name, spec.index_base_dir, spec.kind, limits, spec.model_base_dir,
-                                   query_modality=spec.query_modality, items=items)  # fmt: skip
+        tf.config.threading.set_intra_op_parallelism_threads(options.tf_threads)
+        tf.config.threading.set_inter_op_parallelism_threads(options.tf_threads)
+    limits = Limits(max_batch=options.max_batch, max_k=options.max_k)
+    if options.model_server:
+        searcher = remote_searcher(options.model_server, options.model_name, options.index_base_dir, options.kind, limits, options.model_base_dir,
+                                   query_modality=options.query_modality, items=items)  # fmt: skip
     else:
-        searcher = in_process_searcher(spec.model_base_dir, spec.index_base_dir, spec.kind, limits, spec.query_modality, items)
-    rest_options = {"header_timeout": spec.rest_timeout, "body_timeout": spec.rest_timeout}
-    if spec.image_root:  # the search page (tfhash.serving.page)
+        searcher = in_process_searcher(options.model_base_dir, options.index_base_dir, options.kind, limits, options.query_modality, items)
+    rest_options = {"header_timeout": options.rest_timeout, "body_timeout": options.rest_timeout}
+    if options.image_root:  # the search page (tfhash.serving.page)
         from tfhash.serving.page import ItemImages
 
         if items is None:
             raise ValueError("--image-root shows the items of --items: pass the data's items.csv too")
-        rest_options["images"] = ItemImages(spec.image_root, items, storage.parent(spec.items_file))
-    return SearchServer(searcher, spec.host, spec.port, spec.rest_port, spec.poll_seconds, spec.max_request_mb << 20,
-                        rest_options=rest_options, siblings=siblings, reuse_port=reuse_port, rest_sockets=rest_sockets,
-                        search_threads=spec.search_threads, event_loop=spec.event_loop)  # fmt: skip
+        rest_options["images"] = ItemImages(options.image_root, items, storage.parent(options.items_file))
+    return SearchServer(searcher, host=options.host, port=options.port, rest_port=options.rest_port, poll_seconds=options.poll_seconds,
+                        max_message_bytes=options.max_request_mb << 20, rest_options=rest_options, siblings=siblings,
+                        reuse_port=reuse_port, rest_sockets=rest_sockets, search_threads=options.search_threads,
+                        event_loop=options.event_loop)  # fmt: skip
 
 
 def reserve_port(host: str, port: int) -> socket.socket:
@@ -159,8 +161,9 @@ class ServiceFailed(RuntimeError):
 
 class ProcessFront:
     """``processes`` search-service processes on one gRPC port (and one REST port), supervised
-    (below). Binds now (OSError for a port in use); :meth:`start` spawns the children
-    and returns once every one serves; :meth:`stop` drains them.
+    (below). Constructing it checks the settings and binds nothing; :meth:`start` binds the ports
+    (OSError for a port in use), spawns the children and returns once every one serves;
+    :meth:`stop` drains them.
 
     Why several: one process answers one joined call at a time, and its event loop (gRPC's serving,
     parsing) runs on one core at a time (the GIL), so a second core is used by a second process.
@@ -196,7 +199,7 @@ class ProcessFront:
       each process loads its own encoder.
 
     Args:
-        spec: what each child serves; ``spec.host`` must be a numeric address.
+        options: what each child serves; ``options.host`` must be a numeric address.
         processes: serving processes (2 or more).
         grace: the grace period on stop.
         max_restarts, restart_window: more exits than ``max_restarts`` within
@@ -207,31 +210,21 @@ class ProcessFront:
         ValueError: too few processes, a host name instead of an address.
     """
 
-    def __init__(self, spec: SearchSpec, processes: int, grace: float = 10.0, max_restarts: int = 5,
+    def __init__(self, options: SearchOptions, processes: int, grace: float = 10.0, max_restarts: int = 5,
                  restart_window: float = 60.0):  # fmt: skip
         if processes < 2:
             raise ValueError(f"a process front runs 2 or more processes, got {processes}; serve one with build_server")
         try:
-            ipaddress.ip_address(spec.host)
+            ipaddress.ip_address(options.host)
         except ValueError as err:
-            raise ValueError(f"--processes above 1 needs a numeric bind address (e.g. 127.0.0.1 or 0.0.0.0), got {spec.host!r}") from err
-        import tornado.netutil
-
+            raise ValueError(f"--processes above 1 needs a numeric bind address (e.g. 127.0.0.1 or 0.0.0.0), got {options.host!r}") from err
         self.processes, self.grace = int(processes), float(grace)
         self.max_restarts, self.restart_window = int(max_restarts), float(restart_window)
-        self.host = spec.host
-        self._grpc_socket = reserve_port(spec.host, spec.port)
-        self.port = self._grpc_socket.getsockname()[1]
+        self.host, self.port, self.rest_port = options.host, options.port, options.rest_port  # the bound ports once started
+        self.options = options
+        self._grpc_socket: socket.socket | None = None
         self._rest_sockets: list[socket.socket] = []
-        try:
-            if spec.rest_port is not None:
-                self._rest_sockets = tornado.netutil.bind_sockets(spec.rest_port, address=spec.host)
-        except OSError:
-            self._close_sockets()
-            raise
-        self.rest_port = self._rest_sockets[0].getsockname()[1] if self._rest_sockets else None
-        self.spec = dataclasses.replace(spec, rest_port=None, port=self.port)
-        self.status_dir = tempfile.mkdtemp(prefix="tfhash-search-")
+        self.status_dir: str | None = None
         self.children: list[subprocess.Popen | None] = [None] * self.processes
         self.failure: str | None = None  # why the service stopped itself
         self.failed = threading.Event()
@@ -246,23 +239,46 @@ class ProcessFront:
 
     def status(self) -> dict:
         """The service's status, as any child would answer GetStatus about every process."""
-        return service_status(SharedStatus(self.status_dir, 0, self.processes, self.spec.poll_seconds).gather())
+        return service_status(SharedStatus(self.status_dir, 0, self.processes, self.options.poll_seconds).gather())
 
     def _spawn(self, slot: int) -> subprocess.Popen:
         withdraw(self.status_dir, slot)
-        child = {"spec": dataclasses.asdict(self.spec), "slot": slot, "processes": self.processes, "status_dir": self.status_dir,
+        child = {"options": dataclasses.asdict(self.options), "slot": slot, "processes": self.processes, "status_dir": self.status_dir,
                  "rest_fds": [s.fileno() for s in self._rest_sockets], "grace": self.grace, "parent": os.getpid()}  # fmt: skip
         # a session of its own: a terminal's Ctrl-C reaches the parent only, which stops the children in order
         return subprocess.Popen([sys.executable, "-m", "tfhash.serving.processes", json.dumps(child)],
                                 pass_fds=child["rest_fds"], start_new_session=True)  # fmt: skip
 
+    def _bind(self) -> None:
+        """Hold the gRPC port (:func:`reserve_port`) and the REST port's listening socket; the
+        children's settings name the bound ports. OSError (nothing held) for a port in use."""
+        import tornado.netutil
+
+        options = self.options
+        self._grpc_socket = reserve_port(options.host, options.port)
+        self.port = self._grpc_socket.getsockname()[1]
+        try:
+            if options.rest_port is not None:
+                self._rest_sockets = tornado.netutil.bind_sockets(options.rest_port, address=options.host)
+        except OSError:
+            self._close_sockets()
+            raise
+        self.rest_port = self._rest_sockets[0].getsockname()[1] if self._rest_sockets else None
+        self.options = dataclasses.replace(options, rest_port=None, port=self.port)
+        self.status_dir = tempfile.mkdtemp(prefix="tfhash-search-")
+
     def start(self) -> ProcessFront:
-        """Spawn every child and wait until each one has published its first status (it serves).
+        """Bind the ports, spawn every child and wait until each one has published its first
+        status (it serves).
 
         Raises:
+            OSError: a port in use (nothing is left running).
             ServiceFailed: a child exited first (its exit code is named), or did not serve within
                 :data:`START_SECONDS`; what was started is stopped.
         """
+        if self._grpc_socket is not None:
+            raise RuntimeError("this process front was started before; make a new one")
+        self._bind()
         with self._lock:
             for slot in range(self.processes):
                 self.children[slot] = self._spawn(slot)
@@ -338,10 +354,11 @@ class ProcessFront:
         for child in children:
             _end(child, deadline, f"search process {child.pid}")
         self._close_sockets()
-        shutil.rmtree(self.status_dir, ignore_errors=True)
+        if self.status_dir is not None:
+            shutil.rmtree(self.status_dir, ignore_errors=True)
 
     def _close_sockets(self) -> None:
-        for sock in (self._grpc_socket, *self._rest_sockets):
+        for sock in ([self._grpc_socket] if self._grpc_socket is not None else []) + self._rest_sockets:
             sock.close()
 
 
@@ -372,14 +389,14 @@ def child_main(argument: str) -> None:
     # as the CLI logs (the service's own events at INFO), each line naming the process's slot
     logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s search[{child['slot']}] %(name)s %(levelname)s: %(message)s")
     logging.getLogger("tfhash.serving").setLevel(logging.INFO)
-    spec = SearchSpec(**child["spec"])
+    options = SearchOptions(**child["options"])
     sockets = []
     for fd in child["rest_fds"]:
         sock = socket.socket(fileno=fd)
         sock.setblocking(False)
         sockets.append(sock)
-    siblings = SharedStatus(child["status_dir"], child["slot"], child["processes"], spec.poll_seconds)
-    server = build_server(spec, siblings, reuse_port=True, rest_sockets=sockets or None)
+    siblings = SharedStatus(child["status_dir"], child["slot"], child["processes"], options.poll_seconds)
+    server = build_server(options, siblings, reuse_port=True, rest_sockets=sockets or None)
     run_until_signal(server, child["grace"], exit_within=EXIT_SECONDS)
 
 

@@ -116,8 +116,8 @@ def remote_searcher(target: str, model_name: str, index_base_dir: str, kind: str
 
 class SearchServer:
     """The gRPC (and optionally REST) front of a :class:`VersionedSearcher`, with the swap watcher
-    (below). Binds now (port 0: any free port; OSError when the address cannot be
-    bound); serves from an event loop thread of its own after :meth:`start`.
+    (below). Constructing it binds and starts nothing; :meth:`start` binds (port 0: any free port;
+    OSError when the address cannot be bound) and serves from an event loop thread of its own.
 
         searcher = in_process_searcher("runs/serving/m", "runs/indexes/m", "BFlat")
         server = SearchServer(searcher, port=8600, rest_port=8601).start()
@@ -162,6 +162,10 @@ class SearchServer:
                  rest_sockets: list | None = None, join_rows: int = JOIN_ROWS, search_threads: int | None = None,
                  event_loop: str = "auto"):  # fmt: skip
         self.searcher, self.host, self.poll_seconds, self.siblings = searcher, host, float(poll_seconds), siblings
+        self.port = int(port)  # the bound port once started
+        self._binding = {"rest_port": rest_port, "max_message_bytes": max_message_bytes, "max_concurrent_rpcs": max_concurrent_rpcs,
+                         "rest_options": rest_options or {}, "reuse_port": reuse_port, "rest_sockets": rest_sockets}  # fmt: skip
+        self._event_loop = event_loop
         if siblings is not None:
             searcher.follow(siblings.agreed_version)
         self.health = Health(("", SERVICE_NAME))
@@ -169,31 +173,39 @@ class SearchServer:
         self.coalescer = Coalescer(self._answer_joined, join_queries, lambda q: q.join_key, lambda q: q.size,
                                    min(join_rows, searcher.limits.max_batch), _shared, "tfhash-search", setup)  # fmt: skip
         self._closing, self._inside = False, 0  # read and written on the loop only
-        self._loop = new_event_loop(event_loop)
+        self._loop = self._loop_thread = None
+        self.rest = None
+        self._stop, self._serving = threading.Event(), False
+        self._watcher = threading.Thread(target=self._watch, name="tfhash-search-watch", daemon=True)
+
+    def _open(self) -> None:
+        """Start the event loop's thread and bind the ports (OSError when one cannot be bound;
+        then nothing is left running)."""
+        binding = self._binding
+        self._loop = new_event_loop(self._event_loop)
         self._loop_thread = threading.Thread(target=self._loop.run_forever, name="tfhash-search-front", daemon=True)
         self._loop_thread.start()
-        self.rest = None
         try:
-            self._server, self.port = self._on_loop(self._bind(host, port, max_message_bytes, max_concurrent_rpcs, reuse_port))
-            if rest_port is not None or rest_sockets:
+            self._server, self.port = self._on_loop(self._bind(self.host, self.port, binding["max_message_bytes"],
+                                                               binding["max_concurrent_rpcs"], binding["reuse_port"]))  # fmt: skip
+            if binding["rest_port"] is not None or binding["rest_sockets"]:
                 from tfhash.serving.rest import RestFront
 
-                self.rest = RestFront(self.search, host, rest_port or 0, max_body_bytes=max_message_bytes, sockets=rest_sockets,
-                                      status=self.status, **(rest_options or {}))  # fmt: skip
+                self.rest = RestFront(self.search, self.host, binding["rest_port"] or 0, max_body_bytes=binding["max_message_bytes"],
+                                      sockets=binding["rest_sockets"], status=self.status, **binding["rest_options"])  # fmt: skip
         except BaseException:
             self._close_loop()
             raise
-        self._stop, self._serving = threading.Event(), False
-        self._watcher = threading.Thread(target=self._watch, name="tfhash-search-watch", daemon=True)
 
     def _on_loop(self, coroutine, timeout: float | None = 30.0):
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
 
     def _close_loop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._loop_thread.join(10.0)
-        if not self._loop_thread.is_alive():
-            self._loop.close()
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._loop_thread.join(10.0)
+            if not self._loop_thread.is_alive():
+                self._loop.close()
         self.coalescer.close()
 
     async def _bind(self, host, port, max_message_bytes, max_concurrent_rpcs, reuse_port):
@@ -358,8 +370,16 @@ class SearchServer:
             self._refresh()
 
     def start(self) -> SearchServer:
-        """Load the newest pair there is (the service starts NOT_SERVING if there is none yet and
-        becomes ready when one appears), then serve."""
+        """Bind the ports, load the newest pair there is (the service starts NOT_SERVING if there
+        is none yet and becomes ready when one appears), then serve.
+
+        Raises:
+            OSError: an address that cannot be bound (nothing is left running).
+            RuntimeError: a server started before.
+        """
+        if self._loop is not None:
+            raise RuntimeError("this search server was started before; make a new one")
+        self._open()
         self._refresh()
         self._on_loop(self._server.start())
         if self.rest is not None:
@@ -379,7 +399,8 @@ class SearchServer:
         self._stop.set()
         self.health.shutdown()
         try:
-            self._on_loop(self._drain(float(grace)), timeout=grace + 30.0)
+            if self._loop is not None:
+                self._on_loop(self._drain(float(grace)), timeout=grace + 30.0)
         finally:
             self._close_loop()
 

@@ -65,10 +65,10 @@ def exported(tmp_path_factory):
 @starts("server")
 def service(exported):
     """The search service in process with REST, the exported items and their image root."""
-    from tfhash.serving.processes import SearchSpec, build_server
+    from tfhash.serving.processes import SearchOptions, build_server
 
     base = exported["base"]
-    server = build_server(SearchSpec(str(base / "indexes"), model_base_dir=str(base / "models"), items_file=str(exported["data"] / ITEMS_FILE),
+    server = build_server(SearchOptions(index_base_dir=str(base / "indexes"), model_base_dir=str(base / "models"), items_file=str(exported["data"] / ITEMS_FILE),
                                      image_root=str(exported["photos"]), rest_port=0, poll_seconds=0.2))  # fmt: skip
     server.start()
     try:
@@ -192,10 +192,10 @@ def test_bad_uploads_are_refused_with_a_clear_status(service):
 
 
 def test_without_an_image_root_the_page_does_not_exist(service):
-    from tfhash.serving.processes import SearchSpec, build_server
+    from tfhash.serving.processes import SearchOptions, build_server
 
     base = service["base"]
-    server = build_server(SearchSpec(str(base / "indexes"), model_base_dir=str(base / "models"), items_file=str(service["data"] / ITEMS_FILE),
+    server = build_server(SearchOptions(index_base_dir=str(base / "indexes"), model_base_dir=str(base / "models"), items_file=str(service["data"] / ITEMS_FILE),
                                      rest_port=0))  # fmt: skip
     try:
         server.start()

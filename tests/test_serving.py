@@ -6,6 +6,7 @@ scenarios: test_serving_robustness.py)."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import functools
 import gc
 import http.client
@@ -13,6 +14,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import sys
 import threading
 
@@ -279,6 +281,43 @@ def test_searches_run_with_the_search_threads_set_on_the_thread_that_makes_them(
     finally:
         server.stop(0)
     assert seen == [1]
+
+
+@pytest.mark.server
+def test_a_search_server_binds_and_runs_nothing_until_it_starts(artifacts):
+    """Constructing a server does no I/O: a port in use is refused by start (OSError naming the
+    address), which leaves nothing running; a server never started stops quietly."""
+    def front_threads():
+        return [t.name for t in threading.enumerate() if t.name.startswith("tfhash-search")]
+
+    searcher = in_process_searcher(artifacts["models"], artifacts["indexes"])
+    taken = socket.create_server(("127.0.0.1", 0))
+    port = taken.getsockname()[1]
+    try:
+        server = SearchServer(searcher, port=port, rest_port=0, poll_seconds=60)
+        assert front_threads() == [] and server.rest_port is None and server.address.endswith(f":{port}")
+        with pytest.raises(OSError, match=f"cannot bind .*:{port}"):
+            server.start()
+        assert front_threads() == []
+        with pytest.raises(RuntimeError, match="started before"):
+            server.start()
+    finally:
+        taken.close()
+    SearchServer(searcher, poll_seconds=60).stop(0)
+    assert front_threads() == []
+
+
+def test_every_option_of_the_search_command_reaches_the_server_by_its_name():
+    """``tfhash serve search``'s options are the fields of SearchOptions, which takes keywords only
+    (besides the command's own --config, --processes and --grace-seconds)."""
+    from tfhash.serving.cli import search
+    from tfhash.serving.processes import SearchOptions
+
+    command = {parameter.name for parameter in search.params} - {"config_path", "processes", "grace_seconds"}
+    assert command == {field.name for field in dataclasses.fields(SearchOptions)}
+    with pytest.raises(TypeError):
+        SearchOptions("indexes", "BFlat")  # noqa - positional values are refused
+    assert SearchOptions(index_base_dir="indexes").kind == "BFlat"
 
 
 @pytest.mark.server

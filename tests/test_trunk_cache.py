@@ -11,7 +11,7 @@ import keras
 import numpy as np
 import pytest
 
-from tfhash.fine_tuning import FineTuning, TrunkCache
+from tfhash.fine_tuning import FineTuning, TrunkCacheSettings
 from tfhash.models import build_hclm, build_scdh, image_backbone
 from tfhash.networks import SQUEEZENET_LAYERS
 from tfhash.precision import cpu_has_bfloat16, precision_policy
@@ -165,7 +165,7 @@ def test_mixup_trains_scdh_and_is_refused_for_a_method_without_clusters(weights,
         fit_on_cache(FineTuning.for_backbone("squeezenet", trunk_cache=False), hclm, lambda: backbone(weights), images, labels, epochs=1,
                                                                               batch_size=16, seed=0, backbone_name="squeezenet")  # fmt: skip
     with pytest.raises(ValueError, match="mixup must be a finite number"):
-        TrunkCache(mixup=-1)
+        TrunkCacheSettings(mixup=-1)
 
 
 def test_the_returned_model_encodes_raw_images_with_the_trained_weights(weights, tmp_path):
@@ -215,7 +215,7 @@ def test_a_cut_the_backbone_does_not_have_is_refused(weights):
         FineTuning.for_backbone("resnet50", trunk_cache=True)
     with pytest.raises(ValueError, match="unknown trunk_cache settings"):
         FineTuning.for_backbone("squeezenet", trunk_cache={"layer": "pool5"})
-    assert FineTuning.for_backbone("squeezenet", trunk_cache=True).trunk_cache == TrunkCache(cut="pool5")
+    assert FineTuning.for_backbone("squeezenet", trunk_cache=True).trunk_cache == TrunkCacheSettings(cut="pool5")
 
 
 def test_a_cache_built_for_another_image_size_or_backbone_is_refused(weights, tmp_path):
@@ -267,4 +267,4 @@ def test_the_pipeline_config_refuses_a_trunk_cache_it_cannot_serve():
         with pytest.raises(ValueError, match=message):
             TrainingConfig(**section)
     config = TrainingConfig(backbone="squeezenet", mixed_precision="bfloat16", fine_tuning={"trunk_cache": {"views": 4}})
-    assert config.optimisation().trunk_cache == TrunkCache(cut="pool5", views=4)
+    assert config.optimisation().trunk_cache == TrunkCacheSettings(cut="pool5", views=4)

@@ -16,9 +16,9 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 from tfhash.schedules import SCHEDULES
 
-__all__ = ["FineTuning", "TrunkCache", "FINE_TUNING_DEFAULTS", "DEFAULT_CUTS"]
+__all__ = ["FineTuning", "TrunkCacheSettings", "FINE_TUNING_DEFAULTS", "DEFAULT_CUTS"]
 
-#: The cut of :class:`TrunkCache` per network tfhash knows: SqueezeNet v1.1's last pooling, below
+#: The cut of :class:`TrunkCacheSettings` per network tfhash knows: SqueezeNet v1.1's last pooling, below
 #: fire6-fire9 (a third of the network's training cost at 224x224 and most of its parameters);
 #: EfficientNet-Lite's first stage at stride 16 (its output: ``block7`` in Lite0, ``block10`` in
 #: Lite1/2, 80 or 88 channels), below the second stride-16 stage and the stride-32 stages, which
@@ -29,7 +29,7 @@ OPTIMIZERS = ("sgd", "adam", "adamw")
 
 
 @dataclass(frozen=True)
-class TrunkCache:
+class TrunkCacheSettings:
     """Train on a cache of the frozen lower layers (:mod:`tfhash.trunk_cache`).
 
     Attributes:
@@ -60,7 +60,7 @@ class TrunkCache:
             raise ValueError(f"trunk_cache.mixup must be a finite number >= 0 (0 is off), got {self.mixup!r}")
 
     @classmethod
-    def of(cls, value, backbone: str | None) -> TrunkCache | None:
+    def of(cls, value, backbone: str | None) -> TrunkCacheSettings | None:
         """The setting ``trunk_cache`` of a recipe: None / False (off), True (defaults) or a dict of
         fields; the cut defaults to ``backbone``'s :data:`DEFAULT_CUTS`.
 
@@ -70,7 +70,7 @@ class TrunkCache:
         """
         if value is None or value is False:
             return None
-        if isinstance(value, TrunkCache):
+        if isinstance(value, TrunkCacheSettings):
             settings = value
         elif value is True or isinstance(value, dict):
             settings = value if value is not True else {}
@@ -119,7 +119,7 @@ class FineTuning:
         input_dropout: MLP backbones: dropout on the input features, one rate or
             ``{modality: rate}`` (0 for a modality not named).
         trunk_cache: train the layers above a cut on cached activations of the frozen layers
-            below it (:class:`TrunkCache`; a dict of its fields, True for its defaults).
+            below it (:class:`TrunkCacheSettings`; a dict of its fields, True for its defaults).
     """
 
     optimizer: str = "adam"
@@ -135,7 +135,7 @@ class FineTuning:
     augment: bool | str = False
     dropout: float = 0.0
     input_dropout: float | dict = 0.0
-    trunk_cache: TrunkCache | dict | bool | None = None
+    trunk_cache: TrunkCacheSettings | dict | bool | None = None
 
     def __post_init__(self) -> None:
         if self.optimizer not in OPTIMIZERS:
@@ -153,7 +153,7 @@ class FineTuning:
         from tfhash.networks import augmentation_policy
 
         augmentation_policy(self.augment)
-        self.trunk_cache = TrunkCache.of(self.trunk_cache, None)
+        self.trunk_cache = TrunkCacheSettings.of(self.trunk_cache, None)
 
     @classmethod
     def for_backbone(cls, backbone: str, **overrides) -> FineTuning:
@@ -175,7 +175,7 @@ class FineTuning:
         else:
             base = {}
         recipe = cls(**{**base, **overrides})
-        recipe.trunk_cache = TrunkCache.of(recipe.trunk_cache, backbone)
+        recipe.trunk_cache = TrunkCacheSettings.of(recipe.trunk_cache, backbone)
         return recipe
 
     def to_dict(self) -> dict:

@@ -10,8 +10,7 @@ from typing import ClassVar, NamedTuple
 
 import numpy as np
 
-from tfhash.codes import as_packed, unpack_codes
-from tfhash.codes import check_bits as check_code_length
+from tfhash.codes import as_packed, check_bits, unpack_codes
 from tfhash.index.persistence import FORMAT_TAG_FIELD, save_index
 
 #: Capability: ``index.train(codes)`` takes training codes before (or instead of) the first add.
@@ -75,15 +74,6 @@ def import_backend(module: str, needed_by: str):
         return importlib.import_module(module)
     except ImportError as err:
         raise missing_backend_error(module, needed_by) from err
-
-
-def check_bits(bits) -> int:
-    """The code length K as an ``int``, by the rule of :func:`tfhash.codes.check_bits` (a positive
-    multiple of 8), refused as :class:`HashIndexError` with that function's message."""
-    try:
-        return check_code_length(bits)
-    except ValueError as err:
-        raise HashIndexError(str(err)) from None
 
 
 def validate_k(k: int, ntotal: int) -> int:
@@ -214,7 +204,10 @@ class HashIndex(abc.ABC):
     capabilities: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, bits: int, method: str):
-        self.bits = check_bits(bits)
+        try:
+            self.bits = check_bits(bits)
+        except ValueError as err:  # the codes' rule, refused as an index error
+            raise HashIndexError(str(err)) from None
         if method not in self.methods:
             raise HashIndexError(
                 f"unknown {type(self).__name__} method {method!r}; choose one of {', '.join(self.methods)}"
