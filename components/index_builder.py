@@ -9,14 +9,14 @@ import logging
 
 import apache_beam as beam
 from tfhash.components.encoding import ShardJob, run_shard_jobs, shards_dir, split_files
-from tfx.dsl.component.experimental.annotations import (
+from tfx.v1.dsl.components import (
     BeamComponentParameter,
     InputArtifact,
     OutputArtifact,
     Parameter,
+    component,
 )
-from tfx.dsl.component.experimental.decorators import component
-from tfx.types import standard_artifacts
+from tfx.v1.types import standard_artifacts
 
 from tfhash import storage
 from tfhash.artifact_types import BuiltIndexes

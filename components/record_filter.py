@@ -11,15 +11,16 @@ import json
 import apache_beam as beam
 from tfhash.components.record_validation import record_problem
 from tfx.components.util import examples_utils
-from tfx.dsl.component.experimental.annotations import (
+from tfx.proto import example_gen_pb2
+from tfx.types import artifact_utils
+from tfx.v1.dsl.components import (
     BeamComponentParameter,
     InputArtifact,
     OutputArtifact,
     Parameter,
+    component,
 )
-from tfx.dsl.component.experimental.decorators import component
-from tfx.proto import example_gen_pb2
-from tfx.types import artifact_utils, standard_artifacts
+from tfx.v1.types import standard_artifacts
 
 from tfhash import storage
 from tfhash.artifact_types import RecordReport

@@ -18,15 +18,15 @@ from tfhash.components.encoding import (
     shards_dir,
     split_files,
 )
-from tfx.dsl.component.experimental.annotations import (
+from tfx.utils import path_utils
+from tfx.v1.dsl.components import (
     BeamComponentParameter,
     InputArtifact,
     OutputArtifact,
     Parameter,
+    component,
 )
-from tfx.dsl.component.experimental.decorators import component
-from tfx.types import standard_artifacts
-from tfx.utils import path_utils
+from tfx.v1.types import standard_artifacts
 
 from tfhash import storage
 from tfhash.artifacts import (

@@ -8,18 +8,18 @@ imported only then).
 
 from __future__ import annotations
 
-from tfx.types import artifact
+from tfx.v1.dsl import Artifact
 
 __all__ = ["RecordReport", "BuiltIndexes", "TYPES"]
 
 
-class RecordReport(artifact.Artifact):
+class RecordReport(Artifact):
     """Counts of the records the RecordFilter refused, per split and reason (``report.json``)."""
 
     TYPE_NAME = "tfhash.RecordReport"
 
 
-class BuiltIndexes(artifact.Artifact):
+class BuiltIndexes(Artifact):
     """The tfhash indexes the IndexBuilder built for one pushed model version (``indexes.json``)."""
 
     TYPE_NAME = "tfhash.BuiltIndexes"
