@@ -3,6 +3,7 @@ tf.distribute strategy and exports the serving SavedModel (on the chief only).""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -17,6 +18,7 @@ from tfx_bsl.public import tfxio
 from tfhash import storage
 from tfhash.artifacts import IMAGE, LABELS, TRAINING_FILE, model_inputs, read_data_description
 from tfhash.export import IMAGE_RANGE, export_serving_model
+from tfhash.training_spec import TrainingSpec
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +71,7 @@ def export_directory(serving_model_dir: str) -> str:
     return tempfile.mkdtemp(prefix="tfhash-worker-export-")
 
 
-def backbone_for(training: dict, shape, name: str = "backbone", data_root=None, modality: str | None = None):
+def backbone_for(training: TrainingSpec, shape, name: str = "backbone", data_root=None, modality: str | None = None):
     """The configured backbone for inputs of ``shape``: an image network or encoder
     (:func:`tfhash.models.image_backbone`, fed the decoded images at their stored size), the small
     CNN (images) or an MLP (vectors; the fine-tuning recipe's dropout and ``modality``'s input
@@ -81,27 +83,19 @@ def backbone_for(training: dict, shape, name: str = "backbone", data_root=None, 
     from tfhash.models import BackboneError, image_backbone, mlp, small_cnn
     from tfhash.towers import widths_of
 
-    backbone = training["backbone"]
+    backbone = training.backbone
     if backbone == "small_cnn":
         return small_cnn(tuple(shape), name=name)
-    recipe = training_recipe(training)
+    recipe = training.optimisation()
     if backbone == "mlp":
-        return mlp(int(shape[0]), widths_of(training["hidden"], modality), name=name, **recipe.mlp_options(modality))
+        return mlp(int(shape[0]), widths_of(training.hidden, modality), name=name, **recipe.mlp_options(modality))
     if len(shape) not in (2, 3):
         raise BackboneError(f"backbone {backbone!r} takes images, but this input holds vectors of shape {list(shape)}; use mlp")
-    return image_backbone(backbone, shape, size=training.get("image_size"), weights=training.get("backbone_weights"),
-                          data_root=data_root, name=name, **recipe.backbone_options())  # fmt: skip
+    return image_backbone(backbone, shape, size=training.image_size, weights=training.backbone_weights, data_root=data_root,
+                          name=name, **recipe.backbone_options())  # fmt: skip
 
 
-def training_recipe(training: dict):
-    """The run's :class:`tfhash.fine_tuning.FineTuning`: the backbone's defaults updated by the
-    config's ``fine_tuning``."""
-    from tfhash.fine_tuning import FineTuning
-
-    return FineTuning.for_backbone(training["backbone"], **training.get("fine_tuning", {}))
-
-
-def tuned_training(training: dict, hyperparameters: dict, input_names: list[str]) -> dict:
+def tuned_training(training: TrainingSpec, hyperparameters: dict, input_names: list[str]) -> TrainingSpec:
     """The run's training section with the recipe the Tuner chose laid over it
     (:func:`tfhash.tuning.tuned_recipe` of the ``best_hyperparameters`` config,
     :meth:`tfhash.recipes.Recipe.pipeline_section`): its method, MLP, epochs, batch, settings and
@@ -115,26 +109,26 @@ def tuned_training(training: dict, hyperparameters: dict, input_names: list[str]
     values = keras_tuner.HyperParameters.from_config(hyperparameters).values
     recipe = tuned_recipe(values, tuple(input_names) if len(input_names) == 2 else ())
     # as the trials trained it: the recipe's preset, float32 at the recipe's batch, no JCCH coefficients
-    return {**training, **recipe.pipeline_section(), "recipe": None, "preset": preset_for(values["kind"] == "multi-label"),
-            "label_coefficients": False, "gpu_batch_size": None, "mixed_precision": "off",
-            "input_map": training.get("input_map", "none")}  # fmt: skip
+    section = {**recipe.pipeline_section(), "input_map": training.input_map}
+    return dataclasses.replace(training, **section, recipe=None, preset=preset_for(values["kind"] == "multi-label"),
+                               label_coefficients=False, gpu_batch_size=None, mixed_precision="off")  # fmt: skip
 
 
-def dtype_policy(training: dict) -> str:
+def dtype_policy(training: TrainingSpec) -> str:
     """The Keras dtype policy of the run's ``mixed_precision`` (:func:`tfhash.precision.precision_policy`)."""
     from tfhash.precision import precision_policy
 
-    return precision_policy(training.get("mixed_precision", "auto"), bool(tf.config.list_physical_devices("GPU")))
+    return precision_policy(training.mixed_precision, bool(tf.config.list_physical_devices("GPU")))
 
 
-def batch_size(training: dict) -> int:
+def batch_size(training: TrainingSpec) -> int:
     """``gpu_batch_size`` when a GPU is present and it is set, else ``batch_size``."""
-    if training.get("gpu_batch_size") and tf.config.list_physical_devices("GPU"):
-        return int(training["gpu_batch_size"])
-    return int(training["batch_size"])
+    if training.gpu_batch_size and tf.config.list_physical_devices("GPU"):
+        return training.gpu_batch_size
+    return training.batch_size
 
 
-def build_model(training: dict, inputs: dict, num_classes: int, tag_statistics: tuple | None = None, data_root=None,
+def build_model(training: TrainingSpec, inputs: dict, num_classes: int, tag_statistics: tuple | None = None, data_root=None,
                 backbone_model=None):  # fmt: skip
     """The registered method (:mod:`tfhash.registry`) that the run config's ``training``
     section names; ``inputs``: ``{name: shape}`` (two entries for a cross-modal method: one tower
@@ -155,9 +149,9 @@ def build_model(training: dict, inputs: dict, num_classes: int, tag_statistics: 
         return backbone_for(training, inputs[modality], name, data_root, modality)
 
     statistics = TagStatistics(int(tag_statistics[0]), np.asarray(tag_statistics[1])) if tag_statistics is not None else None
-    build = BuildInputs(backbone, list(inputs), num_classes, int(training["bits"]), seed=int(training.get("seed", 0)),
-                        preset=training.get("preset"), statistics=statistics)  # fmt: skip
-    return build_method(training["method"], build, **dict(training.get("overrides", {})))
+    build = BuildInputs(backbone, list(inputs), num_classes, training.bits, seed=training.seed, preset=training.preset,
+                        statistics=statistics)  # fmt: skip
+    return build_method(training.method, build, **dict(training.overrides))
 
 
 def read_transform_tag_statistics(transform_output, num_classes: int) -> tuple[int, np.ndarray]:
@@ -210,7 +204,7 @@ def training_arrays(data_accessor, file_pattern, schema, input_names: list[str],
     return {name: np.concatenate(parts) for name, parts in inputs.items()}, np.concatenate(labels)
 
 
-def fit_cached(fn_args, schema, training: dict, inputs: dict, num_classes: int, statistics, recipe, batch: int, policy: str,
+def fit_cached(fn_args, schema, training: TrainingSpec, inputs: dict, num_classes: int, statistics, recipe, batch: int, policy: str,
                callbacks: list):  # fmt: skip
     """Train on a trunk cache (:func:`tfhash.trunk_cache.fit_on_cache`) kept in the run's
     ``trunk_cache_dir`` (null for a run on remote storage: this machine's cache folder,
@@ -235,12 +229,12 @@ def fit_cached(fn_args, schema, training: dict, inputs: dict, num_classes: int, 
         recipe = replace(recipe, trunk_cache=replace(recipe.trunk_cache, directory=directory))
     arrays, labels = training_arrays(fn_args.data_accessor, fn_args.train_files, schema, [name], batch)
     images = arrays[name]
-    seed, epochs = int(training["seed"]), int(training["epochs"])
+    seed, epochs = training.seed, training.epochs
     model, _, _ = fit_on_cache(
         recipe,
         build=lambda backbone: build_model(training, inputs, num_classes, statistics, config.get("data_root"), backbone),
         make_backbone=lambda: backbone_for(training, inputs[name], "backbone", config.get("data_root")),
-        images=images, labels=labels, epochs=epochs, batch_size=batch, seed=seed, backbone_name=training["backbone"],
+        images=images, labels=labels, epochs=epochs, batch_size=batch, seed=seed, backbone_name=training.backbone,
         policy=policy, callbacks=callbacks)  # fmt: skip
     return model
 
@@ -271,14 +265,14 @@ def run_fn(fn_args) -> None:
     from tfhash.registry import get_method
 
     config = fn_args.custom_config
-    training = config["training"]
+    training = TrainingSpec.from_dict(config["training"])
     description = read_data_description(config["data_dir"])
     modalities, num_classes = description["modalities"], int(description["num_classes"])
     raw_shapes = model_inputs(description, list(config["inputs"]))
     if fn_args.hyperparameters:  # the Tuner's choice
         training = tuned_training(training, fn_args.hyperparameters, list(config["inputs"]))
-        logging.info("training the recipe the Tuner chose: %s", json.dumps(training))
-    keras.utils.set_random_seed(int(training["seed"]))
+        logging.info("training the recipe the Tuner chose: %s", json.dumps(training.to_dict()))
+    keras.utils.set_random_seed(training.seed)
     policy = dtype_policy(training)
     transform_output = tft.TFTransformOutput(fn_args.transform_output)
     transformed = transform_output.transformed_feature_spec()
@@ -287,23 +281,23 @@ def run_fn(fn_args) -> None:
               for name, shape in raw_shapes.items()}  # fmt: skip
     batch = batch_size(training)
     schema = transform_output.transformed_metadata.schema
-    epochs = int(training["epochs"])
+    epochs = training.epochs
     strategy = make_strategy()
-    recipe = training_recipe(training).scaled_to_batch(batch / int(training["batch_size"]))
-    needs_statistics = get_method(training["method"]).needs_tag_statistics
+    recipe = training.optimisation().scaled_to_batch(batch / training.batch_size)
+    needs_statistics = get_method(training.method).needs_tag_statistics
     statistics = read_transform_tag_statistics(transform_output, num_classes) if needs_statistics else None
     callbacks = []
     if fn_args.model_run_dir:
         callbacks.append(keras.callbacks.TensorBoard(log_dir=fn_args.model_run_dir))
         tf.io.gfile.makedirs(fn_args.model_run_dir)
-        storage.write_json(storage.join(fn_args.model_run_dir, TRAINING_FILE), training)  # what this run trained (the summary reads it)
+        storage.write_json(storage.join(fn_args.model_run_dir, TRAINING_FILE), training.to_dict())  # what this run trained (the summary reads it)
     try:
         if recipe.trunk_cache is not None:
             with strategy.scope():
                 model = fit_cached(fn_args, schema, training, inputs, num_classes, statistics, recipe, batch, policy, callbacks)
         else:
             train_data, steps_per_epoch = training_dataset(fn_args.data_accessor, fn_args.train_files, schema, list(inputs), batch,
-                                                           int(training["seed"]), bool(training.get("label_coefficients")))  # fmt: skip
+                                                           training.seed, training.label_coefficients)  # fmt: skip
             keras.mixed_precision.set_global_policy(policy)
             with strategy.scope():
                 model = build_model(training, inputs, num_classes, statistics, config.get("data_root"))
@@ -313,7 +307,7 @@ def run_fn(fn_args) -> None:
         keras.mixed_precision.set_global_policy("float32")
     warmup = warmup_records(config["data_dir"], description) or None
     image_inputs = [name for name in inputs if modalities[name]["kind"] == IMAGE]
-    export_serving_model(model, transform_output, inputs, int(training["bits"]), export_directory(fn_args.serving_model_dir),
+    export_serving_model(model, transform_output, inputs, training.bits, export_directory(fn_args.serving_model_dir),
                          warmup_examples=warmup, value_ranges={name: IMAGE_RANGE for name in image_inputs},
-                         image_inputs=image_inputs, mirrored_inputs=image_inputs if training.get("encode_mirrored") else [],
+                         image_inputs=image_inputs, mirrored_inputs=image_inputs if training.encode_mirrored else [],
                          raw_vectors={name: shape for name, shape in raw_shapes.items() if name not in image_inputs})  # fmt: skip

@@ -313,6 +313,8 @@ def test_pipeline_config_backbone_settings(tmp_path):
     from tfhash.components.trainer import backbone_for
     from tfhash.pipelines.config import PipelineConfig
 
+    from tfhash.training_spec import TrainingSpec
+
     encoder = user_encoder(tmp_path, "keras")
     (tmp_path / "run.json").write_text(json.dumps({"name": "x", "training": {
         "backbone": "encoder.keras", "fine_tuning": {"optimizer": "adam", "learning_rate": 1e-4}}}))  # fmt: skip
@@ -328,4 +330,4 @@ def test_pipeline_config_backbone_settings(tmp_path):
         with pytest.raises(ValueError, match=message):
             PipelineConfig(name="x", training=training)
     with pytest.raises(BackboneError, match="takes images, but this input holds vectors"):
-        backbone_for({"backbone": "squeezenet", "backbone_weights": None}, [128])
+        backbone_for(TrainingSpec(backbone="squeezenet", backbone_weights=None), [128])

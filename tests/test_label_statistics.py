@@ -85,10 +85,11 @@ def test_pipeline_shclm_assigns_proxies_by_tag_cooccurrence():
     from tfhash.components.trainer import build_model
 
     from tfhash.proxies import hclm_proxies, tag_cooccurrence_similarity
+    from tfhash.training_spec import TrainingSpec
 
     rng = np.random.default_rng(2)
     tags = (rng.random((200, 6)) < 0.3).astype(np.float64)
-    training = {"method": "shclm", "bits": 16, "backbone": "mlp", "hidden": [8], "seed": 0}
+    training = TrainingSpec(method="shclm", bits=16, backbone="mlp", hidden=[8], seed=0)
     model = build_model(training, {"x": [4]}, 6, (200, tags.T @ tags))
     expected = hclm_proxies(6, 16, similarity=tag_cooccurrence_similarity(tags), seed=0)
     np.testing.assert_array_equal(np.asarray(model.proxy_layer.proxies), expected)

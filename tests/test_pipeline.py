@@ -5,6 +5,7 @@ other datasets' runs: test_pipeline_runs.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -12,11 +13,12 @@ import keras
 import numpy as np
 import pytest
 from tfhash.components import trainer
-from tfhash.pipelines.config import PipelineConfig, TrainingConfig
+from tfhash.pipelines.config import PipelineConfig
 
 from tests import browser
 from tests.pipeline_fixtures import small_config
 from tests.tiers import starts
+from tfhash.training_spec import TrainingSpec
 
 
 @pytest.fixture(scope="session")
@@ -378,13 +380,13 @@ def test_a_recipe_fills_the_training_section_under_its_own_keys():
     optimisation = training.optimisation()
     assert optimisation.learning_rate == 2e-3 and optimisation.dropout == recipe.dropout
     assert PipelineConfig(**config.to_dict()).training == training  # expanding again changes nothing
-    towers = {m: backbone_for(config.to_dict()["training"], [8], f"tower_{m}", modality=m) for m in ("image", "text")}
+    towers = {m: backbone_for(config.training, [8], f"tower_{m}", modality=m) for m in ("image", "text")}
     dropouts = {m: [layer.rate for layer in t.layers if isinstance(layer, keras.layers.Dropout)] for m, t in towers.items()}
     assert dropouts == {"image": [0.2, 0.5, 0.5], "text": [0.5, 0.5]}  # input dropout on the image tower only
-    hyp2 = PipelineConfig(name="x", modality="text", training={"recipe": "multi-label", "bits": 16}).to_dict()["training"]
+    hyp2 = PipelineConfig(name="x", modality="text", training={"recipe": "multi-label", "bits": 16}).training
     model = trainer.build_model(hyp2, {"text": [12]}, 5)
     assert (model.beta, model.pair_scope) == (4.0, "labelled")
-    optimizer = compile_fine_tuning(model, trainer.training_recipe(hyp2), epochs=2, steps_per_epoch=1)
+    optimizer = compile_fine_tuning(model, hyp2.optimisation(), epochs=2, steps_per_epoch=1)
     assert isinstance(optimizer, keras.optimizers.AdamW) and optimizer.weight_decay == RECOMMENDED["multi-label"].weight_decay
     rng = np.random.default_rng(0)
     tags = (rng.random((32, 5)) < 0.4).astype("float32")
@@ -401,13 +403,13 @@ def test_a_recipe_fills_the_training_section_under_its_own_keys():
     with pytest.raises(ValueError, match="trains 'hyp2'; drop method 'scdh'"):
         PipelineConfig(name="x", modality="text", training={"recipe": "multi-label", "method": "scdh"})
     with pytest.raises(ValueError, match="is expanded from a config section"):
-        TrainingConfig(recipe="multi-label")
+        TrainingSpec(recipe="multi-label")
     wiki = {"name": "x", "dataset": "wiki", "modalities": ["image", "text"]}
     with pytest.raises(ValueError, match="input_dropout names \\['imgae'\\]"):
         PipelineConfig(**wiki, training={"recipe": "cross-modal", "fine_tuning": {"input_dropout": {"imgae": 0.2}}})
     decayed = PipelineConfig(**wiki, training={"recipe": "cross-modal", "fine_tuning": {"weight_decay": 0.01}}).training
     assert (decayed.optimisation().optimizer, decayed.optimisation().weight_decay) == ("adamw", 0.01)  # follows the decay
-    centres = [trainer.build_model({**config.to_dict()["training"], "seed": seed}, {"image": [8], "text": [4]}, 10).centres
+    centres = [trainer.build_model(dataclasses.replace(config.training, seed=seed), {"image": [8], "text": [4]}, 10).centres
                for seed in (0, 1)]  # fmt: skip
     assert not np.array_equal(*centres)  # the fixed centres follow the run's seed
 

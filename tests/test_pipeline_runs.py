@@ -163,8 +163,8 @@ def test_tuner_chooses_the_recipe_the_trainer_trains(tmp_path):
     assert tuning["chosen"]["kind"] == "multi-label" and tuning["chosen"]["variant"] in SEARCH_SPACES["multi-label"].methods
     assert 1 <= len(tuning["trials"]) <= 3 and all(0 <= t["score"] <= 1 for t in tuning["trials"])
     chosen = json.loads(open(os.path.join(run_outputs(config)[("Tuner", "best_hyperparameters")].uri, TUNER_CHOICE_FILE)).read())
-    expected = tuned_training(config.to_dict()["training"], chosen, ["text"])
-    assert summary["training"] == json.loads(json.dumps(expected)) and summary["blessed"] is True
+    expected = tuned_training(config.training, chosen, ["text"])
+    assert summary["training"] == json.loads(json.dumps(expected.to_dict())) and summary["blessed"] is True
     with pytest.raises(ValueError, match="tuner chooses among recipes for feature vectors"):
         small_config(tmp_path, tuner={"trials": 2})
     with pytest.raises(ValueError, match="tuner.trials must be a positive integer"):

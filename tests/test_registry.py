@@ -66,15 +66,16 @@ def test_a_new_method_is_one_entry(example_method, tmp_path):
     """The registered example is accepted by the pipeline config, built by the Trainer and by the
     benchmarks, and trains."""
     from tfhash.components.trainer import build_model
-    from tfhash.pipelines.config import PipelineConfig, TrainingConfig
+    from tfhash.pipelines.config import PipelineConfig
 
     from benchmarks import methods
+    from tfhash.training_spec import TrainingSpec
 
     assert "random-proxies" in method_names(in_pipeline=True)
     config = PipelineConfig(name="demo", modality="x", run_dir=str(tmp_path),
                             training={"method": "random-proxies", "backbone": "mlp", "hidden": [8], "bits": 16})  # fmt: skip
-    assert isinstance(config.training, TrainingConfig) and config.training.method == "random-proxies"
-    model = build_model(config.to_dict()["training"], {"x": [6]}, num_classes=3)
+    assert isinstance(config.training, TrainingSpec) and config.training.method == "random-proxies"
+    model = build_model(config.training, {"x": [6]}, num_classes=3)
     assert type(model).__name__ == "HCLMModel"
 
     rng = np.random.default_rng(0)
@@ -86,16 +87,15 @@ def test_a_new_method_is_one_entry(example_method, tmp_path):
 
 
 def test_an_unknown_method_is_refused_everywhere():
-    from tfhash.pipelines.config import TrainingConfig
-
     from benchmarks import methods
+    from tfhash.training_spec import TrainingSpec
 
     with pytest.raises(ValueError, match="unknown method 'random-proxies'"):
-        TrainingConfig(method="random-proxies")
+        TrainingSpec(method="random-proxies")
     with pytest.raises(ValueError, match="unknown method 'Random proxies'"):
         methods.build_method("Random proxies", np.zeros((4, 6), "float32"), np.eye(3)[[0, 1, 2, 0]], 16, 0)
     with pytest.raises(ValueError, match="the pipeline trains"):
-        TrainingConfig(method="dpsh")
+        TrainingSpec(method="dpsh")
 
 
 def test_the_command_line_lists_registered_methods(example_method):

@@ -256,7 +256,7 @@ def test_precision_policies(tmp_path):
 
 
 def test_the_pipeline_config_refuses_a_trunk_cache_it_cannot_serve():
-    from tfhash.pipelines.config import TrainingConfig
+    from tfhash.training_spec import TrainingSpec
 
     for section, message in [({"backbone": "small_cnn", "fine_tuning": {"trunk_cache": {"cut": "conv"}}}, "serves one pretrained image network"),
                              ({"backbone": "squeezenet", "method": "mt_scdh", "fine_tuning": {"trunk_cache": True}}, "unknown method|serves one"),
@@ -265,6 +265,6 @@ def test_the_pipeline_config_refuses_a_trunk_cache_it_cannot_serve():
                              ({"backbone": "squeezenet", "method": "hclm", "fine_tuning": {"trunk_cache": {"mixup": 0.4}}}, "mixup mixes SCUL's"),
                              ({"backbone": "squeezenet", "mixed_precision": "bf16"}, "mixed_precision must be one of")]:  # fmt: skip
         with pytest.raises(ValueError, match=message):
-            TrainingConfig(**section)
-    config = TrainingConfig(backbone="squeezenet", mixed_precision="bfloat16", fine_tuning={"trunk_cache": {"views": 4}})
+            TrainingSpec(**section)
+    config = TrainingSpec(backbone="squeezenet", mixed_precision="bfloat16", fine_tuning={"trunk_cache": {"views": 4}})
     assert config.optimisation().trunk_cache == TrunkCacheSettings(cut="pool5", views=4)
