@@ -22,10 +22,9 @@ from tfhash.data import load_mnist  # noqa: E402
 from tfhash.data.splits import Split  # noqa: E402
 from tfhash.labels import multi_hot  # noqa: E402
 from tfhash.metrics import evaluate_retrieval  # noqa: E402
-from tfhash.models import mlp  # noqa: E402
-from tfhash.recipes import training_data, with_unlabelled  # noqa: E402
-from tfhash.registry import BuildInputs, TagStatistics, get_method, method_names  # noqa: E402
-from tfhash.registry import build_method as build  # noqa: E402
+from tfhash.recipes import with_unlabelled  # noqa: E402
+from tfhash.registry import TagStatistics, build_model, get_method, method_names, variant  # noqa: E402
+from tfhash.training_spec import TrainingSpec  # noqa: E402
 
 SINGLE_LABEL_METHODS = ("SCDH", "SCDH-S", "MT-SCDH", "HCLM", "sHCLM", "sHCLM+triplet", "HyP2",
                         "DPSH-style pairwise", "CNNBH-style softmax")  # fmt: skip
@@ -92,18 +91,17 @@ def cifar_squeezenet(seed: int) -> FeatureData:
                        "frozen ImageNet SqueezeNet v1.1, 128x128, global average pool (512)")  # fmt: skip
 
 
-#: Benchmark rows that train a registered method (:mod:`tfhash.registry`) with other
-#: settings: row name -> (method name, its options).
-VARIANTS = {"sHCLM+triplet": ("shclm", {"triplet_weight": 1.0}), "SCDH multi-label": ("scdh", {}),
-            "SCDH + JCCH coefficients": ("scdh", {}), "sHCLM (balanced BCE)": ("shclm", {})}  # fmt: skip
+#: Benchmark rows named otherwise than a registered method's label: row name -> the method or
+#: variant of :data:`tfhash.registry.VARIANTS` it trains (the multi-label rows differ by their data).
+ROWS = {"sHCLM+triplet": "shclm triplet 1", "SCDH multi-label": "scdh", "SCDH + JCCH coefficients": "scdh",
+        "sHCLM (balanced BCE)": "shclm"}  # fmt: skip
 
 
 def method_of(row_name: str) -> tuple[str, dict]:
     """(registered method name, options) of a benchmark row: a method's label (e.g. ``"SCDH"``), a
-    :data:`VARIANTS` entry, or ``"MT-SCDH w=<w>"`` (MT-SCDH with consistency weight w)."""
-    if row_name in VARIANTS:
-        name, options = VARIANTS[row_name]
-        return name, dict(options)
+    :data:`ROWS` entry, or ``"MT-SCDH w=<w>"`` (MT-SCDH with consistency weight w)."""
+    if row_name in ROWS:
+        return variant(ROWS[row_name])
     if row_name.startswith("MT-SCDH w="):
         try:
             return "mt-scdh", {"consistency": float(row_name.split("=", 1)[1])}
@@ -124,8 +122,15 @@ def row_name(method: str, options: dict) -> str:
     return get_method(method).label
 
 
-def build_method(name: str, x_train: np.ndarray, y_train: np.ndarray, bits: int, seed: int,
-                 unlabelled: np.ndarray | None = None, hidden=HIDDEN, dropout: float = 0.2, **options):  # fmt: skip
+def head_spec(method: str, bits: int, seed: int, hidden, dropout: float, preset: str, options: dict) -> TrainingSpec:
+    """The spec every benchmark row trains: registered ``method`` with ``options`` on the shared
+    head (an MLP of ``hidden`` widths with ``dropout``), at ``bits`` from ``seed``."""
+    return TrainingSpec(method=method, bits=bits, backbone="mlp", hidden=list(hidden), preset=preset, overrides=options, seed=seed,
+                        fine_tuning={"dropout": dropout})  # fmt: skip
+
+
+def benchmark_model(name: str, x_train: np.ndarray, y_train: np.ndarray, bits: int, seed: int,
+                    unlabelled: np.ndarray | None = None, hidden=HIDDEN, dropout: float = 0.2, **options):  # fmt: skip
     """The model and its ``fit`` inputs for one single-label method.
 
     Args:
@@ -149,32 +154,30 @@ def build_method(name: str, x_train: np.ndarray, y_train: np.ndarray, bits: int,
     if unlabelled is not None and method != "mt-scdh":
         raise ValueError(f"{name} trains on labelled rows only; unlabelled rows are for MT-SCDH")
     x, labels = with_unlabelled(x_train, multi_hot(y_train), unlabelled)
-    settings, x, y = training_data(method, x, labels, seed, {**settings, **options})
+    settings, x, y = get_method(method).prepare(x, labels, seed, {**settings, **options})
     if method == "mt-scdh":
         settings = {"consistency": 50.0, "noise_stddev": 0.3, "rampup_steps": max(1, len(x) // BATCH * 2), **settings}
-    inputs = BuildInputs(lambda modality: mlp(x_train.shape[1], hidden, dropout=dropout), ["x"], labels.shape[1], bits,
-                         seed=seed, preset="cifar10")  # fmt: skip
-    return build(method, inputs, **settings), x, y
+    spec = head_spec(method, bits, seed, hidden, dropout, "cifar10", {})
+    return build_model(spec, {"x": x_train.shape[1:]}, labels.shape[1], options=settings), x, y
 
 
 MULTI_LABEL_METHODS = ("SCDH multi-label", "SCDH + JCCH coefficients", "sHCLM (balanced BCE)", "HyP2")
 
 
-def build_multilabel_method(name: str, x_train: np.ndarray, y_train: np.ndarray, bits: int, seed: int,
-                            hidden=(1024,), dropout: float = 0.2, **options):  # fmt: skip
+def multilabel_benchmark_model(name: str, x_train: np.ndarray, y_train: np.ndarray, bits: int, seed: int,
+                               hidden=(1024,), dropout: float = 0.2, **options):  # fmt: skip
     """The model and its ``fit`` inputs for one multi-label method: SCDH's multi-label SCUL with
     the ``"nuswide"`` preset (q = 1/|Y|, u = 1) or with JCCH's label coefficients
     (:func:`tfhash.losses.jcch_coefficients`), sHCLM with tag co-occurrence proxies and the
-    frequency-balanced BCE, or HyP2; ``options`` as for :func:`build_method`. Returns
+    frequency-balanced BCE, or HyP2; ``options`` as for :func:`benchmark_model`. Returns
     ``(model, x, y)``."""
     from tfhash.losses import jcch_coefficients
 
     method, settings = method_of(name)
     keras.utils.set_random_seed(seed)
     labels = multi_hot(y_train)
-    inputs = BuildInputs(lambda modality: mlp(x_train.shape[1], hidden, dropout=dropout), ["x"], y_train.shape[1], bits,
-                         seed=seed, preset="nuswide", statistics=TagStatistics.of_labels(y_train))  # fmt: skip
-    model = build(method, inputs, **{**settings, **options})
+    spec = head_spec(method, bits, seed, hidden, dropout, "nuswide", {**settings, **options})
+    model = build_model(spec, {"x": x_train.shape[1:]}, y_train.shape[1], statistics=TagStatistics.of_labels(y_train))
     if name == "SCDH + JCCH coefficients":
         q, u = jcch_coefficients(y_train)
         return model, x_train, {"labels": labels, "q": q.astype("float32"), "u": u.astype("float32")}

@@ -4,8 +4,8 @@ Same inputs (digest-checked by :mod:`benchmarks.peer_data`), same splits, same h
 (Dense(1024, ReLU) -> the method's hash layer, no dropout, no augmentation, no standardisation),
 Adam 1e-3, batch 128, 50 epochs, reshuffled each epoch, the last epoch scored; mAP@all in the
 stable tie order, and mAP@1000 on MIRFlickr. Each method is built by the benchmarks' public-builder
-helpers with their defaults (:func:`benchmarks.methods.build_method`,
-:func:`benchmarks.methods.build_multilabel_method`). The recommended recipes (``--recommended``)
+helpers with their defaults (:func:`benchmarks.methods.benchmark_model`,
+:func:`benchmarks.methods.multilabel_benchmark_model`). The recommended recipes (``--recommended``)
 depart from that training where validation chose to (head dropout, weight decay, a cosine
 schedule; on MNIST Gaussian input noise, MT-SCDH's perturbation); the peers keep the protocol's.
 
@@ -17,7 +17,8 @@ over the seeds run and its margin over the best peer::
 
 ``--recipe`` trains with other settings than the protocol's (JSON over :data:`PROTOCOL_RECIPE`:
 head dropout, input standardisation with the training rows' statistics, Adam's weight decay
-(AdamW), learning rate, schedule, epochs), and ``--options`` with the methods' own settings over
+(AdamW), learning rate, schedule, epochs, and further :class:`tfhash.fine_tuning.FineTuning`
+settings as ``fine_tuning``, e.g. ``{"fine_tuning": {"weight_averaging": 0.99}}``), and ``--options`` with the methods' own settings over
 their defaults (e.g. HyP2's beta), both labelled by ``--label``; ``--recommended`` runs each
 dataset's kind of data with :data:`tfhash.recipes.RECOMMENDED` (label ``recommended``);
 ``--semi-supervised`` runs MT-SCDH (``--methods MT-SCDH`` does too, unless ``--labelled-only``: it
@@ -52,7 +53,7 @@ from tfhash.recipes import MEAN_TEACHER, RECOMMENDED, Recipe  # noqa: E402
 #: The protocol's training: no head dropout, raw inputs, Adam 1e-3 without weight decay, constant
 #: rate, 50 epochs.
 PROTOCOL_RECIPE = {"dropout": 0.0, "standardise": False, "weight_decay": 0.0, "learning_rate": 1e-3,
-                   "schedule": "constant", "epochs": 50}  # fmt: skip
+                   "schedule": "constant", "epochs": 50, "fine_tuning": {}}  # fmt: skip
 HIDDEN = (1024,)
 VALIDATION = {"single": {"held_out": 100, "queries": 50}, "multi": {"held_out": 2000, "queries": 500}}
 MAP_DEPTH = 1000  # MIRFlickr's mAP@1000 on the 18,015-item database
@@ -82,18 +83,15 @@ def checked_recipe(recipe: dict) -> dict:
     if unknown:
         raise ValueError(f"unknown recipe settings {sorted(unknown)}; known: {sorted(PROTOCOL_RECIPE)}")
     full = {**PROTOCOL_RECIPE, **recipe}
-    if full["schedule"] not in ("constant", "cosine"):
-        raise ValueError(f"unknown schedule {full['schedule']!r}; choose constant or cosine")
-    if not (isinstance(full["epochs"], int) and full["epochs"] > 0):
-        raise ValueError(f"epochs must be a positive integer; got {full['epochs']!r}")
-    if not (0 <= full["dropout"] < 1 and full["learning_rate"] > 0 and full["weight_decay"] >= 0):
-        raise ValueError(f"need dropout in [0, 1), learning_rate > 0, weight_decay >= 0; got {full}")
+    Recipe(method="scdh", **{k: v for k, v in full.items() if k != "standardise"})  # the recipe's own checks of each value
     return full
 
 
-def optimizer(recipe: dict, steps_per_epoch: int):
-    settings = {k: recipe[k] for k in ("learning_rate", "weight_decay", "schedule", "epochs")}
-    return Recipe(method="any", **settings).optimizer(steps_per_epoch)
+def optimizer(method: str, recipe: dict, steps_per_epoch: int):
+    """The optimizer of benchmark row ``method`` under ``recipe`` (its rates, schedule, epochs and
+    further fine-tuning settings, through :meth:`tfhash.recipes.Recipe.optimizer`)."""
+    settings = {k: recipe[k] for k in ("learning_rate", "weight_decay", "schedule", "epochs", "fine_tuning")}
+    return Recipe(method=methods.method_of(method)[0], **settings).optimizer(steps_per_epoch)
 
 
 #: The kind of data of each protocol dataset (a key of :data:`tfhash.recipes.RECOMMENDED`).
@@ -104,7 +102,7 @@ def recommended(dataset: str) -> tuple[str, dict, dict]:
     """``(method, recipe, options)`` of tfhash's recommended recipe for ``dataset``'s kind of data."""
     chosen = RECOMMENDED[KINDS[dataset]]
     recipe = checked_recipe({"dropout": chosen.dropout, "weight_decay": chosen.weight_decay, "learning_rate": chosen.learning_rate,
-                             "schedule": chosen.schedule, "epochs": chosen.epochs})  # fmt: skip
+                             "schedule": chosen.schedule, "epochs": chosen.epochs, "fine_tuning": dict(chosen.fine_tuning)})  # fmt: skip
     if chosen.hidden != HIDDEN or chosen.input_dropout or chosen.batch_size != methods.BATCH:
         raise ValueError(f"the {KINDS[dataset]} recipe changes the protocol's head or batch; this benchmark keeps them")
     return methods.row_name(chosen.method, chosen.options), recipe, dict(chosen.options)
@@ -157,7 +155,7 @@ def run(data, method: str, bits: int, seed: int, recipe: dict, validation: bool 
     epochs, extra = recipe["epochs"], {}
     if unlabelled:
         extra = {"unlabelled": unlabelled_rows(data, x)}
-    build = methods.build_method if data.single_label else methods.build_multilabel_method
+    build = methods.benchmark_model if data.single_label else methods.multilabel_benchmark_model
     model, fit_x, fit_y = build(method, x[split.train], labels[split.train], bits, seed, **head, **extra, **options)
     if unlabelled:  # as many passes over the labelled rows as the recipe's epochs
         epochs = max(1, round(epochs * len(split.train) / int((fit_y.sum(axis=1) > 0).sum())))
@@ -173,7 +171,7 @@ def run(data, method: str, bits: int, seed: int, recipe: dict, validation: bool 
     steps = int(np.ceil(len(fit_x) / methods.BATCH)) * epochs / recipe["epochs"]  # the schedule spans the whole run
     scores = methods.fit_and_score(model, fit_x, fit_y, x[split.query], labels[split.query], x[split.database],
                                    labels[split.database], epochs, seed, map_at=map_at,
-                                   optimizer=optimizer(recipe, steps), callbacks=callbacks, precision_at=None)  # fmt: skip
+                                   optimizer=optimizer(method, recipe, steps), callbacks=callbacks, precision_at=None)  # fmt: skip
     scores["unlabelled rows"] = len(extra["unlabelled"]) if unlabelled else 0
     if depth != MAP_DEPTH and f"mAP@{depth}" in scores:
         scores["mAP@1000"] = scores.pop(f"mAP@{depth}")  # the validation stand-in for mAP@1000

@@ -20,7 +20,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks.common import markdown_table, write_results  # noqa: E402
-from benchmarks.methods import build_multilabel_method, cifar_features, fit_and_score  # noqa: E402
+from benchmarks.methods import cifar_features, fit_and_score, multilabel_benchmark_model  # noqa: E402
 from tfhash import proxies  # noqa: E402
 from tfhash.data import load_mirflickr25k  # noqa: E402
 from tfhash.labels import multi_hot  # noqa: E402
@@ -90,7 +90,7 @@ def mirflickr_rows(seed: int, bits_list, epochs: int) -> list[dict]:
     rows = []
     for bits in bits_list:
         for name in ("HyP2", "sHCLM (balanced BCE)"):
-            model, x, y = build_multilabel_method(name, train["text"], train_y, bits, seed)
+            model, x, y = multilabel_benchmark_model(name, train["text"], train_y, bits, seed)
             row = {"dataset": "MIRFlickr-25K tags", "method": name, "bits": bits}
             row.update(fit_and_score(model, x, y, query["text"], query_y, db["text"], db_y, epochs, seed))
             rows.append(row)

@@ -73,7 +73,7 @@ def retrieval_rows(data: methods.FeatureData, bits_list, cfg: dict, seed: int) -
     for bits in bits_list:
         for name in methods.SINGLE_LABEL_METHODS + methods.MT_VARIANTS:
             mean_teacher = name.startswith("MT-SCDH")
-            model, x, y = methods.build_method(name, data.x[train], data.labels[train], bits, seed,
+            model, x, y = methods.benchmark_model(name, data.x[train], data.labels[train], bits, seed,
                                                unlabelled=data.x[rest] if mean_teacher else None)  # fmt: skip
             epochs = cfg["epochs"]
             if mean_teacher:  # as many passes over the labelled rows as the other methods make
@@ -96,7 +96,7 @@ def cost_rows(data: methods.FeatureData, sizes, epochs: int, seed: int, bits: in
         pick = rng.choice(data.split.database, n, replace=False)
         row = {"n": n, "bits": bits, "seed": seed}
         for name in COST_METHODS:
-            model, x, y = methods.build_method(name, data.x[pick], data.labels[pick], bits, seed)
+            model, x, y = methods.benchmark_model(name, data.x[pick], data.labels[pick], bits, seed)
             model.compile(optimizer=keras.optimizers.Adam(1e-3))
             model.fit(x, y, epochs=1, batch_size=methods.BATCH, verbose=0)
             start = time.perf_counter()
@@ -144,7 +144,7 @@ def transfer_rows(data: methods.FeatureData, cfg: dict, seed: int) -> list[dict]
         db = data.split.database[np.isin(ids[data.split.database], held)]
         seen_labels = data.labels[train][:, seen]
         for name in TRANSFER_METHODS:
-            model, x, y = methods.build_method(name, data.x[train], seen_labels, cfg["transfer_bits"], seed)
+            model, x, y = methods.benchmark_model(name, data.x[train], seen_labels, cfg["transfer_bits"], seed)
             model.compile(optimizer=keras.optimizers.Adam(1e-3))
             start = time.perf_counter()
             model.fit(x, y, epochs=cfg["transfer_epochs"], batch_size=methods.BATCH, verbose=0)

@@ -17,7 +17,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from benchmarks.common import markdown_table, write_results  # noqa: E402
-from benchmarks.methods import build_multilabel_method, fit_and_score  # noqa: E402
+from benchmarks.methods import fit_and_score, multilabel_benchmark_model  # noqa: E402
 from tfhash import losses  # noqa: E402
 from tfhash.data import load_mirflickr25k  # noqa: E402
 from tfhash.labels import multi_hot  # noqa: E402
@@ -49,7 +49,7 @@ def mirflickr_rows(bits_list, epochs, seed, anchors: int | None) -> list[dict]:
     rows = []
     for bits in bits_list:
         for name, target in variants.items():
-            model = build_multilabel_method("SCDH multi-label", train["text"], train_y, bits, seed)[0]
+            model = multilabel_benchmark_model("SCDH multi-label", train["text"], train_y, bits, seed)[0]
             scores = fit_and_score(model, train["text"], target, query["text"], query_y, db["text"], db_y, epochs, seed)
             rows.append({"dataset": "MIRFlickr-25K tags", "method": name, "bits": bits, **scores,
                          "anchors": "all" if anchors is None else anchors,

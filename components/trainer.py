@@ -18,6 +18,7 @@ from tfx_bsl.public import tfxio
 from tfhash import storage
 from tfhash.artifacts import IMAGE, LABELS, TRAINING_FILE, model_inputs, read_data_description
 from tfhash.export import IMAGE_RANGE, export_serving_model
+from tfhash.registry import TagStatistics, build_model, get_method, make_backbone
 from tfhash.training_spec import TrainingSpec
 
 logger = logging.getLogger(__name__)
@@ -71,36 +72,11 @@ def export_directory(serving_model_dir: str) -> str:
     return tempfile.mkdtemp(prefix="tfhash-worker-export-")
 
 
-def backbone_for(training: TrainingSpec, shape, name: str = "backbone", data_root=None, modality: str | None = None):
-    """The configured backbone for inputs of ``shape``: an image network or encoder
-    (:func:`tfhash.models.image_backbone`, fed the decoded images at their stored size), the small
-    CNN (images) or an MLP (vectors; the fine-tuning recipe's dropout and ``modality``'s input
-    dropout).
-
-    Raises:
-        BackboneError: an image backbone for feature vectors, or as :func:`image_backbone` does.
-    """
-    from tfhash.models import BackboneError, image_backbone, mlp, small_cnn
-    from tfhash.towers import widths_of
-
-    backbone = training.backbone
-    if backbone == "small_cnn":
-        return small_cnn(tuple(shape), name=name)
-    recipe = training.optimisation()
-    if backbone == "mlp":
-        return mlp(int(shape[0]), widths_of(training.hidden, modality), name=name, **recipe.mlp_options(modality))
-    if len(shape) not in (2, 3):
-        raise BackboneError(f"backbone {backbone!r} takes images, but this input holds vectors of shape {list(shape)}; use mlp")
-    return image_backbone(backbone, shape, size=training.image_size, weights=training.backbone_weights, data_root=data_root,
-                          name=name, **recipe.backbone_options())  # fmt: skip
-
-
 def tuned_training(training: TrainingSpec, hyperparameters: dict, input_names: list[str]) -> TrainingSpec:
-    """The run's training section with the recipe the Tuner chose laid over it
-    (:func:`tfhash.tuning.tuned_recipe` of the ``best_hyperparameters`` config,
-    :meth:`tfhash.recipes.Recipe.pipeline_section`): its method, MLP, epochs, batch, settings and
-    optimizer, and its loss preset; float32 at the recipe's batch, without JCCH coefficients, as the
-    trials trained it; bits, seed and input map (the Transform's, which the trials saw) stay the run's."""
+    """The spec the Tuner chose (:func:`tfhash.tuning.tuned_recipe` of the ``best_hyperparameters``
+    config, :meth:`tfhash.recipes.Recipe.spec` with its kind's loss preset), as the trials trained
+    it: float32 at the recipe's batch, without JCCH coefficients; bits, seed and input map (the
+    Transform's, which the trials saw) stay the run's ``training``."""
     import keras_tuner
 
     from tfhash.recipes import preset_for
@@ -108,10 +84,8 @@ def tuned_training(training: TrainingSpec, hyperparameters: dict, input_names: l
 
     values = keras_tuner.HyperParameters.from_config(hyperparameters).values
     recipe = tuned_recipe(values, tuple(input_names) if len(input_names) == 2 else ())
-    # as the trials trained it: the recipe's preset, float32 at the recipe's batch, no JCCH coefficients
-    section = {**recipe.pipeline_section(), "input_map": training.input_map}
-    return dataclasses.replace(training, **section, recipe=None, preset=preset_for(values["kind"] == "multi-label"),
-                               label_coefficients=False, gpu_batch_size=None, mixed_precision="off")  # fmt: skip
+    return dataclasses.replace(recipe.spec(training.bits, training.seed, preset_for(values["kind"] == "multi-label")),
+                               input_map=training.input_map, mixed_precision="off")  # fmt: skip
 
 
 def dtype_policy(training: TrainingSpec) -> str:
@@ -128,38 +102,13 @@ def batch_size(training: TrainingSpec) -> int:
     return training.batch_size
 
 
-def build_model(training: TrainingSpec, inputs: dict, num_classes: int, tag_statistics: tuple | None = None, data_root=None,
-                backbone_model=None):  # fmt: skip
-    """The registered method (:mod:`tfhash.registry`) that the run config's ``training``
-    section names; ``inputs``: ``{name: shape}`` (two entries for a cross-modal method: one tower
-    each). ``tag_statistics``: ``(n, C x C co-occurrence)`` of the training labels (from Transform),
-    for the methods that need them (the proxy methods' balanced BCE and sHCLM's assignment).
-    ``backbone_model``: the backbone to build on (one input) instead of the configured one (the
-    trunk cache's top).
-
-    Raises:
-        ValueError: as the method's builder does (e.g. sHCLM on single-label data).
-    """
-    from tfhash.registry import BuildInputs, TagStatistics, build_method
-
-    def backbone(modality: str):
-        if backbone_model is not None:
-            return backbone_model
-        name = f"backbone_{modality}" if len(inputs) > 1 else "backbone"
-        return backbone_for(training, inputs[modality], name, data_root, modality)
-
-    statistics = TagStatistics(int(tag_statistics[0]), np.asarray(tag_statistics[1])) if tag_statistics is not None else None
-    build = BuildInputs(backbone, list(inputs), num_classes, training.bits, seed=training.seed, preset=training.preset,
-                        statistics=statistics)  # fmt: skip
-    return build_method(training.method, build, **dict(training.overrides))
-
-
-def read_transform_tag_statistics(transform_output, num_classes: int) -> tuple[int, np.ndarray]:
+def read_transform_tag_statistics(transform_output, num_classes: int) -> TagStatistics:
     """The Transform's tag statistics vocabularies, read back (see :mod:`.label_statistics`)."""
     from tfhash.components.label_statistics import TAG_COUNTS, TAG_PAIRS, read_tag_statistics
 
-    return read_tag_statistics(transform_output.vocabulary_file_by_name(TAG_COUNTS),
-                               transform_output.vocabulary_file_by_name(TAG_PAIRS), num_classes)  # fmt: skip
+    count, cooccurrence = read_tag_statistics(transform_output.vocabulary_file_by_name(TAG_COUNTS),
+                                              transform_output.vocabulary_file_by_name(TAG_PAIRS), num_classes)  # fmt: skip
+    return TagStatistics(int(count), np.asarray(cooccurrence))
 
 
 def targets(features: dict, label_coefficients: bool):
@@ -204,7 +153,7 @@ def training_arrays(data_accessor, file_pattern, schema, input_names: list[str],
     return {name: np.concatenate(parts) for name, parts in inputs.items()}, np.concatenate(labels)
 
 
-def fit_cached(fn_args, schema, training: TrainingSpec, inputs: dict, num_classes: int, statistics, recipe, batch: int, policy: str,
+def fit_cached(fn_args, schema, training: TrainingSpec, inputs: dict, num_classes: int, statistics, tuning, batch: int, policy: str,
                callbacks: list):  # fmt: skip
     """Train on a trunk cache (:func:`tfhash.trunk_cache.fit_on_cache`) kept in the run's
     ``trunk_cache_dir`` (null for a run on remote storage: this machine's cache folder,
@@ -224,16 +173,16 @@ def fit_cached(fn_args, schema, training: TrainingSpec, inputs: dict, num_classe
         raise CacheError("training.fine_tuning.trunk_cache trains on one machine (the cache is a local file); "
                          "turn it off for multi-worker training")  # fmt: skip
     (name,) = inputs
-    if recipe.trunk_cache.directory is None:
+    if tuning.trunk_cache.directory is None:
         directory = config.get("trunk_cache_dir") or storage.cache_dir("trunk_cache")
-        recipe = replace(recipe, trunk_cache=replace(recipe.trunk_cache, directory=directory))
+        tuning = replace(tuning, trunk_cache=replace(tuning.trunk_cache, directory=directory))
     arrays, labels = training_arrays(fn_args.data_accessor, fn_args.train_files, schema, [name], batch)
     images = arrays[name]
     seed, epochs = training.seed, training.epochs
     model, _, _ = fit_on_cache(
-        recipe,
-        build=lambda backbone: build_model(training, inputs, num_classes, statistics, config.get("data_root"), backbone),
-        make_backbone=lambda: backbone_for(training, inputs[name], "backbone", config.get("data_root")),
+        tuning,
+        build=lambda backbone: build_model(training, inputs, num_classes, statistics=statistics, backbone_model=backbone),
+        make_backbone=lambda: make_backbone(training, inputs[name], data_root=config.get("data_root")),
         images=images, labels=labels, epochs=epochs, batch_size=batch, seed=seed, backbone_name=training.backbone,
         policy=policy, callbacks=callbacks)  # fmt: skip
     return model
@@ -257,12 +206,12 @@ def warmup_records(data_dir: str, description: dict, count: int = 4) -> list[byt
 
 def run_fn(fn_args) -> None:
     """TFX Trainer entry point. ``fn_args.custom_config``: ``training`` (the run config's
-    section; with the Tuner's ``fn_args.hyperparameters``, its recipe laid over it), ``inputs`` (the
+    :class:`TrainingSpec`, ``to_dict``; with the Tuner's ``fn_args.hyperparameters``, the spec it
+    chose, :func:`tuned_training`), ``inputs`` (the
     model inputs' names), ``data_dir`` (the exported data: its description gives the classes and
     the inputs' kinds and shapes, and its first usable training records become the TF Serving
     warmup requests), ``data_root`` and ``trunk_cache_dir``."""
     from tfhash.optimizers import compile_fine_tuning
-    from tfhash.registry import get_method
 
     config = fn_args.custom_config
     training = TrainingSpec.from_dict(config["training"])
@@ -271,7 +220,7 @@ def run_fn(fn_args) -> None:
     raw_shapes = model_inputs(description, list(config["inputs"]))
     if fn_args.hyperparameters:  # the Tuner's choice
         training = tuned_training(training, fn_args.hyperparameters, list(config["inputs"]))
-        logging.info("training the recipe the Tuner chose: %s", json.dumps(training.to_dict()))
+        logging.info("training the spec the Tuner chose: %s", json.dumps(training.to_dict()))
     keras.utils.set_random_seed(training.seed)
     policy = dtype_policy(training)
     transform_output = tft.TFTransformOutput(fn_args.transform_output)
@@ -283,7 +232,7 @@ def run_fn(fn_args) -> None:
     schema = transform_output.transformed_metadata.schema
     epochs = training.epochs
     strategy = make_strategy()
-    recipe = training.optimisation().scaled_to_batch(batch / training.batch_size)
+    tuning = training.fine_tuning.scaled_to_batch(batch / training.batch_size)
     needs_statistics = get_method(training.method).needs_tag_statistics
     statistics = read_transform_tag_statistics(transform_output, num_classes) if needs_statistics else None
     callbacks = []
@@ -292,16 +241,16 @@ def run_fn(fn_args) -> None:
         tf.io.gfile.makedirs(fn_args.model_run_dir)
         storage.write_json(storage.join(fn_args.model_run_dir, TRAINING_FILE), training.to_dict())  # what this run trained (the summary reads it)
     try:
-        if recipe.trunk_cache is not None:
+        if tuning.trunk_cache is not None:
             with strategy.scope():
-                model = fit_cached(fn_args, schema, training, inputs, num_classes, statistics, recipe, batch, policy, callbacks)
+                model = fit_cached(fn_args, schema, training, inputs, num_classes, statistics, tuning, batch, policy, callbacks)
         else:
             train_data, steps_per_epoch = training_dataset(fn_args.data_accessor, fn_args.train_files, schema, list(inputs), batch,
                                                            training.seed, training.label_coefficients)  # fmt: skip
             keras.mixed_precision.set_global_policy(policy)
             with strategy.scope():
-                model = build_model(training, inputs, num_classes, statistics, config.get("data_root"))
-                compile_fine_tuning(model, recipe, epochs, steps_per_epoch)
+                model = build_model(training, inputs, num_classes, statistics=statistics, data_root=config.get("data_root"))
+                compile_fine_tuning(model, tuning, epochs, steps_per_epoch)
             train(model, train_data, epochs, callbacks)
     finally:
         keras.mixed_precision.set_global_policy("float32")

@@ -18,18 +18,12 @@ from pathlib import Path
 
 from tfhash import storage
 from tfhash.artifacts import DEFAULT_RUN_DIR, RunLayout, read_data_description
+from tfhash.config_keys import REQUIRED, check_count, check_keys, config_key, suggestion
 from tfhash.index.factory import parse_index_type
 from tfhash.index.milvus import MilvusIndex, is_local
-from tfhash.recipes import PIPELINE_KINDS
+from tfhash.recipes import with_recipe
 from tfhash.registry import get_method, method_names
-from tfhash.training_spec import (
-    REQUIRED,
-    TrainingSpec,
-    check_count,
-    check_keys,
-    config_key,
-    suggestion,
-)
+from tfhash.training_spec import PIPELINE_KINDS, TrainingSpec
 
 
 def resolve_training_paths(training: dict, locate) -> dict:
@@ -148,7 +142,11 @@ class PipelineConfig:
         if not isinstance(self.name, str) or not self.name.strip():
             raise ValueError(f"name must be a non-empty string (it names the run's folders), got {self.name!r}")
         if not isinstance(self.training, TrainingSpec):
-            self.training = TrainingSpec.from_dict(self.training)
+            self.training = TrainingSpec.from_dict(with_recipe(self.training) if isinstance(self.training, dict) else self.training)
+        if self.training.method not in method_names(in_pipeline=True):
+            raise ValueError(f"training.method {self.training.method!r}: the pipeline trains {method_names(in_pipeline=True)} "
+                             "(the others need unlabelled rows or the training set's row index; train them with "
+                             f"tfhash.recipes.Recipe){suggestion(self.training.method, method_names(in_pipeline=True))}")  # fmt: skip
         if isinstance(self.tuner, dict):
             check_keys(self.tuner, [f.name for f in fields(TunerConfig)], "tuner.")
             self.tuner = TunerConfig(**self.tuner)
@@ -197,7 +195,7 @@ class PipelineConfig:
         if isinstance(hidden, dict) and set(hidden) != set(self.inputs):
             raise ValueError(f"training.hidden names the towers {sorted(hidden)}; this run's inputs are {self.inputs}: "
                              "give one list of widths, or name each input")  # fmt: skip
-        input_dropout = self.training.optimisation().input_dropout
+        input_dropout = self.training.fine_tuning.input_dropout
         rates = input_dropout if isinstance(input_dropout, dict) else {name: input_dropout for name in self.inputs}
         if set(rates) - set(self.inputs):
             raise ValueError(f"training.fine_tuning.input_dropout names {sorted(set(rates) - set(self.inputs))}; "

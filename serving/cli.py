@@ -157,7 +157,7 @@ def search(config_path, index_base_dir, model_base_dir, model_server, model_name
            rest_timeout, event_loop, grace_seconds) -> None:  # fmt: skip
     """Run the search service until Ctrl-C / SIGTERM (then drain in-flight requests)."""
     from tfhash.serving.event_loop import new_event_loop
-    from tfhash.serving.grpc_server import EXIT_SECONDS, run_until_signal
+    from tfhash.serving.grpc_server import EXIT_SECONDS, BindError, run_until_signal
     from tfhash.serving.processes import ProcessFront, SearchOptions, ServiceFailed, build_server
 
     from tfhash.artifacts import ITEMS_FILE, read_items
@@ -206,7 +206,7 @@ def search(config_path, index_base_dir, model_base_dir, model_server, model_name
 
     try:
         run_until_signal(server, grace_seconds, on_started=started, exit_within=EXIT_SECONDS)
-    except (ServiceFailed, OSError) as err:  # OSError: a port that cannot be bound
+    except (ServiceFailed, BindError) as err:
         raise click.ClickException(str(err)) from err
     if getattr(server, "failure", None):
         raise click.ClickException(server.failure)

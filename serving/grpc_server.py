@@ -95,9 +95,31 @@ def grpc_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+class BindError(OSError):
+    """An address a server cannot bind (a port in use, a host not of this machine): raised by the
+    servers' ``start`` (and the development model server's constructor), nothing left running."""
+
+
+def add_port(server, host: str, port: int) -> int:
+    """Add the insecure port ``host:port`` (0: any free port) to gRPC ``server`` (sync or aio);
+    returns the bound port.
+
+    Raises:
+        BindError: naming the address.
+    """
+    address = grpc_address(host, port)
+    try:
+        bound = server.add_insecure_port(address)
+    except RuntimeError as err:  # grpcio >= 1.50 raises instead of returning 0
+        raise BindError(f"cannot bind {address}: {err}") from err
+    if bound == 0:
+        raise BindError(f"cannot bind {address}")
+    return bound
+
+
 class GrpcServer:
-    """A ``grpc.Server`` bound to ``host:port`` now (port 0: any free port; OSError when the
-    address cannot be bound), served after :meth:`start`; add servicers to :attr:`server`.
+    """A ``grpc.Server`` bound to ``host:port`` now (port 0: any free port; :class:`BindError` when
+    the address cannot be bound), served after :meth:`start`; add servicers to :attr:`server`.
 
     Requests larger than ``max_message_bytes`` are refused by gRPC with RESOURCE_EXHAUSTED; with
     ``max_concurrent_rpcs`` set, RPCs beyond it are refused the same way instead of queueing.
@@ -117,13 +139,7 @@ class GrpcServer:
         self._gate = _Gate()
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=options,
                                   interceptors=[_Handlers(self._gate)], maximum_concurrent_rpcs=max_concurrent_rpcs)  # fmt: skip
-        address = grpc_address(host, port)
-        try:
-            self.port = self.server.add_insecure_port(address)
-        except RuntimeError as err:  # grpcio >= 1.50 raises instead of returning 0
-            raise OSError(f"cannot bind {address}: {err}") from err
-        if self.port == 0:
-            raise OSError(f"cannot bind {address}")
+        self.port = add_port(self.server, host, port)
 
     def start(self) -> None:
         self.server.start()

@@ -21,7 +21,13 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tfhash.serving.grpc_server import EXIT_SECONDS, LOOPBACK, grpc_address, run_until_signal
+from tfhash.serving.grpc_server import (
+    EXIT_SECONDS,
+    LOOPBACK,
+    BindError,
+    grpc_address,
+    run_until_signal,
+)
 from tfhash.serving.shared_status import SharedStatus, service_status, slot_path, withdraw
 
 from tfhash import storage
@@ -105,15 +111,15 @@ def build_server(options: SearchOptions, siblings: SharedStatus | None = None, r
 
 def reserve_port(host: str, port: int) -> socket.socket:
     """A socket bound to ``host:port`` (0: a free port) that its own processes may join: bound
-    without ``SO_REUSEPORT`` (OSError if anything holds the port), then marked reusable."""
+    without ``SO_REUSEPORT`` (BindError if anything holds the port), then marked reusable."""
     family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.bind((host, port))
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    except OSError:
+    except OSError as err:
         sock.close()
-        raise
+        raise BindError(f"cannot bind {grpc_address(host, port)}: {err}") from err
     return sock
 
 
@@ -162,7 +168,7 @@ class ServiceFailed(RuntimeError):
 class ProcessFront:
     """``processes`` search-service processes on one gRPC port (and one REST port), supervised
     (below). Constructing it checks the settings and binds nothing; :meth:`start` binds the ports
-    (OSError for a port in use), spawns the children and returns once every one serves;
+    (BindError for a port in use), spawns the children and returns once every one serves;
     :meth:`stop` drains them.
 
     Why several: one process answers one joined call at a time, and its event loop (gRPC's serving,
@@ -251,16 +257,16 @@ class ProcessFront:
 
     def _bind(self) -> None:
         """Hold the gRPC port (:func:`reserve_port`) and the REST port's listening socket; the
-        children's settings name the bound ports. OSError (nothing held) for a port in use."""
-        import tornado.netutil
+        children's settings name the bound ports. BindError (nothing held) for a port in use."""
+        from tfhash.serving.rest import bind_sockets
 
         options = self.options
         self._grpc_socket = reserve_port(options.host, options.port)
         self.port = self._grpc_socket.getsockname()[1]
         try:
             if options.rest_port is not None:
-                self._rest_sockets = tornado.netutil.bind_sockets(options.rest_port, address=options.host)
-        except OSError:
+                self._rest_sockets = bind_sockets(options.host, options.rest_port)
+        except BindError:
             self._close_sockets()
             raise
         self.rest_port = self._rest_sockets[0].getsockname()[1] if self._rest_sockets else None
@@ -272,7 +278,7 @@ class ProcessFront:
         status (it serves).
 
         Raises:
-            OSError: a port in use (nothing is left running).
+            tfhash.serving.grpc_server.BindError: a port in use (nothing is left running).
             ServiceFailed: a child exited first (its exit code is named), or did not serve within
                 :data:`START_SECONDS`; what was started is stopped.
         """

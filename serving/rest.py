@@ -13,6 +13,7 @@ import tornado.httpserver
 import tornado.netutil
 import tornado.web
 from tfhash.serving.errors import ServingError, internal_error, permission_denied
+from tfhash.serving.grpc_server import BindError
 from tfhash.serving.page import ItemImages, is_loopback_host, page_html
 from tfhash.serving.requests import Query, json_object, query_from_json
 from tfhash.serving.searcher import Neighbours, ServedPair
@@ -21,6 +22,18 @@ logger = logging.getLogger(__name__)
 
 #: Bodies up to this size are parsed on the event loop (well under a millisecond); larger ones on a thread.
 PARSED_ON_THE_LOOP = 64 << 10
+
+
+def bind_sockets(host: str, port: int) -> list:
+    """The listening sockets of ``host:port`` (0: any free port) for the HTTP server.
+
+    Raises:
+        BindError: naming the address.
+    """
+    try:
+        return tornado.netutil.bind_sockets(port, address=host)
+    except OSError as err:
+        raise BindError(f"cannot bind {host}:{port} for REST: {err}") from err
 
 
 def result_json(found: Neighbours) -> dict:
@@ -203,7 +216,7 @@ class _Page(_Handler):
 
 class RestFront:
     """The HTTP server of a search service: binds ``host:port`` now (port 0: any free port; an
-    address that cannot be bound raises OSError), serves on the running event loop after
+    address that cannot be bound raises :class:`~tfhash.serving.grpc_server.BindError`), serves on the running event loop after
     :meth:`start`.
 
     * ``POST /v1/search`` with ``Content-Type: application/json`` and a JSON object holding exactly
@@ -255,7 +268,7 @@ class RestFront:
         # not finished, searches running, shutting down
         self.reserved, self.in_flight, self.stopping = 0, 0, False
         self.body_budget = self.max_concurrent * self.max_body_bytes
-        self._sockets = sockets or tornado.netutil.bind_sockets(port, address=host)
+        self._sockets = sockets or bind_sockets(host, port)
         self.host, self.port = host, self._sockets[0].getsockname()[1]
         self.loopback = is_loopback_host(host)
         # Tornado reads headers up to 4x the limit, so that the handler can answer 431 (and 414)

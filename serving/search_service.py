@@ -25,7 +25,7 @@ from tfhash.serving.errors import (
     unavailable,
 )
 from tfhash.serving.event_loop import new_event_loop
-from tfhash.serving.grpc_server import LOOPBACK, SETTLE_SECONDS, grpc_address
+from tfhash.serving.grpc_server import LOOPBACK, SETTLE_SECONDS, add_port, grpc_address
 from tfhash.serving.health import Health
 from tfhash.serving.requests import (
     DEFAULT_LIMITS,
@@ -163,8 +163,9 @@ class SearchServer:
                  event_loop: str = "auto"):  # fmt: skip
         self.searcher, self.host, self.poll_seconds, self.siblings = searcher, host, float(poll_seconds), siblings
         self.port = int(port)  # the bound port once started
-        self._binding = {"rest_port": rest_port, "max_message_bytes": max_message_bytes, "max_concurrent_rpcs": max_concurrent_rpcs,
-                         "rest_options": rest_options or {}, "reuse_port": reuse_port, "rest_sockets": rest_sockets}  # fmt: skip
+        # what start binds
+        self._rest_port, self._rest_options, self._rest_sockets = rest_port, rest_options or {}, rest_sockets
+        self._max_message_bytes, self._max_concurrent_rpcs, self._reuse_port = max_message_bytes, max_concurrent_rpcs, reuse_port
         self._event_loop = event_loop
         if siblings is not None:
             searcher.follow(siblings.agreed_version)
@@ -179,20 +180,19 @@ class SearchServer:
         self._watcher = threading.Thread(target=self._watch, name="tfhash-search-watch", daemon=True)
 
     def _open(self) -> None:
-        """Start the event loop's thread and bind the ports (OSError when one cannot be bound;
+        """Start the event loop's thread and bind the ports (BindError when one cannot be bound;
         then nothing is left running)."""
-        binding = self._binding
         self._loop = new_event_loop(self._event_loop)
         self._loop_thread = threading.Thread(target=self._loop.run_forever, name="tfhash-search-front", daemon=True)
         self._loop_thread.start()
         try:
-            self._server, self.port = self._on_loop(self._bind(self.host, self.port, binding["max_message_bytes"],
-                                                               binding["max_concurrent_rpcs"], binding["reuse_port"]))  # fmt: skip
-            if binding["rest_port"] is not None or binding["rest_sockets"]:
+            self._server, self.port = self._on_loop(self._bind(self.host, self.port, self._max_message_bytes,
+                                                               self._max_concurrent_rpcs, self._reuse_port))  # fmt: skip
+            if self._rest_port is not None or self._rest_sockets:
                 from tfhash.serving.rest import RestFront
 
-                self.rest = RestFront(self.search, self.host, binding["rest_port"] or 0, max_body_bytes=binding["max_message_bytes"],
-                                      sockets=binding["rest_sockets"], status=self.status, **binding["rest_options"])  # fmt: skip
+                self.rest = RestFront(self.search, self.host, self._rest_port or 0, max_body_bytes=self._max_message_bytes,
+                                      sockets=self._rest_sockets, status=self.status, **self._rest_options)  # fmt: skip
         except BaseException:
             self._close_loop()
             raise
@@ -221,14 +221,7 @@ class SearchServer:
                 "Check": unary(self._check_rpc, health_pb2.HealthCheckResponse),
                 "Watch": grpc.unary_stream_rpc_method_handler(self._watch_rpc, None, health_pb2.HealthCheckResponse.SerializeToString)}),
         ))  # fmt: skip
-        address = grpc_address(host, port)
-        try:
-            bound = server.add_insecure_port(address)
-        except RuntimeError as err:  # grpcio >= 1.50 raises instead of returning 0
-            raise OSError(f"cannot bind {address}: {err}") from err
-        if bound == 0:
-            raise OSError(f"cannot bind {address}")
-        return server, bound
+        return server, add_port(server, host, port)
 
     @property
     def address(self) -> str:
@@ -374,7 +367,8 @@ class SearchServer:
         is none yet and becomes ready when one appears), then serve.
 
         Raises:
-            OSError: an address that cannot be bound (nothing is left running).
+            tfhash.serving.grpc_server.BindError: an address that cannot be bound (nothing is
+                left running).
             RuntimeError: a server started before.
         """
         if self._loop is not None:

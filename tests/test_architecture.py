@@ -63,12 +63,21 @@ def layer(module: str) -> str | None:
     return parts[1] if parts[1] in STAGES else "library"
 
 
-def imported_modules(source: str, module: str, known: set[str]) -> set[str]:
+def imported_modules(source: str, module: str, known: set[str], runtime: bool = False) -> set[str]:
     """The project modules that ``source``'s ``import`` / ``from ... import`` statements name,
     anywhere in it (relative imports resolved against ``module``); ``from package import name``
-    names the module ``package.name`` where that is one of ``known``, else ``package``."""
+    names the module ``package.name`` where that is one of ``known``, else ``package``. With
+    ``runtime``, those under ``if TYPE_CHECKING:`` (read by type checkers only) are left out."""
+    tree = ast.parse(source)
+    typing_only = set()
+    if runtime:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                typing_only.update(id(inner) for child in node.body for inner in ast.walk(child))
     found = set()
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -118,9 +127,10 @@ def violations(modules: dict[str, str]) -> list[str]:
 def circles(modules: dict[str, str]) -> list[list[str]]:
     """The import circles among ``modules`` (name -> source): each a sorted list of the modules
     that reach one another through imports (strongly connected components of two or more, found
-    by Tarjan's algorithm; function-level imports count, as they do at run time)."""
+    by Tarjan's algorithm; function-level imports count, as they do at run time, and imports under
+    ``if TYPE_CHECKING:`` do not)."""
     known = set(modules)
-    graph = {name: sorted(imported_modules(source, name, known) & known - {name}) for name, source in modules.items()}
+    graph = {name: sorted(imported_modules(source, name, known, runtime=True) & known - {name}) for name, source in modules.items()}
     order, low, stack, on_stack, found = {}, {}, [], set(), []
     for root in sorted(graph):
         if root in order:
@@ -183,6 +193,8 @@ def test_a_circle_through_a_function_level_import_is_found():
                "tfhash.c": "from tfhash import a\n", "tfhash.d": "from tfhash.a import y\n", "tfhash": ""}  # fmt: skip
     assert circles(modules) == [["tfhash.a", "tfhash.b", "tfhash.c"]]
     assert circles({**modules, "tfhash.c": ""}) == []
+    typing_only = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from tfhash import a\n"
+    assert circles({**modules, "tfhash.c": typing_only}) == []  # read by type checkers only: no edge at run time
 
 
 @pytest.mark.parametrize(("importer", "source", "why"), [

@@ -287,7 +287,7 @@ def test_fine_tuning_recipes():
     assert [float(step(s)) for s in (0, 49, 50, 69, 70)] == pytest.approx([0.01, 0.01, 0.002, 0.002, 0.0004])
     cosine = learning_rate_schedule(0.01, "cosine", epochs=2, steps_per_epoch=5)
     assert float(cosine(0)) == pytest.approx(0.01) and float(cosine(10)) == pytest.approx(0.0, abs=1e-9)
-    with pytest.raises(ValueError, match="unknown fine-tuning settings"):
+    with pytest.raises(ValueError, match="unknown setting .training.fine_tuning.learning_rat.: did you mean .learning_rate."):
         FineTuning.for_backbone("squeezenet", learning_rat=0.1)
     with pytest.raises(ValueError, match="learning rates must be finite"):
         FineTuning(learning_rate=float("nan"))
@@ -310,9 +310,9 @@ def test_fine_tuning_optimizer_is_serializable():
 
 
 def test_pipeline_config_backbone_settings(tmp_path):
-    from tfhash.components.trainer import backbone_for
     from tfhash.pipelines.config import PipelineConfig
 
+    from tfhash.registry import make_backbone
     from tfhash.training_spec import TrainingSpec
 
     encoder = user_encoder(tmp_path, "keras")
@@ -320,14 +320,14 @@ def test_pipeline_config_backbone_settings(tmp_path):
         "backbone": "encoder.keras", "fine_tuning": {"optimizer": "adam", "learning_rate": 1e-4}}}))  # fmt: skip
     config = PipelineConfig.load(tmp_path / "run.json")
     assert config.training.backbone == encoder  # relative to the config file
-    assert config.training.optimisation().optimizer == "adam" and config.training.optimisation().augment  # over the pretrained defaults
+    assert config.training.fine_tuning.optimizer == "adam" and config.training.fine_tuning.augment  # over the pretrained defaults
     shipped = PipelineConfig.load(os.path.join(os.path.dirname(__file__), "..", "pipelines", "configs", "cifar10.json"))
     assert shipped.training.backbone == "efficientnet_lite0" and shipped.training.bits == 48
     for training, message in [({"backbone": "vgg16"}, "unknown backbone 'vgg16'"),
-                              ({"backbone": "squeezenet", "fine_tuning": {"lr": 1}}, "unknown fine-tuning settings"),
+                              ({"backbone": "squeezenet", "fine_tuning": {"lr": 1}}, "unknown setting .training.fine_tuning.lr."),
                               ({"backbone": "squeezenet", "image_size": 8}, "image_size must be"),
                               ({"backbone": "squeezenet", "mixed_precision": "yes"}, "mixed_precision must be")]:  # fmt: skip
         with pytest.raises(ValueError, match=message):
             PipelineConfig(name="x", training=training)
     with pytest.raises(BackboneError, match="takes images, but this input holds vectors"):
-        backbone_for(TrainingSpec(backbone="squeezenet", backbone_weights=None), [128])
+        make_backbone(TrainingSpec(backbone="squeezenet", backbone_weights=None), [128])

@@ -86,7 +86,7 @@ def test_a_recipe_with_input_maps_trains_and_keeps_them_through_saving_and_expor
     model = recipe.fit(x, labels, bits=16, seed=0)
     codes = {m: model.encode(v, m) for m, v in x.items()}
     names = {layer.name for layer in model.modality_backbone("image").layers}
-    assert "mlp_image_rbf" in names and "mlp_image_standardise" in names
+    assert "backbone_image_rbf" in names and "backbone_image_standardise" in names
     path = tmp_path / "model.keras"
     model.save(path)
     loaded = keras.saving.load_model(path)
@@ -105,8 +105,8 @@ def test_recipes_and_the_search_space_name_the_maps():
     with pytest.raises(ValueError, match=r"unknown input map \['pca'\]"):
         Recipe(method="jcch", input_map={"image": "pca"})
     assert Recipe(method="jcch", input_map={"image": "rbf"}).input_map_of("text") == "none"
-    assert Recipe(method="jcch", input_map={"text": "rbf"}).pipeline_section()["input_map"] == {"text": "rbf"}
-    assert RECOMMENDED["cross-modal"].pipeline_section()["method"] == "jcch"
+    assert Recipe(method="jcch", input_map={"text": "rbf"}).spec().input_map == {"text": "rbf"}
+    assert RECOMMENDED["cross-modal"].spec().method == "jcch"
     space = SEARCH_SPACES["cross-modal"]
     assert space.choices()["input_map"] == INPUT_MAPS
     assert "input_map" not in space.restricted(in_pipeline=True).choices()  # the pipeline's search: no maps

@@ -27,7 +27,8 @@ from tfhash.models import (
     mlp,
 )
 from tfhash.models.inputs import InputError, NonFiniteWeightsError
-from tfhash.recipes import RECOMMENDED, Recipe, mean_teacher_rows, recommended
+from tfhash.recipes import RECOMMENDED, Recipe, recommended
+from tfhash.registry import mean_teacher_rows
 from tfhash.registry import get_method, method_names
 
 N, D, C, BITS = 240, 12, 4, 16

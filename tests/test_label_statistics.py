@@ -76,25 +76,24 @@ def test_transform_tag_statistics_equal_numpy_counts(tmp_path):
         raw = pipeline | beam.Create([{"labels": row} for row in labels])
         transform_fn = (raw, metadata) | tft_beam.AnalyzeDataset(preprocessing_fn)
         _ = transform_fn | tft_beam.WriteTransformFn(str(tmp_path / "transform"))
-    n, cooccurrence = read_transform_tag_statistics(tft.TFTransformOutput(str(tmp_path / "transform")), C)
-    assert n == 50
-    np.testing.assert_array_equal(cooccurrence, labels.T @ labels)
+    statistics = read_transform_tag_statistics(tft.TFTransformOutput(str(tmp_path / "transform")), C)
+    assert statistics.count == 50
+    np.testing.assert_array_equal(statistics.cooccurrence, labels.T @ labels)
 
 
 def test_pipeline_shclm_assigns_proxies_by_tag_cooccurrence():
-    from tfhash.components.trainer import build_model
-
     from tfhash.proxies import hclm_proxies, tag_cooccurrence_similarity
+    from tfhash.registry import TagStatistics, build_model
     from tfhash.training_spec import TrainingSpec
 
     rng = np.random.default_rng(2)
     tags = (rng.random((200, 6)) < 0.3).astype(np.float64)
     training = TrainingSpec(method="shclm", bits=16, backbone="mlp", hidden=[8], seed=0)
-    model = build_model(training, {"x": [4]}, 6, (200, tags.T @ tags))
+    model = build_model(training, {"x": [4]}, 6, statistics=TagStatistics(200, tags.T @ tags))
     expected = hclm_proxies(6, 16, similarity=tag_cooccurrence_similarity(tags), seed=0)
     np.testing.assert_array_equal(np.asarray(model.proxy_layer.proxies), expected)
     single = np.eye(6)[rng.integers(0, 6, 200)]
     with pytest.raises(ValueError, match="single-label"):
-        build_model(training, {"x": [4]}, 6, (200, single.T @ single))
+        build_model(training, {"x": [4]}, 6, statistics=TagStatistics(200, single.T @ single))
     with pytest.raises(ValueError, match="tag statistics"):
-        build_model(training, {"x": [4]}, 6, None)
+        build_model(training, {"x": [4]}, 6)

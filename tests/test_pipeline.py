@@ -301,8 +301,11 @@ def test_config_errors_are_clear(tmp_path):
     path.write_text(json.dumps({"name": "x", "trainig": {}}))
     with pytest.raises(ValueError, match="unknown setting 'trainig': did you mean 'training'"):
         PipelineConfig.load(path)
+    path.write_text(json.dumps({"name": "x", "training": {"method": "dsph"}}))
+    with pytest.raises(ValueError, match="unknown method 'dsph'.*did you mean 'dpsh'"):
+        PipelineConfig.load(path)
     path.write_text(json.dumps({"name": "x", "training": {"method": "dpsh"}}))
-    with pytest.raises(ValueError, match="unknown method"):
+    with pytest.raises(ValueError, match="training.method 'dpsh': the pipeline trains"):
         PipelineConfig.load(path)
     path.write_text(json.dumps({"name": "x", "training": {"label_coefficients": True}}))
     with pytest.raises(ValueError, match="jcch_anchors"):
@@ -366,10 +369,9 @@ def test_an_unreachable_milvus_stops_the_run_before_any_work(tmp_path):
 
 
 def test_a_recipe_fills_the_training_section_under_its_own_keys():
-    from tfhash.components.trainer import backbone_for
-
     from tfhash.optimizers import compile_fine_tuning
     from tfhash.recipes import RECOMMENDED
+    from tfhash.registry import build_model, make_backbone
 
     config = PipelineConfig(name="x", dataset="wiki", modalities=["image", "text"],
                             training={"recipe": "cross-modal", "bits": 16, "overrides": {"beta": 0.3},
@@ -377,16 +379,16 @@ def test_a_recipe_fills_the_training_section_under_its_own_keys():
     recipe, training = RECOMMENDED["cross-modal"], config.training
     assert (training.method, training.hidden, training.epochs) == (recipe.method, list(recipe.hidden), recipe.epochs)
     assert training.overrides == {**recipe.options, "beta": 0.3} and training.bits == 16
-    optimisation = training.optimisation()
+    optimisation = training.fine_tuning
     assert optimisation.learning_rate == 2e-3 and optimisation.dropout == recipe.dropout
     assert PipelineConfig(**config.to_dict()).training == training  # expanding again changes nothing
-    towers = {m: backbone_for(config.training, [8], f"tower_{m}", modality=m) for m in ("image", "text")}
+    towers = {m: make_backbone(config.training, [8], f"tower_{m}", modality=m) for m in ("image", "text")}
     dropouts = {m: [layer.rate for layer in t.layers if isinstance(layer, keras.layers.Dropout)] for m, t in towers.items()}
     assert dropouts == {"image": [0.2, 0.5, 0.5], "text": [0.5, 0.5]}  # input dropout on the image tower only
     hyp2 = PipelineConfig(name="x", modality="text", training={"recipe": "multi-label", "bits": 16}).training
-    model = trainer.build_model(hyp2, {"text": [12]}, 5)
+    model = build_model(hyp2, {"text": [12]}, 5)
     assert (model.beta, model.pair_scope) == (4.0, "labelled")
-    optimizer = compile_fine_tuning(model, hyp2.optimisation(), epochs=2, steps_per_epoch=1)
+    optimizer = compile_fine_tuning(model, hyp2.fine_tuning, epochs=2, steps_per_epoch=1)
     assert isinstance(optimizer, keras.optimizers.AdamW) and optimizer.weight_decay == RECOMMENDED["multi-label"].weight_decay
     rng = np.random.default_rng(0)
     tags = (rng.random((32, 5)) < 0.4).astype("float32")
@@ -402,14 +404,14 @@ def test_a_recipe_fills_the_training_section_under_its_own_keys():
             PipelineConfig(name="x", training={"recipe": kind})
     with pytest.raises(ValueError, match="trains 'hyp2'; drop method 'scdh'"):
         PipelineConfig(name="x", modality="text", training={"recipe": "multi-label", "method": "scdh"})
-    with pytest.raises(ValueError, match="is expanded from a config section"):
-        TrainingSpec(recipe="multi-label")
+    with pytest.raises(ValueError, match="training.recipe names the recommended recipe a section started from"):
+        TrainingSpec(recipe="multi-label", backbone="small_cnn")
     wiki = {"name": "x", "dataset": "wiki", "modalities": ["image", "text"]}
     with pytest.raises(ValueError, match="input_dropout names \\['imgae'\\]"):
         PipelineConfig(**wiki, training={"recipe": "cross-modal", "fine_tuning": {"input_dropout": {"imgae": 0.2}}})
     decayed = PipelineConfig(**wiki, training={"recipe": "cross-modal", "fine_tuning": {"weight_decay": 0.01}}).training
-    assert (decayed.optimisation().optimizer, decayed.optimisation().weight_decay) == ("adamw", 0.01)  # follows the decay
-    centres = [trainer.build_model(dataclasses.replace(config.training, seed=seed), {"image": [8], "text": [4]}, 10).centres
+    assert (decayed.fine_tuning.optimizer, decayed.fine_tuning.weight_decay) == ("adamw", 0.01)  # follows the decay
+    centres = [build_model(dataclasses.replace(config.training, seed=seed), {"image": [8], "text": [4]}, 10).centres
                for seed in (0, 1)]  # fmt: skip
     assert not np.array_equal(*centres)  # the fixed centres follow the run's seed
 

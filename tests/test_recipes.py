@@ -48,6 +48,50 @@ def test_optimizer_follows_weight_decay_and_schedule():
     assert float(schedule(0)) == pytest.approx(1e-3) and float(schedule(40)) == pytest.approx(0.0, abs=1e-9)
 
 
+def test_weight_averaging_ends_training_on_the_moving_average_of_the_weights():
+    """FineTuning.weight_averaging (one setting of the spec's optimisation section): the trained
+    weights are the average the optimizer kept, a_1 = w_1, a_t = d a_(t-1) + (1 - d) w_t."""
+    from tfhash.fine_tuning import FineTuning
+
+    finals = {}
+    for decay in (0.0, 0.5):
+        inputs = keras.Input((1,))
+        model = keras.Model(inputs, keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")(inputs))
+        optimizer = FineTuning(optimizer="sgd", momentum=0.0, learning_rate=0.1, weight_averaging=decay).make_optimizer(3, 1)
+        model.compile(optimizer=optimizer, loss=lambda y, p: keras.ops.mean(p))  # a gradient of 1 per step
+        model.fit(np.ones((4, 1), "float32"), np.zeros((4, 1), "float32"), batch_size=4, epochs=3, verbose=0)
+        finals[decay] = float(model.layers[-1].kernel.numpy().ravel()[0])
+    steps = [0.9, 0.8, 0.7]  # the weight after each step
+    average = steps[0]
+    for weight in steps[1:]:
+        average = 0.5 * average + 0.5 * weight
+    assert finals == {0.0: pytest.approx(0.7), 0.5: pytest.approx(average)}  # 0.775
+    for bad in (1.0, -0.1, True, "0.9"):
+        with pytest.raises(ValueError, match="weight_averaging is the decay"):
+            FineTuning(weight_averaging=bad)
+
+
+def test_weight_averaging_from_a_recipe_and_a_pipeline_config():
+    from tfhash.pipelines.config import PipelineConfig
+
+    from tfhash.training_spec import TrainingSpec
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(64, 8)).astype("float32"), np.arange(64) % 4
+    base = Recipe(method="scdh", hidden=(16,), epochs=2, batch_size=16)
+    averaged = dataclasses.replace(base, fine_tuning={"weight_averaging": 0.9})
+    assert averaged.spec().fine_tuning.weight_averaging == 0.9 and averaged.optimizer(4).use_ema
+    plain, smooth = (recipe.fit(x, y, bits=16, seed=0) for recipe in (base, averaged))
+    assert not np.allclose(plain.get_weights()[0], smooth.get_weights()[0])  # the same seed, the average kept
+    with pytest.raises(ValueError, match="the recipe's own fields"):
+        Recipe(method="scdh", fine_tuning={"dropout": 0.5})
+    config = PipelineConfig(name="x", modality="x", training={"backbone": "mlp", "fine_tuning": {"weight_averaging": 0.99}})
+    assert config.training.fine_tuning.weight_averaging == 0.99
+    assert TrainingSpec.from_dict(config.training.to_dict()) == config.training  # what run_fn reads
+    recipe_section = PipelineConfig(name="x", modality="x", training={"recipe": "multi-label", "fine_tuning": {"weight_averaging": 0.9}})
+    assert recipe_section.training.fine_tuning.weight_averaging == 0.9 and recipe_section.training.fine_tuning.optimizer == "adamw"
+
+
 def test_wiki_recipe_parsing():
     assert wiki.parse_recipe("recommended") == ("recommended", RECOMMENDED["cross-modal"])
     label, recipe = wiki.parse_recipe('{"hidden": [64], "epochs": 3}')
@@ -65,7 +109,7 @@ def test_each_tower_takes_its_own_widths_and_every_tower_setting_names_the_data_
     x = {"image": rng.random((24, 12), dtype=np.float32), "text": rng.random((24, 5), dtype=np.float32)}
     labels = np.arange(24) % 3
     recipe = dataclasses.replace(RECOMMENDED["cross-modal"], hidden={"image": [16, 8], "text": []}, epochs=1)
-    assert recipe.hidden == {"image": (16, 8), "text": ()} and recipe.pipeline_section()["hidden"] == {"image": [16, 8], "text": []}
+    assert recipe.hidden == {"image": (16, 8), "text": ()} and recipe.spec().hidden == {"image": [16, 8], "text": []}
     model = recipe.build(x, labels, bits=16)
     widths = {m: [layer.units for layer in model.modality_backbone(m).layers if isinstance(layer, keras.layers.Dense)]
               for m in ("image", "text")}  # fmt: skip
@@ -111,7 +155,8 @@ def test_reported_wiki_rows_used_the_current_recipes():
     rows = json.loads((wiki.RESULTS_DIR / "wiki.json").read_text())["rows"]
     for label, recipe in wiki.NAMED.items():
         expected = json.loads(json.dumps({k: v for k, v in dataclasses.asdict(recipe).items() if k != "chosen"}))
-        defaults = {f.name: f.default for f in dataclasses.fields(Recipe)}
+        defaults = {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+                    for f in dataclasses.fields(Recipe)}  # fmt: skip
         mine = [r for r in rows if r["recipe label"] == label]
         assert sorted((r["bits"], r["seed"]) for r in mine) == [(b, s) for b in (16, 32, 64) for s in (0, 1, 2)]
         # a setting added after a row was run counts as the same recipe only while the recipe keeps its default

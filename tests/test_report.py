@@ -93,13 +93,13 @@ def test_markdown_and_plots_from_rows(tmp_path):
 def test_unknown_method_is_refused():
     x, y = np.zeros((4, 3), "float32"), np.eye(2, dtype="float32")[[0, 1, 0, 1]]
     with pytest.raises(ValueError, match="unknown method"):
-        methods.build_method("DSH", x, y, 16, 0)
+        methods.benchmark_model("DSH", x, y, 16, 0)
     with pytest.raises(ValueError, match="SCDH trains on labelled rows only"):
-        methods.build_method("SCDH", x, y, 16, 0, unlabelled=x)
-    _, fit_x, _ = methods.build_method("MT-SCDH", x, y, 16, 0)  # without unlabelled rows: the labelled rows alone
+        methods.benchmark_model("SCDH", x, y, 16, 0, unlabelled=x)
+    _, fit_x, _ = methods.benchmark_model("MT-SCDH", x, y, 16, 0)  # without unlabelled rows: the labelled rows alone
     assert fit_x is x
     with pytest.raises(ValueError, match="must be a number"):
-        methods.build_method("MT-SCDH w=high", x, y, 16, 0, unlabelled=x)
+        methods.benchmark_model("MT-SCDH w=high", x, y, 16, 0, unlabelled=x)
 
 
 def run_of(sections: list[str], date: str, **values) -> dict:

@@ -285,8 +285,10 @@ def test_searches_run_with_the_search_threads_set_on_the_thread_that_makes_them(
 
 @pytest.mark.server
 def test_a_search_server_binds_and_runs_nothing_until_it_starts(artifacts):
-    """Constructing a server does no I/O: a port in use is refused by start (OSError naming the
+    """Constructing a server does no I/O: a port in use is refused by start (BindError naming the
     address), which leaves nothing running; a server never started stops quietly."""
+    from tfhash.serving.grpc_server import BindError
+
     def front_threads():
         return [t.name for t in threading.enumerate() if t.name.startswith("tfhash-search")]
 
@@ -296,7 +298,7 @@ def test_a_search_server_binds_and_runs_nothing_until_it_starts(artifacts):
     try:
         server = SearchServer(searcher, port=port, rest_port=0, poll_seconds=60)
         assert front_threads() == [] and server.rest_port is None and server.address.endswith(f":{port}")
-        with pytest.raises(OSError, match=f"cannot bind .*:{port}"):
+        with pytest.raises(BindError, match=f"cannot bind .*:{port}"):
             server.start()
         assert front_threads() == []
         with pytest.raises(RuntimeError, match="started before"):

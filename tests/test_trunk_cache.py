@@ -213,7 +213,7 @@ def test_a_cut_the_backbone_does_not_have_is_refused(weights):
         split_backbone(backbone(weights), "pool")
     with pytest.raises(ValueError, match="needs a cut for backbone 'resnet50'"):
         FineTuning.for_backbone("resnet50", trunk_cache=True)
-    with pytest.raises(ValueError, match="unknown trunk_cache settings"):
+    with pytest.raises(ValueError, match="unknown setting .training.fine_tuning.trunk_cache.layer."):
         FineTuning.for_backbone("squeezenet", trunk_cache={"layer": "pool5"})
     assert FineTuning.for_backbone("squeezenet", trunk_cache=True).trunk_cache == TrunkCacheSettings(cut="pool5")
 
@@ -267,4 +267,4 @@ def test_the_pipeline_config_refuses_a_trunk_cache_it_cannot_serve():
         with pytest.raises(ValueError, match=message):
             TrainingSpec(**section)
     config = TrainingSpec(backbone="squeezenet", mixed_precision="bfloat16", fine_tuning={"trunk_cache": {"views": 4}})
-    assert config.optimisation().trunk_cache == TrunkCacheSettings(cut="pool5", views=4)
+    assert config.fine_tuning.trunk_cache == TrunkCacheSettings(cut="pool5", views=4)

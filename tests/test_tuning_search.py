@@ -65,6 +65,24 @@ def test_only_semi_supervised_variants_train_on_the_unlabelled_rows():
         SearchSpace(methods={"scdh": ("scdh", {})}, semi_supervised=("scdh",)).restricted(semi_supervised=True)
 
 
+def test_a_space_searches_further_fine_tuning_settings_by_name():
+    """SearchSpace.fine_tuning searches any further FineTuning setting (here weight averaging) as
+    the hyperparameter fine_tuning.<name>; the chosen value is the recipe's, which trains with it."""
+    space = SearchSpace(methods={"scdh": ("scdh", {})}, fine_tuning={"weight_averaging": (0.0, 0.9)})
+    assert space.choices()["fine_tuning.weight_averaging"] == (0.0, 0.9)
+    values = {**space.values_of(Recipe(method="scdh", epochs=20)), "fine_tuning.weight_averaging": 0.9}
+    recipe = space.recipe(values)
+    assert recipe.fine_tuning == {"weight_averaging": 0.9} and space.values_of(recipe) == values
+    assert space.hyperparameters(recipe).values["fine_tuning.weight_averaging"] == 0.9
+    assert "fine_tuning.weight_averaging" not in SEARCH_SPACES["single-label"].choices()  # the shipped spaces draw as before
+    with pytest.raises(TuningError, match=r"fine_tuning searches \['learning_rate'\]"):
+        SearchSpace(methods={"scdh": ("scdh", {})}, fine_tuning={"learning_rate": (0.1,)})
+    x, y = clusters()
+    result = tune(x, y, bits=16, seed=0, budget=SMALL, space=space)
+    assert {t["status"] for t in result.trials} == {"ok"} and result.recipe.optimizer(4).use_ema == bool(
+        result.recipe.fine_tuning["weight_averaging"])  # fmt: skip
+
+
 def test_tune_starts_from_the_recommended_recipe_and_returns_a_trainable_recipe(caplog):
     x, y = clusters()
     result = tune(x, y, bits=16, seed=0, budget=SMALL)

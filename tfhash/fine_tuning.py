@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, fields, replace
 
+from tfhash.config_keys import check_keys
 from tfhash.schedules import SCHEDULES
 
 __all__ = ["FineTuning", "TrunkCacheSettings", "FINE_TUNING_DEFAULTS", "DEFAULT_CUTS"]
@@ -74,9 +75,7 @@ class TrunkCacheSettings:
             settings = value
         elif value is True or isinstance(value, dict):
             settings = value if value is not True else {}
-            unknown = set(settings) - {f.name for f in fields(cls)}
-            if unknown:
-                raise ValueError(f"unknown trunk_cache settings {sorted(unknown)}; known: {[f.name for f in fields(cls)]}")
+            check_keys(settings, [f.name for f in fields(cls)], "training.fine_tuning.trunk_cache.")
             settings = cls(**settings)
         else:
             raise ValueError(f"trunk_cache must be false, true or an object of settings, got {value!r}")
@@ -92,7 +91,7 @@ class TrunkCacheSettings:
         return settings
 
 
-@dataclass
+@dataclass(frozen=True)
 class FineTuning:
     """A training recipe.
 
@@ -120,6 +119,10 @@ class FineTuning:
             ``{modality: rate}`` (0 for a modality not named).
         trunk_cache: train the layers above a cut on cached activations of the frozen layers
             below it (:class:`TrunkCacheSettings`; a dict of its fields, True for its defaults).
+        weight_averaging: weight averaging (Polyak and Juditsky, 1992): the optimizer keeps an
+            exponential moving average of the trained weights with this decay per step, and the
+            trained model ends with the average (Keras's optimizer EMA); 0 (default) is off,
+            0.99-0.999 usual (the average spans about ``1 / (1 - decay)`` steps).
     """
 
     optimizer: str = "adam"
@@ -136,6 +139,7 @@ class FineTuning:
     dropout: float = 0.0
     input_dropout: float | dict = 0.0
     trunk_cache: TrunkCacheSettings | dict | bool | None = None
+    weight_averaging: float = 0.0
 
     def __post_init__(self) -> None:
         if self.optimizer not in OPTIMIZERS:
@@ -150,10 +154,14 @@ class FineTuning:
         inputs = self.input_dropout.values() if isinstance(self.input_dropout, dict) else [self.input_dropout]
         if not all(isinstance(r, (int, float)) and 0 <= r < 1 for r in [self.dropout, *inputs]):
             raise ValueError(f"dropout and input_dropout must be in [0, 1); got {self.dropout}, {self.input_dropout}")
+        if isinstance(self.weight_averaging, bool) or not isinstance(self.weight_averaging, (int, float)) \
+                or not 0 <= self.weight_averaging < 1:  # fmt: skip
+            raise ValueError(f"weight_averaging is the decay of the weights' moving average, from 0 (off) to below 1, "
+                             f"e.g. 0.999; got {self.weight_averaging!r}")  # fmt: skip
         from tfhash.networks import augmentation_policy
 
         augmentation_policy(self.augment)
-        self.trunk_cache = TrunkCacheSettings.of(self.trunk_cache, None)
+        object.__setattr__(self, "trunk_cache", TrunkCacheSettings.of(self.trunk_cache, None))
 
     @classmethod
     def for_backbone(cls, backbone: str, **overrides) -> FineTuning:
@@ -163,9 +171,7 @@ class FineTuning:
         Raises:
             ValueError: an unknown setting.
         """
-        unknown = set(overrides) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ValueError(f"unknown fine-tuning settings {sorted(unknown)}; known: {sorted(f.name for f in fields(cls))}")
+        check_keys(overrides, [f.name for f in fields(cls)], "training.fine_tuning.")
         from tfhash.networks import IMAGE_NETWORKS, is_encoder_path
 
         if backbone in FINE_TUNING_DEFAULTS:
@@ -175,8 +181,7 @@ class FineTuning:
         else:
             base = {}
         recipe = cls(**{**base, **overrides})
-        recipe.trunk_cache = TrunkCacheSettings.of(recipe.trunk_cache, backbone)
-        return recipe
+        return replace(recipe, trunk_cache=TrunkCacheSettings.of(recipe.trunk_cache, backbone))
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -249,7 +254,8 @@ class FineTuning:
 
         rate = learning_rate_schedule(self.learning_rate, self.schedule, epochs, steps_per_epoch, self.decay_epochs, self.decay_rate)
         scale = 1.0 if self.backbone_learning_rate is None else self.backbone_learning_rate / self.learning_rate
-        common = {"backbone_scale": scale, "frozen_steps": self.frozen_epochs * int(steps_per_epoch), "l2": self.weight_decay}
+        common = {"backbone_scale": scale, "frozen_steps": self.frozen_epochs * int(steps_per_epoch), "l2": self.weight_decay,
+                  "use_ema": bool(self.weight_averaging), "ema_momentum": float(self.weight_averaging) or 0.99}  # fmt: skip
         if self.optimizer == "sgd":
             return BackboneRateSGD(learning_rate=rate, momentum=self.momentum, **common)
         if self.optimizer == "adamw":

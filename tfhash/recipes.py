@@ -8,6 +8,7 @@ holds the settings the methods were first run with here, for comparison.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -17,17 +18,18 @@ import numpy as np
 from tfhash.fine_tuning import FineTuning
 from tfhash.labels import multi_hot
 from tfhash.towers import INPUT_MAPS, checked_widths, input_map_of, widths_of
+from tfhash.training_spec import PIPELINE_KINDS, TrainingSpec
 
 if TYPE_CHECKING:  # Keras loads when a recipe builds or trains, not when a config names one
     import keras
 
-__all__ = ["Recipe", "recommended", "DATA_KINDS", "RECOMMENDED", "PAPER_LIKE"]
+__all__ = ["Recipe", "recommended", "with_recipe", "DATA_KINDS", "RECOMMENDED", "PAPER_LIKE"]
 
 SCHEDULES = ("constant", "cosine")
 DATA_KINDS = ("single-label", "single-label pixels", "multi-label", "cross-modal")
-#: The kinds whose recipes the TFX pipeline trains (``training.recipe``, its Tuner): the single-label
-#: recipes are for fixed feature vectors, while the pipeline's single-label datasets are images.
-PIPELINE_KINDS = ("multi-label", "cross-modal")
+#: The optimisation settings a :class:`Recipe` holds as its own fields (the others in its
+#: ``fine_tuning``); a pipeline section's ``fine_tuning`` sets them over the recipe's.
+RECIPE_TRAINING_KEYS = ("learning_rate", "weight_decay", "schedule", "dropout", "input_dropout")
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,9 @@ class Recipe:
         learning_rate, weight_decay: Adam's rate; decoupled weight decay (AdamW) when > 0.
         schedule: ``"constant"`` or ``"cosine"`` (to 0 over ``epochs``).
         epochs, batch_size: the training length; the last epoch is the model.
+        fine_tuning: further :class:`tfhash.fine_tuning.FineTuning` settings of the optimisation
+            (e.g. ``{"weight_averaging": 0.999}``, ``{"optimizer": "sgd"}``), beside the rates,
+            schedule and dropouts above, which are the recipe's own fields.
         chosen: how the values were chosen (command, settings tried, validation scores).
     """
 
@@ -64,6 +69,7 @@ class Recipe:
     schedule: str = "constant"
     epochs: int = 50
     batch_size: int = 128
+    fine_tuning: dict = field(default_factory=dict)
     chosen: str = ""
 
     def __post_init__(self) -> None:
@@ -75,28 +81,24 @@ class Recipe:
         unknown = sorted(self.input_maps() - set(INPUT_MAPS))
         if unknown:
             raise ValueError(f"unknown input map {unknown}; choose among {INPUT_MAPS}")
-        self.fine_tuning()  # checks the rates
+        own = sorted(set(self.fine_tuning) & set(RECIPE_TRAINING_KEYS))
+        if own:
+            raise ValueError(f"fine_tuning sets {own}, which are the recipe's own fields: set Recipe({own[0]}=...)")
+        self.spec()  # checks the method, rates, dropouts and further settings
 
-    def fine_tuning_settings(self) -> dict:
-        """The optimisation part of this recipe as :class:`tfhash.fine_tuning.FineTuning` settings
-        (Adam, or AdamW when ``weight_decay`` > 0)."""
-        return {"optimizer": "adamw" if self.weight_decay else "adam", "learning_rate": self.learning_rate,
-                "weight_decay": self.weight_decay, "schedule": self.schedule, "dropout": self.dropout,
-                "input_dropout": self.input_dropout}  # fmt: skip
-
-    def pipeline_section(self) -> dict:
-        """The pipeline config's training-section keys that train this recipe: its method, the
-        MLP, epochs and batch, its settings as ``overrides`` and its optimizer as ``fine_tuning``
-        (``training.recipe`` expands so, and the Trainer lays the Tuner's choice over the section so),
-        and its ``input_map``, which the pipeline's Transform computes.
-        """
-        return {"method": self.method, "backbone": "mlp", "hidden": self.hidden_lists(), "epochs": self.epochs,
-                "batch_size": self.batch_size, "input_map": self.input_map, "overrides": dict(self.options),
-                "fine_tuning": self.fine_tuning_settings()}  # fmt: skip
-
-    def fine_tuning(self) -> FineTuning:
-        """The :class:`tfhash.fine_tuning.FineTuning` the pipeline's Trainer compiles with."""
-        return FineTuning(**self.fine_tuning_settings())
+    def spec(self, bits: int = 48, seed: int = 0, preset: str | None = None) -> TrainingSpec:
+        """This recipe as the spec that trains it at ``bits`` from ``seed`` with loss ``preset``
+        (:func:`preset_for` the labels): an MLP per input, its settings as ``overrides``, its
+        optimizer as ``fine_tuning`` (Adam, or AdamW when ``weight_decay`` > 0, under its own
+        :attr:`fine_tuning` settings). :meth:`fit`
+        builds from it (:func:`tfhash.registry.build_model`), and a pipeline section naming the
+        recipe starts from it (:func:`with_recipe`)."""
+        tuning = FineTuning.for_backbone("mlp", optimizer="adamw" if self.weight_decay else "adam", learning_rate=self.learning_rate,
+                                         weight_decay=self.weight_decay, schedule=self.schedule, dropout=self.dropout,
+                                         input_dropout=self.input_dropout, **self.fine_tuning)  # fmt: skip
+        return TrainingSpec(method=self.method, bits=bits, backbone="mlp", hidden=self.hidden_lists(), preset=preset,
+                            overrides=dict(self.options), epochs=self.epochs, batch_size=self.batch_size, fine_tuning=tuning,
+                            seed=seed, input_map=self.input_map)  # fmt: skip
 
     def input_maps(self) -> set[str]:
         """The input maps this recipe names (:attr:`input_map`'s values)."""
@@ -130,12 +132,12 @@ class Recipe:
 
     def input_dropout_of(self, modality: str | None = None) -> float:
         """The input dropout of ``modality``'s tower."""
-        return self.fine_tuning().mlp_options(modality)["input_dropout"]
+        return self.spec().fine_tuning.mlp_options(modality)["input_dropout"]
 
     def optimizer(self, steps_per_epoch: int, epochs: int | None = None) -> keras.optimizers.Optimizer:
         """A fresh optimizer for this recipe; the cosine schedule spans ``epochs`` (default the
         recipe's) x ``steps_per_epoch``, the training actually run."""
-        return self.fine_tuning().make_optimizer(self.epochs if epochs is None else epochs, max(1, int(steps_per_epoch)))
+        return self.spec().fine_tuning.make_optimizer(self.epochs if epochs is None else epochs, max(1, int(steps_per_epoch)))
 
     def build(self, x, labels, bits: int, seed: int = 0, num_classes: int | None = None, epochs: int | None = None):
         """This recipe's model for features ``x`` and ``labels``, compiled with its optimizer
@@ -182,10 +184,8 @@ class Recipe:
         import keras
 
         from tfhash.codes import check_bits
-        from tfhash.layers.input_maps import input_map_layers
-        from tfhash.models import mlp
         from tfhash.models.inputs import checked_features
-        from tfhash.registry import BuildInputs, TagStatistics, build_method, get_method
+        from tfhash.registry import TagStatistics, build_model, get_method
 
         check_bits(bits)
         epochs = self.epochs if epochs is None else epochs
@@ -207,18 +207,11 @@ class Recipe:
         check_classes(labels)
         keras.utils.set_random_seed(seed)
         statistics = TagStatistics.of_labels(labels)
-        dims = {name: array.shape[1] for name, array in inputs.items()}
-        options, fit_x, fit_y = training_data(self.method, inputs if method.cross_modal else next(iter(inputs.values())),
-                                              labels, seed, dict(self.options))  # fmt: skip
-
-        def backbone(modality: str):
-            name = f"mlp_{modality}" if method.cross_modal else "mlp"
-            maps = input_map_layers(self.input_map_of(modality), inputs[modality], seed, name=name)  # the training rows only
-            return mlp(dims[modality], self.hidden_of(modality), name=name, input_map=maps, **self.fine_tuning().mlp_options(modality))
-
-        build = BuildInputs(backbone, list(inputs), labels.shape[1], bits, seed=seed, preset=preset_for(statistics.multi_label),
-                            statistics=statistics)  # fmt: skip
-        model = build_method(self.method, build, **options)
+        spec = self.spec(bits, seed, preset_for(statistics.multi_label))
+        options, fit_x, fit_y = method.prepare(inputs if method.cross_modal else next(iter(inputs.values())), labels, seed,
+                                               spec.overrides)  # fmt: skip
+        model = build_model(spec, {name: array.shape[1:] for name, array in inputs.items()}, labels.shape[1],
+                            statistics=statistics, input_rows=inputs, options=options)  # fmt: skip
         model.compile(optimizer=self.optimizer(math.ceil(len(fit_y if not isinstance(fit_y, dict) else fit_y["labels"])
                                                          / self.batch_size), epochs))  # fmt: skip
         return model, fit_x, fit_y, epochs
@@ -335,50 +328,6 @@ def with_unlabelled(x: np.ndarray, labels: np.ndarray, unlabelled: np.ndarray | 
     return np.concatenate([x, unlabelled]), np.concatenate([labels, np.zeros((len(unlabelled), labels.shape[1]), labels.dtype)])
 
 
-def mean_teacher_rows(x_labelled, y_labelled, unlabelled, seed: int, labelled_share: float = 0.5):
-    """Labelled rows repeated until they are about ``labelled_share`` of the rows, plus the
-    unlabelled rows with all-zero labels (MT-SCDH's marker for "no label"), shuffled with
-    ``seed``. Mean Teacher keeps a fixed labelled share per batch; repeating the labelled rows is
-    our way of doing that with ``fit``'s shuffling."""
-    repeats = max(1, int(round(labelled_share * len(unlabelled) / ((1 - labelled_share) * len(x_labelled)))))
-    x = np.concatenate([np.tile(x_labelled, (repeats, 1)), unlabelled])
-    y = np.concatenate([np.tile(y_labelled, (repeats, 1)), np.zeros((len(unlabelled), y_labelled.shape[1]), "float32")])
-    order = np.random.default_rng(seed).permutation(len(x))
-    return x[order], y[order]
-
-
-def training_data(method: str, x, labels: np.ndarray, seed: int, options: dict) -> tuple[dict, object, object]:
-    """What registered ``method`` needs besides its settings to train on ``x`` with ``(n, C)``
-    multi-hot ``labels``: ``(builder options, fit inputs, fit targets)``.
-
-    * ``mt-scdh``: the labelled rows repeated to about half of the rows beside the unlabelled ones
-      (all-zero label rows; :func:`mean_teacher_rows`), or the rows as they are when every row is
-      labelled, a sample batch to build its two models, and the ``noise`` option (a share of the
-      labelled rows' standard deviation, as :data:`MEAN_TEACHER` states it) as the model's
-      ``noise_stddev``;
-    * ``shclm`` on single-label data: proxies assigned by class-mean similarity of the features
-      (HCLM Eq. 19-20), unless ``options`` give a similarity;
-    * ``dpsh``: the number of training rows, and targets carrying each row's index.
-    """
-    from tfhash.proxies import class_mean_similarity
-
-    options, targets = dict(options), labels.astype(np.float32)
-    if method == "mt-scdh":
-        labelled = targets.sum(axis=1) > 0
-        if "noise" in options:
-            options["noise_stddev"] = float(options.pop("noise")) * float(x[labelled].std())
-        if labelled.all():
-            fit_x, targets = x, targets
-        else:
-            fit_x, targets = mean_teacher_rows(x[labelled], targets[labelled], x[~labelled], seed)
-        return {**options, "sample_input": fit_x[:2]}, fit_x, targets
-    if method == "shclm" and "similarity" not in options and (labels.sum(axis=1) == 1).all():
-        options["similarity"] = class_mean_similarity(x, labels)
-    if method == "dpsh":
-        return {**options, "num_train": len(targets)}, x, {"labels": targets, "index": np.arange(len(targets))}
-    return options, x, targets
-
-
 def recommended(kind: str) -> Recipe:
     """The recommended recipe for ``kind`` (one of :data:`DATA_KINDS`).
 
@@ -401,3 +350,43 @@ def recommended(kind: str) -> Recipe:
     if kind not in RECOMMENDED:
         raise ValueError(f"unknown kind of data {kind!r}; choose one of {DATA_KINDS}")
     return RECOMMENDED[kind]
+
+
+def with_recipe(training: dict) -> dict:
+    """``training`` over the recommended recipe it names (``"recipe": kind``): the recipe's spec
+    (:meth:`Recipe.spec`: its method, settings as ``overrides``, MLP widths, epochs, batch,
+    optimizer as ``fine_tuning`` and the kind's loss preset); a key the section sets wins, and
+    ``overrides`` / ``fine_tuning`` merge key by key. Without ``recipe``, ``training`` unchanged.
+
+    Raises:
+        ValueError: an unknown kind, or a backbone other than ``mlp`` (the recipes are for feature
+            vectors).
+    """
+    kind = training.get("recipe")
+    if kind is None:
+        return training
+    recipe = pipeline_recipe(kind)
+    if training.get("backbone", "mlp") != "mlp":
+        raise ValueError(f"training.recipe {kind!r} trains an MLP on feature vectors; "
+                         f"drop it to use backbone {training['backbone']!r}")  # fmt: skip
+    if training.get("method", recipe.method) != recipe.method:
+        raise ValueError(f"training.recipe {kind!r} trains {recipe.method!r}; drop method {training['method']!r} or the recipe")
+    tuning = dict(training.get("fine_tuning", {}))
+    # the section's own rates etc. go through the recipe, so its optimizer follows them (AdamW when decayed)
+    tuned = dataclasses.replace(recipe, **{k: tuning[k] for k in RECIPE_TRAINING_KEYS if k in tuning}).spec(
+        preset=preset_for(kind == "multi-label")).to_dict()  # fmt: skip
+    return {**tuned, **training, "overrides": {**recipe.options, **training.get("overrides", {})},
+            "fine_tuning": {**tuned["fine_tuning"], **tuning}}  # fmt: skip
+
+
+def pipeline_recipe(kind: str):
+    """The recommended recipe of ``kind`` for a pipeline run.
+
+    Raises:
+        ValueError: an unknown kind, or one the pipeline does not train.
+    """
+    recipe = recommended(kind)
+    if kind not in PIPELINE_KINDS:
+        raise ValueError(f"training.recipe {kind!r} is for fixed feature vectors (python -m benchmarks.peers); the "
+                         f"pipeline takes {PIPELINE_KINDS}: for single-label images set method and backbone instead")  # fmt: skip
+    return recipe

@@ -13,7 +13,7 @@ import numpy as np
 from tfhash.labels import multi_hot
 from tfhash.recipes import (
     MEAN_TEACHER,
-    PIPELINE_KINDS,
+    RECIPE_TRAINING_KEYS,
     RECOMMENDED,
     SCHEDULES,
     Recipe,
@@ -21,6 +21,8 @@ from tfhash.recipes import (
     check_training_rows,
     with_unlabelled,
 )
+from tfhash.registry import variant
+from tfhash.training_spec import PIPELINE_KINDS
 
 #: Objective of the search: mAP@all on the validation split (maximised).
 OBJECTIVE = "val_map"
@@ -58,6 +60,10 @@ class TuningError(ValueError):
 SAME = "same"
 
 
+#: The prefix of the hyperparameters that search a further fine-tuning setting (:attr:`SearchSpace.fine_tuning`).
+FINE_TUNING = "fine_tuning."
+
+
 def _hidden_text(hidden: tuple[int, ...]) -> str:
     return "-".join(str(width) for width in hidden) or "linear"
 
@@ -85,6 +91,9 @@ class SearchSpace:
         semi_supervised: the variants (of MT-SCDH) that train on unlabelled rows too: searched only
             when there are some. Every other variant trains on the labelled rows alone, an MT-SCDH
             one too (its input noise and averaged teacher then regularise supervised training).
+        fine_tuning: ``{setting: values}`` of further :class:`tfhash.fine_tuning.FineTuning`
+            settings to search (the recipe's ``fine_tuning``), e.g. ``{"weight_averaging": (0.0, 0.99)}``;
+            each is the hyperparameter ``fine_tuning.<setting>``.
     """
 
     methods: dict[str, tuple[str, dict]]
@@ -98,9 +107,16 @@ class SearchSpace:
     second_hidden: tuple[tuple[int, ...] | None, ...] = (None,)
     input_map: tuple[str, ...] = ("none",)
     semi_supervised: tuple[str, ...] = ()
+    fine_tuning: dict[str, tuple] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        from tfhash.fine_tuning import FineTuning
         from tfhash.registry import get_method
+
+        known = sorted({f.name for f in fields(FineTuning)} - set(RECIPE_TRAINING_KEYS) - {"trunk_cache"})
+        if set(self.fine_tuning) - set(known):
+            raise TuningError(f"fine_tuning searches {sorted(set(self.fine_tuning) - set(known))}; it takes further FineTuning "
+                              f"settings {known} (the recipe's own are the space's fields)")  # fmt: skip
 
         unknown = sorted(set(self.semi_supervised) - set(self.methods))
         if unknown:
@@ -153,7 +169,8 @@ class SearchSpace:
                 "epochs": self.epochs, "input_dropout": self.input_dropout,
                 **({"input_map": self.input_map} if self.input_map != ("none",) else {}),
                 **({"second_hidden": tuple(SAME if h is None else _hidden_text(h) for h in self.second_hidden)}
-                   if self.second_hidden != (None,) else {})}  # fmt: skip
+                   if self.second_hidden != (None,) else {}),
+                **{f"{FINE_TUNING}{name}": tuple(values) for name, values in self.fine_tuning.items()}}  # fmt: skip
 
     def values_of(self, recipe: Recipe) -> dict:
         """The hyperparameter values of ``recipe`` (the inverse of :meth:`recipe`).
@@ -173,7 +190,8 @@ class SearchSpace:
                 "epochs": recipe.epochs, "input_dropout": first,
                 **({"input_map": recipe.input_map if isinstance(recipe.input_map, str) else next(iter(recipe.input_map.values()), "none")}
                    if "input_map" in self.choices() else {}),
-                **({"second_hidden": second} if "second_hidden" in self.choices() else {})}  # fmt: skip
+                **({"second_hidden": second} if "second_hidden" in self.choices() else {}),
+                **{f"{FINE_TUNING}{name}": getattr(recipe.spec().fine_tuning, name) for name in self.fine_tuning}}  # fmt: skip
 
     def recipe(self, values: dict, modalities: tuple[str, ...] = (), chosen: str = "") -> Recipe:
         """The :class:`tfhash.recipes.Recipe` of hyperparameter ``values`` (KerasTuner's own
@@ -189,7 +207,8 @@ class SearchSpace:
                       dropout=float(values["dropout"]), learning_rate=float(values["learning_rate"]),
                       weight_decay=float(values["weight_decay"]), schedule=str(values["schedule"]), epochs=int(values["epochs"]),
                       input_dropout={modalities[0]: input_dropout} if modalities and input_dropout else input_dropout,
-                      input_map=str(values.get("input_map", "none")), chosen=chosen)  # fmt: skip
+                      input_map=str(values.get("input_map", "none")), chosen=chosen,
+                      fine_tuning={k[len(FINE_TUNING):]: v for k, v in values.items() if k.startswith(FINE_TUNING)})  # fmt: skip
 
 
 def _recommended_variant(kind: str) -> dict[str, tuple[str, dict]]:
@@ -198,9 +217,12 @@ def _recommended_variant(kind: str) -> dict[str, tuple[str, dict]]:
     return {recipe.method + " (recommended options)": (recipe.method, dict(recipe.options))}
 
 
-_SINGLE_LABEL = {"scdh": ("scdh", {}), "hclm": ("hclm", {}), "shclm": ("shclm", {}), "shclm triplet 1": ("shclm", {"triplet_weight": 1.0}),
-                 "shclm triplet 2": ("shclm", {"triplet_weight": 2.0}),
-                 "hyp2": ("hyp2", {})}  # fmt: skip
+def _variants(*names: str) -> dict[str, tuple[str, dict]]:
+    """The named methods and variants of :data:`tfhash.registry.VARIANTS`, in search order."""
+    return {name: variant(name) for name in names}
+
+
+_SINGLE_LABEL = _variants("scdh", "hclm", "shclm", "shclm triplet 1", "shclm triplet 2", "hyp2")
 _MEAN_TEACHER = {f"mt-scdh {kind}": ("mt-scdh", dict(MEAN_TEACHER[kind]["options"])) for kind in MEAN_TEACHER}
 
 #: What a search draws from, per kind of data (:data:`tfhash.recipes.DATA_KINDS`). Each holds the
@@ -211,11 +233,9 @@ SEARCH_SPACES: dict[str, SearchSpace] = {
                                 semi_supervised=tuple(_MEAN_TEACHER)),
     "single-label pixels": SearchSpace(methods={**_recommended_variant("single-label pixels"), **_SINGLE_LABEL, **_MEAN_TEACHER},
                                        semi_supervised=tuple(_MEAN_TEACHER)),
-    "multi-label": SearchSpace(methods={**_recommended_variant("multi-label"), "hyp2 beta 4 labelled": ("hyp2", {"beta": 4.0, "pair_scope": "labelled"}),
-                                        "hyp2 beta 8 labelled": ("hyp2", {"beta": 8.0, "pair_scope": "labelled"}),
-                                        "hyp2": ("hyp2", {}), "scdh": ("scdh", {}), "shclm": ("shclm", {}), "hclm": ("hclm", {})}),
-    "cross-modal": SearchSpace(methods={**_recommended_variant("cross-modal"), "jcch": ("jcch", {"beta": 0.1}),
-                                        "jcch fixed centres beta 0": ("jcch", {"fixed_centres": 0.5, "beta": 0.0})},
+    "multi-label": SearchSpace(methods={**_recommended_variant("multi-label"),
+                                        **_variants("hyp2 beta 4 labelled", "hyp2 beta 8 labelled", "hyp2", "scdh", "shclm", "hclm")}),
+    "cross-modal": SearchSpace(methods={**_recommended_variant("cross-modal"), **_variants("jcch beta 0.1", "jcch fixed centres beta 0")},
                                epochs=(100, 200, 300), input_dropout=(0.0, 0.2), input_map=("none", "standardise", "rbf"),
                                second_hidden=(None, (1024,), (2048, 2048, 2048))),
 }  # fmt: skip
