@@ -39,7 +39,7 @@ LEAVES = {"tfhash.storage"}
 #: Library modules (and packages) that models are made of, and those that train, tune or drive them:
 #: a building block imports none of the latter.
 BUILDING_BLOCKS = ("tfhash.layers", "tfhash.losses", "tfhash.metrics", "tfhash.codes", "tfhash.hamming", "tfhash.index")
-TRAINING = ("tfhash.recipes", "tfhash.fine_tuning", "tfhash.trunk_cache", "tfhash.tuning", "tfhash.cli")
+TRAINING = ("tfhash.recipes", "tfhash.training_spec", "tfhash.fine_tuning", "tfhash.trunk_cache", "tfhash.tuning", "tfhash.cli")
 COMPOSITION = {("tfhash.pipelines.pipeline", "tfhash.components.index_builder"),
                ("tfhash.pipelines.pipeline", "tfhash.components.record_filter"),
                ("tfhash.pipelines.pipeline", "tfhash.components.retrieval_evaluator")}  # fmt: skip

@@ -207,7 +207,7 @@ class FineTuning:
         Args:
             build: a backbone -> a tfhash model, e.g. ``lambda net: build_scdh(net, 10, 48)``.
             backbone: a name of :data:`tfhash.models.IMAGE_NETWORKS` (or an encoder's path), built
-                by :func:`tfhash.models.image_backbone` at ``size`` with ``weights`` and these
+                by :func:`tfhash.registry.image_network` (:func:`tfhash.models.image_backbone`) at ``size`` with ``weights`` and these
                 settings' :meth:`backbone_options`.
             precision: the mixed precision of the cached training (:func:`tfhash.precision.precision_policy`:
                 ``"off"``, ``"on"``, ``"auto"`` or ``"bfloat16"``); end-to-end training is float32.
@@ -220,13 +220,13 @@ class FineTuning:
         import keras
         import numpy as np
 
-        from tfhash.models import image_backbone
         from tfhash.optimizers import compile_fine_tuning
         from tfhash.precision import precision_policy
+        from tfhash.registry import image_network
         from tfhash.trunk_cache import fit_on_cache
 
         def make_backbone():
-            return image_backbone(backbone, np.shape(images)[1:], size=size, weights=weights, **self.backbone_options())
+            return image_network(backbone, np.shape(images)[1:], self, size=size, weights=weights)
 
         if self.trunk_cache is not None:
             model, _, _ = fit_on_cache(self, build, make_backbone, images, labels, epochs=epochs, batch_size=batch_size, seed=seed,

@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # the table itself imports no TensorFlow: `tfhash methods` an
     from tfhash.training_spec import TrainingSpec
 
 __all__ = ["Method", "BuildInputs", "TagStatistics", "register_method", "unregister_method", "get_method", "method_names",
-           "build_method", "build_model", "make_backbone", "VARIANTS", "variant", "mean_teacher_rows"]
+           "build_method", "build_model", "make_backbone", "image_network", "VARIANTS", "variant", "mean_teacher_rows"]
 
 
 @dataclass(frozen=True)
@@ -166,7 +166,7 @@ def make_backbone(spec: TrainingSpec, shape, name: str = "backbone", modality: s
         tfhash.models.BackboneError: an image backbone for feature vectors, or as
             :func:`tfhash.models.image_backbone` does.
     """
-    from tfhash.models import BackboneError, image_backbone, mlp, small_cnn
+    from tfhash.models import mlp, small_cnn
     from tfhash.towers import widths_of
 
     backbone, tuning = spec.backbone, spec.fine_tuning
@@ -174,10 +174,25 @@ def make_backbone(spec: TrainingSpec, shape, name: str = "backbone", modality: s
         return small_cnn(tuple(shape), name=name)
     if backbone == "mlp":
         return mlp(int(shape[0]), widths_of(spec.hidden, modality), name=name, input_map=input_map, **tuning.mlp_options(modality))
+    return image_network(backbone, shape, tuning, size=spec.image_size, weights=spec.backbone_weights, data_root=data_root, name=name)
+
+
+def image_network(backbone: str, shape, tuning, size: int | None = None, weights: str | None = "imagenet", data_root=None,
+                  name: str = "backbone") -> keras.Model:  # fmt: skip
+    """Image network or encoder ``backbone`` for images stored as ``shape`` (``(H, W[, 3])``), at
+    ``size`` with ``weights``, with the augmentation, batch-norm freeze and feature dropout of
+    ``tuning`` (a :class:`tfhash.fine_tuning.FineTuning`): :func:`make_backbone`'s image branch,
+    and what ``FineTuning.fit`` trains.
+
+    Raises:
+        tfhash.models.BackboneError: vectors instead of images, or as
+            :func:`tfhash.models.image_backbone` does.
+    """
+    from tfhash.models import BackboneError, image_backbone
+
     if len(shape) not in (2, 3):
         raise BackboneError(f"backbone {backbone!r} takes images, but this input holds vectors of shape {list(shape)}; use mlp")
-    return image_backbone(backbone, shape, size=spec.image_size, weights=spec.backbone_weights, data_root=data_root, name=name,
-                          **tuning.backbone_options())  # fmt: skip
+    return image_backbone(backbone, shape, size=size, weights=weights, data_root=data_root, name=name, **tuning.backbone_options())
 
 
 def build_model(spec: TrainingSpec, inputs: dict, num_classes: int, *, statistics: TagStatistics | None = None, data_root=None,
