@@ -14,6 +14,8 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+__all__ = ["fit_distributed"]
+
 
 def _local(value):
     """This worker's first local value of a distributed value (a batch to build the model with)."""

@@ -13,6 +13,8 @@ from tfhash.labels import multi_hot
 from tfhash.metrics import evaluate_retrieval, precision_at_n_curve
 from tfhash.metrics.plots import plot_pr_curve, plot_precision_at_n, plot_tsne
 
+__all__ = ["load_codes_file", "write_evaluation"]
+
 REQUIRED_ARRAYS = ("query_codes", "db_codes", "query_labels", "db_labels")
 #: Arrays a codes file may add: the items' pixels (``uint8``, one per code), which the gallery shows.
 IMAGE_ARRAYS = ("query_images", "db_images")

@@ -15,6 +15,8 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
+__all__ = ["popcount", "code_words", "set_threads", "knn_search", "range_search"]
+
 #: Items one vectorised loop checks against the threshold before any of them is examined; a block
 #: with some is checked again in sub-blocks of :data:`SUB_BLOCK`, and only those are examined item
 #: by item (large blocks keep the common loop long, small sub-blocks keep the examined part small).

@@ -17,6 +17,8 @@ from tfhash.codes import pack_codes
 from tfhash.data import load_mnist
 from tfhash.metrics import evaluate_retrieval
 
+__all__ = ["train_scdh_mnist", "run_quickstart"]
+
 logger = logging.getLogger(__name__)
 
 

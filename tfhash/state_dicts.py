@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+__all__ = ["CheckpointError", "read_state_dict", "STORAGE_DTYPES"]
+
 #: The first pickle of a legacy-format file, and the protocol version that follows it.
 LEGACY_MAGIC, LEGACY_PROTOCOL = 0x1950A86A20F9469CFC6C, 1001
 #: ``torch.<name>`` storage tags and the element type of their bytes (bfloat16: see :func:`_as_array`).
