@@ -28,8 +28,7 @@ from tfhash.models import (
 )
 from tfhash.models.inputs import InputError, NonFiniteWeightsError
 from tfhash.recipes import RECOMMENDED, Recipe, recommended
-from tfhash.registry import mean_teacher_rows
-from tfhash.registry import get_method, method_names
+from tfhash.registry import get_method, mean_teacher_rows, method_names
 
 N, D, C, BITS = 240, 12, 4, 16
 
