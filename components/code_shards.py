@@ -21,6 +21,9 @@ import numpy as np
 from tfhash import storage
 from tfhash._version import __version__
 
+__all__ = ["MANIFEST", "PART_RECORDS", "CodeShardsError", "shard_name", "write_shard", "write_manifest", "CodeShards"]
+
+
 FORMAT_VERSION = 1
 KIND = "tfhash-code-shards"
 MANIFEST = "manifest.json"

@@ -10,6 +10,9 @@ the analysed data instead of materialising it, so turning it off changes no resu
 
 from __future__ import annotations
 
+__all__ = ["disable_tft_deep_copy"]
+
+
 
 def disable_tft_deep_copy() -> None:
     """Make tf.Transform ignore ``use_deep_copy_optimization`` (see module docstring)."""

@@ -33,6 +33,9 @@ from tfhash.artifacts import (
     signature_fingerprint,
 )
 
+__all__ = ["split_files", "encode_split", "shards_dir", "EncodeToShards", "ShardJob", "run_shard_jobs", "encode_to_shards"]
+
+
 #: Records per model call.
 BATCH_SIZE = 1024
 

@@ -29,6 +29,9 @@ from tfhash.artifacts import (
     signature_fingerprint,
 )
 
+__all__ = ["fill_index", "IndexBuilder"]
+
+
 logger = logging.getLogger(__name__)
 
 

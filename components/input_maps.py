@@ -12,6 +12,9 @@ from tfhash.components.label_statistics import SelectAnchors
 from tfhash.layers.input_maps import anchor_gamma, rbf_kernel
 from tfhash.towers import INPUT_MAPS
 
+__all__ = ["RBF_ANCHORS", "input_map_transform"]
+
+
 #: How many anchors the pipeline's RBF map draws (as :func:`tfhash.layers.input_map_layers`).
 RBF_ANCHORS = 500
 

@@ -11,6 +11,9 @@ from tfhash.components.input_maps import input_map_transform
 from tfhash.artifacts import ID, IMAGE, LABELS, model_inputs, read_data_description
 from tfhash.export import decode_images
 
+__all__ = ["multi_hot", "preprocessing_fn"]
+
+
 # The Transform executor imports this module before it builds its Beam pipeline.
 disable_tft_deep_copy()
 

@@ -26,6 +26,9 @@ from tfhash import storage
 from tfhash.artifact_types import RecordReport
 from tfhash.artifacts import ID, RECORDS_REPORT_FILE, read_data_description
 
+__all__ = ["filter_records", "read_counts", "apply_policy", "RecordFilter"]
+
+
 POLICIES = ("fail", "drop")
 
 

@@ -14,6 +14,9 @@ import io
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+__all__ = ["record_problem"]
+
+
 REASONS = ("unparsable record", "missing id", "missing label", "label out of range", "missing feature",
            "wrong feature length", "non-finite feature", "undecodable image", "wrong image shape")  # fmt: skip
 

@@ -37,6 +37,9 @@ from tfhash.artifacts import (
     read_data_description,
 )
 
+__all__ = ["RetrievalEvaluator"]
+
+
 
 def directions(modalities: list[str] | None) -> list[tuple[str, str]]:
     """The (query signature, database signature) pairs evaluated: one, or both ways for the two

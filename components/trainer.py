@@ -21,6 +21,9 @@ from tfhash.export import IMAGE_RANGE, export_serving_model
 from tfhash.registry import TagStatistics, build_model, get_method, make_backbone
 from tfhash.training_spec import TrainingSpec
 
+__all__ = ["is_multi_worker", "is_chief", "make_strategy", "train", "export_directory", "tuned_training", "batch_size", "read_transform_tag_statistics", "targets", "training_arrays", "run_fn"]
+
+
 logger = logging.getLogger(__name__)
 
 

@@ -15,6 +15,9 @@ from tfx import v1 as tfx
 
 from tfhash.artifacts import read_data_description
 
+__all__ = ["tuner_fn"]
+
+
 #: Rows per read of the transformed records.
 READ_BATCH = 1024
 

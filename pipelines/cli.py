@@ -9,6 +9,9 @@ import click
 from tfhash import storage
 from tfhash.console import BadInput
 
+__all__ = ["pipeline_group"]
+
+
 
 @click.group("pipeline")
 def pipeline_group() -> None:

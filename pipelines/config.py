@@ -25,6 +25,9 @@ from tfhash.recipes import with_recipe
 from tfhash.registry import get_method, method_names
 from tfhash.training_spec import PIPELINE_KINDS, TrainingSpec
 
+__all__ = ["PipelineConfig", "key_table"]
+
+
 
 def resolve_training_paths(training: dict, locate) -> dict:
     """``training`` with its encoder path (``backbone``) and weights file located by ``locate(key,

@@ -15,6 +15,9 @@ from tfx.proto import example_gen_pb2, transform_pb2
 from tfhash.artifacts import SPLITS
 from tfhash.registry import get_method
 
+__all__ = ["EXAMPLE_GEN", "create_pipeline"]
+
+
 #: The id of the pipeline's ExampleGen.
 EXAMPLE_GEN = "ImportExampleGen"
 

@@ -37,6 +37,9 @@ from tfhash.artifacts import (
     read_items,
 )
 
+__all__ = ["export_data", "run_local", "run_outputs", "summarise", "example_query", "compile_kubeflow"]
+
+
 
 def export_data(config: PipelineConfig, log=print) -> dict:
     """Write the dataset's split as TFRecords once per run directory (reused when present: its

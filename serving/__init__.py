@@ -6,3 +6,5 @@ REST front (with the search page), on one port for one or several processes. ``d
 maps its modules; ``search_pb2`` / ``search_pb2_grpc`` are generated from ``search.proto`` at build
 time (``setup.py``).
 """
+
+__all__: list[str] = []  # the modules of this package are imported by their names

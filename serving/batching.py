@@ -11,6 +11,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+__all__ = ["Coalescer"]
+
+
 
 @dataclass
 class _Waiting:

@@ -6,6 +6,9 @@ from __future__ import annotations
 import grpc
 from tfhash.serving.errors import ServingError
 
+__all__ = ["ChannelClient"]
+
+
 
 class ChannelClient:
     """Base of the tfhash gRPC clients; a context manager that closes the channel it opened."""

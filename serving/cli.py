@@ -11,6 +11,9 @@ import click
 from tfhash import storage
 from tfhash.console import BadInput
 
+__all__ = ["serve_group", "exported_image_root", "search"]
+
+
 
 @click.group("serve")
 def serve_group() -> None:

@@ -17,6 +17,9 @@ from tfhash.serving.versions import pair_published
 from tfhash import storage
 from tfhash.artifacts import WARMUP_FILE, list_versions, model_version_dir
 
+__all__ = ["model_config", "models_config", "read_models_config", "write_deployment"]
+
+
 TF_SERVING_IMAGE = "tensorflow/serving:2.16.1"
 PROMETHEUS_PATH = "/monitoring/prometheus/metrics"
 

@@ -26,6 +26,9 @@ from tfhash.artifacts import (
     features_signature,
 )
 
+__all__ = ["Encoder", "InProcessEncoder", "RemoteEncoder"]
+
+
 #: The outputs an encoder asks for: the packed codes it answers with, the continuous ones it checks.
 OUTPUTS = (PACKED_CODES, CODES)
 

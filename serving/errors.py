@@ -12,6 +12,9 @@ import logging
 
 import grpc
 
+__all__ = ["HTTP_STATUS", "MAX_MESSAGE", "quoted_value", "ServingError", "invalid", "not_found", "permission_denied", "unavailable", "deadline_exceeded", "too_large", "internal_error", "answers_errors"]
+
+
 logger = logging.getLogger(__name__)
 
 #: HTTP statuses of the REST front for each gRPC code (as the gRPC-JSON transcoding convention).

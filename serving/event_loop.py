@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 
+__all__ = ["EVENT_LOOPS", "new_event_loop"]
+
+
 #: The loops to choose from: "uvloop", "asyncio" or "auto" (uvloop where it is installed).
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 

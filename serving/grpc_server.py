@@ -17,6 +17,9 @@ from concurrent import futures
 import grpc
 from tfhash.serving.requests import decode_whole
 
+__all__ = ["LOOPBACK", "EXIT_SECONDS", "SETTLE_SECONDS", "grpc_address", "BindError", "add_port", "GrpcServer", "run_until_signal"]
+
+
 LOOPBACK = "127.0.0.1"
 #: Methods answered while stopping (a load balancer must see NOT_SERVING, not an error).
 ALWAYS_ANSWERED = "/grpc.health.v1.Health/"

@@ -14,6 +14,9 @@ import threading
 from grpc_health.v1 import health_pb2
 from tfhash.serving.errors import not_found, quoted_value
 
+__all__ = ["Health"]
+
+
 SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
 
 

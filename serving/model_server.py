@@ -40,6 +40,9 @@ from tfhash.serving.versions import Retries, select_versions, tree_stamp
 from tfhash import storage
 from tfhash.artifacts import EXAMPLES_SIGNATURE, list_versions, model_version_dir
 
+__all__ = ["LoadedVersion", "load_version", "tensor_value", "run_signature", "ModelRegistry", "DevModelServer"]
+
+
 logger = logging.getLogger(__name__)
 
 #: tf.errors codes are the canonical gRPC codes.

@@ -18,6 +18,9 @@ from tfhash.serving.requests import Query, json_int, json_object, json_version
 from tfhash.artifacts import Item
 from tfhash.data.export import image_type
 
+__all__ = ["is_loopback_host", "page_html", "ItemImages"]
+
+
 #: The fields of a ``POST /v1/search-image`` body.
 UPLOAD_FIELDS = ("image", "k", "model_version")
 #: Largest image file the page serves, or takes as a query.

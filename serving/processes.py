@@ -35,6 +35,9 @@ from tfhash import storage
 if TYPE_CHECKING:
     from tfhash.serving.search_service import SearchServer
 
+__all__ = ["SearchOptions", "build_server", "start_command", "ServiceFailed", "ProcessFront"]
+
+
 logger = logging.getLogger(__name__)
 
 #: How long the parent waits for its children to serve at start-up (loading a model takes seconds).

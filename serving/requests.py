@@ -19,6 +19,9 @@ import numpy as np
 from google.protobuf.message import DecodeError
 from tfhash.serving.errors import invalid, quoted_value
 
+__all__ = ["Limits", "DEFAULT_LIMITS", "check_features", "require_complete_parse", "decode_whole", "check_examples", "Query", "join_queries", "query_from_proto", "json_object", "json_numbers", "json_int", "json_version", "query_from_json"]
+
+
 #: Batch axis plus at most seven feature axes.
 MAX_FEATURE_DIMS = 8
 QUERY_FIELDS = ("examples", "features", "codes", "packed_codes")

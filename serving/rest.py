@@ -18,6 +18,9 @@ from tfhash.serving.page import ItemImages, is_loopback_host, page_html
 from tfhash.serving.requests import Query, json_object, query_from_json
 from tfhash.serving.searcher import Neighbours, ServedPair
 
+__all__ = ["PARSED_ON_THE_LOOP", "bind_sockets", "RestFront"]
+
+
 logger = logging.getLogger(__name__)
 
 #: Bodies up to this size are parsed on the event loop (well under a millisecond); larger ones on a thread.

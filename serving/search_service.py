@@ -40,6 +40,9 @@ from tfhash.serving.shared_status import SharedStatus, service_status
 
 from tfhash.artifacts import join_labels, list_versions, model_version_dir
 
+__all__ = ["SERVICE_NAME", "set_search_threads", "in_process_searcher", "remote_searcher", "SearchServer"]
+
+
 logger = logging.getLogger(__name__)
 
 SERVICE_NAME = "tfhash.serving.HashSearch"

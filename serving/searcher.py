@@ -26,6 +26,9 @@ from tfhash.index import (
     read_manifest,
 )
 
+__all__ = ["ServedPair", "Neighbours", "VersionedSearcher"]
+
+
 logger = logging.getLogger(__name__)
 
 #: The answer's item for an id the items file does not name.

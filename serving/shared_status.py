@@ -9,6 +9,9 @@ import mmap
 import os
 import time
 
+__all__ = ["slot_path", "withdraw", "SharedStatus", "common_version", "service_status"]
+
+
 #: A slot's status is stale after this many of its looks (and at least MIN_STALE_SECONDS).
 STALE_LOOKS = 5
 MIN_STALE_SECONDS = 10.0

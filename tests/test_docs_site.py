@@ -48,17 +48,20 @@ def reference() -> dict[str, list[str]]:
     return found
 
 
-def modules_declaring_all() -> set[str]:
-    """The modules of the package whose source assigns ``__all__`` (the root package aside: its
-    ``__all__`` names the public modules themselves)."""
-    found = set()
+def shipped_modules() -> dict[str, bool]:
+    """``{module: whether its source assigns __all__}`` for every module the package installs (the
+    generated ``*_pb2*`` modules aside)."""
+    found = {}
     for folder, package in [("tfhash", "tfhash"), *((m, f"tfhash.{m}") for m in MAPPED)]:
         for path in (ROOT / folder).rglob("*.py"):
+            if "_pb2" in path.name:
+                continue
             tree = ast.parse(path.read_text())
-            if any(isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets) for node in tree.body):
-                parts = path.relative_to(ROOT / folder).with_suffix("").parts
-                found.add(".".join([package, *parts[:-1]] if parts[-1] == "__init__" else [package, *parts]))
-    return found - {"tfhash"}
+            parts = path.relative_to(ROOT / folder).with_suffix("").parts
+            name = ".".join([package, *parts[:-1]] if parts[-1] == "__init__" else [package, *parts])
+            found[name] = any(isinstance(node, ast.Assign | ast.AnnAssign) and "__all__" in ast.unparse(node).split("=")[0]
+                              for node in tree.body)  # fmt: skip
+    return found
 
 
 def blocks(page: Path, language: str, run: bool = False) -> list[str]:
@@ -67,12 +70,31 @@ def blocks(page: Path, language: str, run: bool = False) -> list[str]:
     return [m.group("body") for m in found if not (run and m.group("why"))]
 
 
+#: Modules of the package with no reference entry of their own, and why. Beyond these, a module
+#: without an entry must be a submodule of a documented package (the names the package re-exports
+#: are documented there) or a module of the pipeline's stages and of serving (behind the commands).
+UNDOCUMENTED = {
+    "tfhash": "its __all__ names the public modules, each documented",
+    "tfhash._version": "tfhash.__version__",
+    "tfhash.cli": "the tfhash command (its --help and the pages' command lines, checked below)",
+    "tfhash.console": "what the tfhash command prints",
+    "tfhash.resources": "data files",
+}  # fmt: skip
+
+
+def test_every_module_states_its_public_names():
+    assert not [module for module, declares in shipped_modules().items() if not declares], "a module has no __all__"
+
+
 def test_the_reference_names_every_public_name_and_only_those():
     listed = reference()
-    assert set(listed) == modules_declaring_all(), "a module with __all__ has no reference entry, or an entry has no __all__"
     import tfhash
 
     assert {f"tfhash.{m}" for m in tfhash.__all__ if m != "__version__"} <= set(listed)
+    for module in shipped_modules():
+        package, stage = module.rsplit(".", 1)[0], module.split(".")[1] if "." in module else ""
+        assert module in listed or module in UNDOCUMENTED or stage in MAPPED or package in listed, \
+            f"{module} has no reference entry"  # fmt: skip
     for module, names in listed.items():
         public = importlib.import_module(module).__all__
         assert names == list(public), f"{module}: the reference lists {names}, __all__ is {public}"

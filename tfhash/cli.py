@@ -10,6 +10,9 @@ from tfhash._version import __version__
 from tfhash.codes import check_bits
 from tfhash.console import BadInput, setup_console
 
+__all__ = ["main", "write_serving_config"]
+
+
 # Nothing above imports TensorFlow: ``main`` sets the console (TF_CPP_MIN_LOG_LEVEL among it) before
 # a command imports it, and the commands import their heavy modules inside their bodies.
 

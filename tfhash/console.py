@@ -18,6 +18,9 @@ import warnings
 
 import click
 
+__all__ = ["BadInput", "PipelineProgress", "setup_console"]
+
+
 #: Prefix of the progress lines on stderr, as in ``tfhash pipeline run``'s own lines.
 PREFIX = "[tfhash] "
 #: Third-party log messages (their beginnings) that are expected in a tfhash pipeline run and say

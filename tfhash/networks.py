@@ -16,6 +16,9 @@ import math
 import os
 from dataclasses import dataclass, field
 
+__all__ = ["IMAGENET", "AUGMENTATIONS", "BackboneError", "EFFICIENTNET_LITE", "efficientnet_lite_blocks", "SQUEEZENET_LAYERS", "IMAGE_NETWORKS", "OTHER_BACKBONES", "is_encoder_path", "check_backbone_name", "check_cut", "resolve_weights", "augmentation_policy"]
+
+
 #: ``weights`` value asking for the network's ImageNet weights (a local file; never a download).
 IMAGENET = "imagenet"
 #: Training-time augmentation of :func:`tfhash.models.image_backbone` (identity at inference), on

@@ -5,6 +5,9 @@ from __future__ import annotations
 import keras
 from keras import ops
 
+__all__ = ["ClusterNormWarmup"]
+
+
 
 class ClusterNormWarmup(keras.callbacks.Callback):
     """After every training batch of the first ``epochs`` epochs, rescale each centre of

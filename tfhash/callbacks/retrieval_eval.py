@@ -10,6 +10,9 @@ from tfhash.codes import sign_codes
 from tfhash.metrics import evaluate_retrieval
 from tfhash.models.base import EncoderMixin
 
+__all__ = ["RetrievalEvalCallback"]
+
+
 
 class RetrievalEvalCallback(keras.callbacks.Callback):
     """Encode a query and a database set with the model being trained and log ``val_map``

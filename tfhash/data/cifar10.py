@@ -14,6 +14,9 @@ from tfhash.data.paths import find_data_file
 from tfhash.data.splits import per_class_split
 from tfhash.labels import multi_hot
 
+__all__ = ["load_cifar10_arrays", "load_cifar10"]
+
+
 ARCHIVE = "cifar10/cifar10-jpg.tar.gz"
 CLASS_NAMES = [
     "airplane",

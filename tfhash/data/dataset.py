@@ -8,6 +8,9 @@ import numpy as np
 
 from tfhash.data.splits import Split
 
+__all__ = ["DataFormatError", "HashingDataset"]
+
+
 
 class DataFormatError(ValueError):
     """A dataset file exists but its content is not what the format promises."""

@@ -27,6 +27,9 @@ from tfhash.artifacts import (
 )
 from tfhash.data.dataset import HashingDataset
 
+__all__ = ["image_type", "to_example", "export_tfrecords"]
+
+
 #: The first bytes of each image file format tfhash reads back (exported records, the search page), and its type.
 IMAGE_SIGNATURES = (
     (b"\x89PNG\r\n\x1a\n", "image/png"),

@@ -16,6 +16,9 @@ from PIL import Image, UnidentifiedImageError
 from tfhash.data.dataset import DataFormatError, HashingDataset
 from tfhash.data.splits import Split, random_split
 
+__all__ = ["per_tag_split", "load_nuswide", "load_coco"]
+
+
 NUSWIDE_CONCEPTS = 21
 COCO_CATEGORIES = 80
 

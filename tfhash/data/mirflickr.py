@@ -14,6 +14,9 @@ from tfhash.data.dataset import DataFormatError, HashingDataset
 from tfhash.data.paths import find_data_file
 from tfhash.data.splits import random_split
 
+__all__ = ["load_mirflickr25k_arrays", "load_mirflickr25k"]
+
+
 TAGS_FILE = "mirflickr25k/mirflickr25k-yall.mat"
 LABELS_FILE = "mirflickr25k/mirflickr25k-lall.mat"
 LABEL_NAMES = [

@@ -12,6 +12,9 @@ from tfhash.data.paths import find_data_file
 from tfhash.data.splits import per_class_split
 from tfhash.labels import multi_hot
 
+__all__ = ["load_mnist_arrays", "load_mnist"]
+
+
 FILES = {
     "train_images": "mnist/train-images-idx3-ubyte.gz",
     "train_labels": "mnist/train-labels-idx1-ubyte.gz",

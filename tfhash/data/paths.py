@@ -9,6 +9,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+__all__ = ["ENV_VAR", "DataNotFoundError", "find_data_file"]
+
+
 ENV_VAR = "TFHASH_DATA_ROOT"
 
 

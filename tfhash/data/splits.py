@@ -10,6 +10,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+__all__ = ["Split", "per_class_split", "random_split", "fixed_split", "validation_split"]
+
+
 
 @dataclass(frozen=True)
 class Split:

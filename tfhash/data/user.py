@@ -22,6 +22,9 @@ from tfhash.data.dataset import DataFormatError, HashingDataset
 from tfhash.data.splits import random_split
 from tfhash.labels import LabelError, multi_hot
 
+__all__ = ["load_labels", "load_user_dataset", "image_query"]
+
+
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 #: Modes of single-channel images (kept greyscale when every image of a folder is one).
 GREY_MODES = ("1", "L", "I;16", "I;16B", "I;16L", "I", "F")

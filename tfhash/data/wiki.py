@@ -12,6 +12,9 @@ from tfhash.data.paths import find_data_file
 from tfhash.data.splits import fixed_split
 from tfhash.labels import multi_hot
 
+__all__ = ["load_wiki"]
+
+
 FILE = "wiki/wiki_data.mat"
 CLASS_NAMES = [
     "art", "biology", "geography", "history", "literature", "media", "music", "royalty",

@@ -13,6 +13,9 @@ import numpy as np
 from tfhash.codes import as_packed, check_bits, unpack_codes
 from tfhash.index.persistence import FORMAT_TAG_FIELD, save_index
 
+__all__ = ["TRAIN", "RANGE_SEARCH", "BACKEND_EXTRA", "BACKEND_PACKAGES", "HashIndexError", "IndexUnavailableError", "SearchResult", "require_backend", "import_backend", "next_ids", "HashIndex", "InProcessIndex"]
+
+
 #: Capability: ``index.train(codes)`` takes training codes before (or instead of) the first add.
 TRAIN = "train"
 #: Capability: ``index.range_search(queries, radius)`` returns every item within a Hamming radius.

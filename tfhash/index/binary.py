@@ -18,6 +18,9 @@ from tfhash.index.base import (
 )
 from tfhash.index.persistence import IndexFormatError
 
+__all__ = ["BinaryIndex"]
+
+
 METHODS = ("flat", "ivf", "multihash")
 IVF_FILE = "faiss_ivf.index"
 

@@ -14,6 +14,9 @@ from tfhash.console import BadInput
 from tfhash.index.base import IndexUnavailableError
 from tfhash.index.factory import index_type_names
 
+__all__ = ["index_group"]
+
+
 
 def _load_array(path: str, name: str) -> np.ndarray:
     try:

@@ -17,6 +17,9 @@ from tfhash.index.milvus import MilvusIndex
 from tfhash.index.persistence import FORMAT_TAG_FIELD, on_local_copy, open_index, parse_manifest
 from tfhash.index.scann_index import ScannIndex
 
+__all__ = ["IndexType", "INDEX_TYPES", "FORMAT_TAGS", "index_type_names", "parse_index_type", "index_factory", "read_manifest", "load_index"]
+
+
 
 @dataclass(frozen=True)
 class IndexType:

@@ -28,6 +28,9 @@ from tfhash.index.base import (
 )
 from tfhash.index.persistence import IndexFormatError
 
+__all__ = ["LOCKS_COLLECTION", "MAX_RESULTS", "is_local", "normalised", "collection_name", "check_reachable", "MilvusIndex"]
+
+
 #: The collection, in each Milvus, that holds one lock row per saved tfhash collection.
 LOCKS_COLLECTION = "tfhash_index_locks"
 #: The environment variable holding the token (``user:password`` or an API key) of a Milvus server.

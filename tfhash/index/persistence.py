@@ -20,6 +20,9 @@ from pathlib import Path
 from tfhash import storage
 from tfhash._version import __version__
 
+__all__ = ["FORMAT_VERSION", "FORMAT_TAG_FIELD", "IndexFormatError", "save_index", "parse_manifest", "on_local_copy", "verify_files", "check_model", "open_index"]
+
+
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 #: The manifest field that holds the format tag (named ``kind`` since format version 1).

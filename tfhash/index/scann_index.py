@@ -13,6 +13,9 @@ from tfhash.index.base import (
     require_backend,
 )
 
+__all__ = ["ScannIndex"]
+
+
 METHODS = ("ah", "brute")
 
 

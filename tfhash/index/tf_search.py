@@ -13,6 +13,9 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+__all__ = ["HammingTopK", "export_hamming_search"]
+
+
 
 class HammingTopK(tf.Module):
     """Exact Hamming k-NN over a fixed database of packed codes.

@@ -6,6 +6,9 @@ import keras
 
 from tfhash.codes import check_bits
 
+__all__ = ["HashHead"]
+
+
 
 @keras.saving.register_keras_serializable(package="tfhash")
 class HashHead(keras.layers.Layer):

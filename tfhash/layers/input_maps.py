@@ -14,6 +14,9 @@ from keras import ops
 
 from tfhash.towers import INPUT_MAPS
 
+__all__ = ["anchor_gamma", "rbf_kernel", "RBFFeatures", "input_map_layers"]
+
+
 
 def squared_distances(x, anchors):
     """``||x_i - a_j||^2`` for every row ``x_i`` and anchor ``a_j``: ``(n, d)`` and ``(m, d)`` ->

@@ -6,6 +6,9 @@ import keras
 import numpy as np
 from keras import ops
 
+__all__ = ["FixedProxies", "LearnableProxies"]
+
+
 
 @keras.saving.register_keras_serializable(package="tfhash")
 class FixedProxies(keras.layers.Layer):

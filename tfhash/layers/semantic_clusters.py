@@ -5,6 +5,9 @@ from __future__ import annotations
 import keras
 from keras import ops
 
+__all__ = ["negative_distances", "SemanticClusters"]
+
+
 _MIN_SQUARED = 1e-12
 
 

@@ -8,6 +8,9 @@ from collections.abc import Iterator
 
 import numpy as np
 
+__all__ = ["jcch_coefficients"]
+
+
 logger = logging.getLogger(__name__)
 
 #: Rows of the (examples x anchors) intersection matrix processed at once.

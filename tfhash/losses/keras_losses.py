@@ -34,6 +34,9 @@ from tfhash.losses.semantic_cluster import (
     semantic_cluster_unary_per_example,
 )
 
+__all__ = ["SemanticClusterUnaryLoss", "QuantizationLoss", "ClassifierCrossEntropy", "SoftmaxSquaredDistance", "CodeAlignmentLoss", "BalancedBinaryCrossEntropy", "HammingTripletLoss", "HyP2ProxyLoss", "HyP2PairLoss", "PairwiseLikelihoodLoss"]
+
+
 
 def labels_of(y_true, num_classes: int | None):
     """``y_true`` (class ids or multi-hot) as ``(n, C)`` multi-hot, checked in the graph.

@@ -6,6 +6,9 @@ import tensorflow as tf
 
 from tfhash.losses.reduction import reduce_per_example
 
+__all__ = ["quantization_per_example", "quantization_loss"]
+
+
 _EPSILON = 1e-12
 
 

@@ -19,6 +19,9 @@ from tfhash import storage
 from tfhash.codes import hamming_distances
 from tfhash.metrics.plots import save_figure
 
+__all__ = ["gallery_queries", "nearest", "write_gallery", "gallery_rows"]
+
+
 #: The gallery's files, beside the evaluation's metrics.
 GALLERY_HTML, GALLERY_PNG = "gallery.html", "gallery.png"
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 import keras
 from keras import ops
 
+__all__ = ["ClassAccuracy", "PrecisionAtRadius", "METRIC_NAMES"]
+
+
 
 def _query_weights(labels, sample_weight):
     """Each row's weight as a query: 0 for a row without a label, else its sample weight."""

@@ -14,6 +14,9 @@ import numpy as np
 
 from tfhash.hamming import popcount
 
+__all__ = ["ranking_statistics"]
+
+
 
 @numba.njit(cache=True, nogil=True, parallel=True)
 def ranking_statistics(query_words, db_words, query_labels, db_labels, bits, depth, ns, threads, base, relevant_base,

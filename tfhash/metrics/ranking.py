@@ -11,6 +11,9 @@ from tfhash.codes import as_packed
 from tfhash.hamming import code_words
 from tfhash.labels import multi_hot
 
+__all__ = ["prepare"]
+
+
 
 @dataclass(frozen=True)
 class RetrievalProblem:

@@ -29,6 +29,9 @@ from tfhash.networks import (
 )
 from tfhash.state_dicts import CheckpointError
 
+__all__ = ["small_cnn", "mlp", "Augmentation", "squeezenet_network", "image_backbone", "squeezenet"]
+
+
 logger = logging.getLogger(__name__)
 
 

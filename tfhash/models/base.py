@@ -19,6 +19,9 @@ from tfhash.models.inputs import (
     readable_checks,
 )
 
+__all__ = ["DEFAULT_MODALITY", "unpack_sample_weight", "EncoderMixin", "loss_trackers", "reduce_tracked_loss", "NestedConfigMixin"]
+
+
 #: The one modality of a single-input model.
 DEFAULT_MODALITY = "default"
 

@@ -15,6 +15,9 @@ import numpy as np
 
 from tfhash.networks import EFFICIENTNET_LITE, LITE_HEAD, LITE_STEM, efficientnet_lite_blocks
 
+__all__ = ["BN_EPSILON", "COUNTER", "efficientnet_lite", "assign_state_dict"]
+
+
 #: Batch normalisation's epsilon in the Lite networks.
 BN_EPSILON = 1e-3
 #: The state dict's batch-norm counters, which carry no weights.

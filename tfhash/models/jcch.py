@@ -15,6 +15,9 @@ from tfhash.models.base import (
 )
 from tfhash.models.training import TrainingMixin
 
+__all__ = ["JCCHModel"]
+
+
 
 @keras.saving.register_keras_serializable(package="tfhash")
 class JCCHModel(TrainingMixin, NestedConfigMixin, EncoderMixin, keras.Model):

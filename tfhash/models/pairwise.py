@@ -18,6 +18,9 @@ from tfhash.models.base import (
 )
 from tfhash.models.training import TrainingMixin
 
+__all__ = ["PairwiseHashModel"]
+
+
 
 @keras.saving.register_keras_serializable(package="tfhash")
 class PairwiseHashModel(TrainingMixin, NestedConfigMixin, EncoderMixin, keras.Model):

@@ -3,6 +3,9 @@ overridden by keyword in the model builders."""
 
 from __future__ import annotations
 
+__all__ = ["SCDH_PRESETS", "resolve_preset"]
+
+
 SCDH_PRESETS: dict[str, dict] = {
     # lambda, mu, alpha of SCDH's CIFAR-10 experiments.
     "cifar10": {"lam": 0.005, "mu": 0.2, "alpha": 0.05},

@@ -29,6 +29,9 @@ from tfhash.models.base import (
 )
 from tfhash.models.training import TrainingMixin
 
+__all__ = ["HCLMModel", "HyP2Model"]
+
+
 
 @keras.saving.register_keras_serializable(package="tfhash")
 class HCLMModel(TrainingMixin, NestedConfigMixin, EncoderMixin, keras.Model):

@@ -19,6 +19,9 @@ from tfhash.models.base import (
 )
 from tfhash.models.training import TrainingMixin
 
+__all__ = ["SCDHModel", "MeanTeacherSCDH"]
+
+
 
 @keras.saving.register_keras_serializable(package="tfhash")
 class SCDHModel(TrainingMixin, NestedConfigMixin, EncoderMixin, keras.Model):

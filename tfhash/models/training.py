@@ -26,6 +26,9 @@ from tfhash.models.inputs import (
     readable_checks,
 )
 
+__all__ = ["assert_finite_weights", "TrainingMixin"]
+
+
 #: The output every tfhash model returns its continuous codes under.
 CODES = "codes"
 

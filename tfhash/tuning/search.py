@@ -24,6 +24,9 @@ from tfhash.recipes import (
 from tfhash.registry import variant
 from tfhash.training_spec import PIPELINE_KINDS
 
+__all__ = ["OBJECTIVE", "TRAIN_IN_DATABASE", "HELD_OUT", "KEEP_RECOMMENDED_WITHIN", "beats", "TuningError", "SAME", "SearchSpace", "SEARCH_SPACES", "Budget", "TuneResult", "data_kind", "carve_validation", "TuningTask", "tuned_recipe", "prepare"]
+
+
 #: Objective of the search: mAP@all on the validation split (maximised).
 OBJECTIVE = "val_map"
 #: Share of the validation database drawn from the rows trained on (a catalogue holds what the
