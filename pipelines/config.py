@@ -193,36 +193,7 @@ class PipelineConfig:
             raise ValueError("training.label_coefficients needs jcch_anchors (the Transform computes q and u)")
         if self.training.label_coefficients and not method.label_coefficients:
             raise ValueError(f"JCCH label coefficients apply to {method_names(label_coefficients=True)}, not {method.name!r}")
-        self._check_input_maps()
-        hidden = self.training.hidden
-        if isinstance(hidden, dict) and set(hidden) != set(self.inputs):
-            raise ValueError(f"training.hidden names the towers {sorted(hidden)}; this run's inputs are {self.inputs}: "
-                             "give one list of widths, or name each input")  # fmt: skip
-        input_dropout = self.training.fine_tuning.input_dropout
-        rates = input_dropout if isinstance(input_dropout, dict) else {name: input_dropout for name in self.inputs}
-        if set(rates) - set(self.inputs):
-            raise ValueError(f"training.fine_tuning.input_dropout names {sorted(set(rates) - set(self.inputs))}; "
-                             f"this run's inputs are {self.inputs}")  # fmt: skip
-        if any(rates.values()) and self.training.backbone != "mlp":
-            raise ValueError(f"training.fine_tuning.input_dropout is for the mlp backbone, not {self.training.backbone!r}")
-
-    def _check_input_maps(self) -> None:
-        from tfhash.towers import INPUT_MAPS
-
-        chosen = self.training.input_map
-        if not isinstance(chosen, (str, dict)):
-            raise ValueError(f"training.input_map must be a map name or {{modality: map}}, got {chosen!r}")
-        if isinstance(chosen, dict) and set(chosen) - set(self.inputs):
-            raise ValueError(f"training.input_map names {sorted(set(chosen) - set(self.inputs))}; this run's inputs are {self.inputs}")
-        maps = self.input_maps()
-        for name, kind in maps.items():
-            if kind not in INPUT_MAPS:
-                raise ValueError(f"training.input_map of {name!r} is {kind!r}; choose one of {list(INPUT_MAPS)}"
-                                 f"{suggestion(kind, INPUT_MAPS)}")  # fmt: skip
-        mapped = sorted(name for name, kind in maps.items() if kind != "none")
-        if mapped and self.training.backbone != "mlp":
-            raise ValueError(f"training.input_map maps feature vectors (the mlp backbone); {mapped} feed backbone "
-                             f"{self.training.backbone!r}: drop the input map")  # fmt: skip
+        self.training.towers(self.inputs)  # the per-tower settings name this run's inputs
 
     def _check_data(self, for_cluster: bool) -> None:
         """The data the run reads: an exported folder (``data_dir``) or a shipped dataset under
@@ -272,9 +243,7 @@ class PipelineConfig:
 
     def input_maps(self) -> dict[str, str]:
         """``training.input_map`` of every input: ``{modality: map}`` (images: ``none``)."""
-        from tfhash.towers import input_map_of
-
-        return {name: input_map_of(self.training.input_map, name) for name in self.inputs}
+        return {name: tower.input_map for name, tower in self.training.towers(self.inputs).items()}
 
     @classmethod
     def load(cls, path: str | os.PathLike, for_cluster: bool = False, overrides: dict | None = None) -> PipelineConfig:

@@ -32,14 +32,15 @@ CASES = {
         r"training.input_map of 'text' is 'rfb'; choose one of \['none', 'standardise', 'rbf'\]; did you mean 'rbf'\?"),
     "an input map of no input": ({"name": "x", "dataset": "wiki", "modalities": ["image", "text"], "training": {
         "method": "jcch", "backbone": "mlp", "input_map": {"tags": "rbf"}}},
-        r"training.input_map names \['tags'\]; this run's inputs are \['image', 'text'\]"),
+        r"training.input_map names the towers \['tags'\]; the data's towers are \['image', 'text'\]"),
     "widths for a tower the run does not have": ({"name": "x", "dataset": "wiki", "modalities": ["image", "text"], "training": {
         "method": "jcch", "backbone": "mlp", "hidden": {"image": [1024], "tags": [64]}}},
-        r"training.hidden names the towers \['image', 'tags'\]; this run's inputs are \['image', 'text'\]: give one list"),
+        r"training.hidden names the towers \['image', 'tags'\]; the data's towers are \['image', 'text'\]: give one list"),
     "widths that are no widths": ({"name": "x", "training": {"backbone": "mlp", "hidden": {"image": [0]}}},
         r"training.hidden of 'image' must be a list of positive layer widths"),
     "an input map before an image network": ({"name": "x", "training": {"input_map": "rbf"}},
-        r"training.input_map maps feature vectors \(the mlp backbone\); \['image'\] feed backbone 'small_cnn'"),
+        r"training.input_map and training.fine_tuning.input_dropout are for feature vectors \(the mlp backbone\); backbone "
+        r"'small_cnn' takes images"),
 }  # fmt: skip
 
 

@@ -102,9 +102,9 @@ def test_recipes_and_the_search_space_name_the_maps():
     from tfhash.recipes import RECOMMENDED, Recipe
     from tfhash.tuning.search import SEARCH_SPACES
 
-    with pytest.raises(ValueError, match=r"unknown input map \['pca'\]"):
+    with pytest.raises(ValueError, match=r"input_map of 'image' is 'pca'; choose one of \['none', 'standardise', 'rbf'\]"):
         Recipe(method="jcch", input_map={"image": "pca"})
-    assert Recipe(method="jcch", input_map={"image": "rbf"}).input_map_of("text") == "none"
+    assert Recipe(method="jcch", input_map={"image": "rbf"}).spec().towers(["image", "text"])["text"].input_map == "none"
     assert Recipe(method="jcch", input_map={"text": "rbf"}).spec().input_map == {"text": "rbf"}
     assert RECOMMENDED["cross-modal"].spec().method == "jcch"
     space = SEARCH_SPACES["cross-modal"]

@@ -382,7 +382,7 @@ def test_a_recipe_fills_the_training_section_under_its_own_keys():
     optimisation = training.fine_tuning
     assert optimisation.learning_rate == 2e-3 and optimisation.dropout == recipe.dropout
     assert PipelineConfig(**config.to_dict()).training == training  # expanding again changes nothing
-    towers = {m: make_backbone(config.training, [8], f"tower_{m}", modality=m) for m in ("image", "text")}
+    towers = {m: make_backbone(config.training, [8], f"tower_{m}", tower) for m, tower in config.training.towers(["image", "text"]).items()}
     dropouts = {m: [layer.rate for layer in t.layers if isinstance(layer, keras.layers.Dropout)] for m, t in towers.items()}
     assert dropouts == {"image": [0.2, 0.5, 0.5], "text": [0.5, 0.5]}  # input dropout on the image tower only
     hyp2 = PipelineConfig(name="x", modality="text", training={"recipe": "multi-label", "bits": 16}).training
@@ -407,10 +407,11 @@ def test_a_recipe_fills_the_training_section_under_its_own_keys():
     with pytest.raises(ValueError, match="training.recipe names the recommended recipe a section started from"):
         TrainingSpec(recipe="multi-label", backbone="small_cnn")
     wiki = {"name": "x", "dataset": "wiki", "modalities": ["image", "text"]}
-    with pytest.raises(ValueError, match="input_dropout names \\['imgae'\\]"):
+    with pytest.raises(ValueError, match="input_dropout names the towers \\['imgae'\\]; the data's towers are"):
         PipelineConfig(**wiki, training={"recipe": "cross-modal", "fine_tuning": {"input_dropout": {"imgae": 0.2}}})
     decayed = PipelineConfig(**wiki, training={"recipe": "cross-modal", "fine_tuning": {"weight_decay": 0.01}}).training
-    assert (decayed.fine_tuning.optimizer, decayed.fine_tuning.weight_decay) == ("adamw", 0.01)  # follows the decay
+    assert decayed.fine_tuning.weight_decay == 0.01  # the recipe's "auto" optimizer follows the decay: AdamW
+    assert isinstance(decayed.fine_tuning.make_optimizer(1, 1), keras.optimizers.AdamW)
     centres = [build_model(dataclasses.replace(config.training, seed=seed), {"image": [8], "text": [4]}, 10).centres
                for seed in (0, 1)]  # fmt: skip
     assert not np.array_equal(*centres)  # the fixed centres follow the run's seed

@@ -89,7 +89,8 @@ def test_weight_averaging_from_a_recipe_and_a_pipeline_config():
     assert config.training.fine_tuning.weight_averaging == 0.99
     assert TrainingSpec.from_dict(config.training.to_dict()) == config.training  # what run_fn reads
     recipe_section = PipelineConfig(name="x", modality="x", training={"recipe": "multi-label", "fine_tuning": {"weight_averaging": 0.9}})
-    assert recipe_section.training.fine_tuning.weight_averaging == 0.9 and recipe_section.training.fine_tuning.optimizer == "adamw"
+    assert recipe_section.training.fine_tuning.weight_averaging == 0.9 and isinstance(
+        recipe_section.training.fine_tuning.make_optimizer(1, 1), keras.optimizers.AdamW)  # the recipe's decay: AdamW
 
 
 def test_wiki_recipe_parsing():
@@ -116,7 +117,7 @@ def test_each_tower_takes_its_own_widths_and_every_tower_setting_names_the_data_
     assert widths == {"image": [16, 8], "text": []}
     label, parsed = wiki.parse_recipe('{"hidden": {"image": [16, 8], "text": []}}')
     assert parsed.hidden == recipe.hidden and label == '{"hidden": {"image": [16, 8], "text": []}}'
-    refusals = {"hidden": ({"image": [16]}, r"hidden names the towers \['image'\]; this data's towers are \['image', 'text'\] \(name each"),
+    refusals = {"hidden": ({"image": [16]}, r"hidden names the towers \['image'\]; the data's towers are \['image', 'text'\]: give one list of widths, or name each"),
                 "input_dropout": ({"audio": 0.2}, r"input_dropout names the towers \['audio'\]"),
                 "input_map": ({"txt": "rbf"}, r"input_map names the towers \['txt'\]")}  # fmt: skip
     for name, (value, message) in refusals.items():
@@ -195,3 +196,29 @@ def test_encoding_the_wrong_inputs_names_the_shape_the_model_takes():
     assert "\\'" not in str(caught.value)
     with pytest.raises(LabelError, match=r"its rows have different lengths \(a ragged list"):
         multi_hot([[1, 2], [3]])
+
+
+def test_per_tower_settings_resolve_into_one_typed_tower_each():
+    from tfhash.fine_tuning import FineTuning
+    from tfhash.registry import make_backbone
+    from tfhash.towers import Tower
+    from tfhash.training_spec import TrainingSpec
+
+    spec = TrainingSpec(method="jcch", backbone="mlp", hidden={"image": [8], "text": []}, input_map={"text": "rbf"},
+                        fine_tuning={"input_dropout": {"image": 0.2}})  # fmt: skip
+    assert spec.towers(["image", "text"]) == {"image": Tower((8,), "none", 0.2), "text": Tower((), "rbf", 0.0)}
+    assert TrainingSpec(backbone="mlp", hidden=[16], input_map="standardise").towers(["x"]) == {"x": Tower((16,), "standardise", 0.0)}
+    with pytest.raises(ValueError, match=r"training.input_map names the towers \['txt'\]; the data's towers are \['image', 'text'\]"):
+        TrainingSpec(method="jcch", backbone="mlp", input_map={"txt": "rbf"}).towers(["image", "text"])
+    with pytest.raises(ValueError, match=r"input_dropout of 'image' must be a dropout rate in \[0, 1\), got 1.5"):
+        TrainingSpec(method="jcch", backbone="mlp", fine_tuning={"input_dropout": {"image": 1.5}})
+    with pytest.raises(ValueError, match="backbone 'small_cnn' takes images: drop them"):
+        TrainingSpec(fine_tuning={"input_dropout": 0.1})
+    with pytest.raises(ValueError, match="pass tower=spec.towers"):
+        make_backbone(spec, [8])
+    tower = make_backbone(spec, [8], "backbone_image", spec.towers(["image", "text"])["image"])
+    assert [layer.units for layer in tower.layers if isinstance(layer, keras.layers.Dense)] == [8]
+    # the recipes' optimizer: AdamW when decayed, else Adam
+    plain = FineTuning(optimizer="auto").make_optimizer(1, 1)
+    assert isinstance(plain, keras.optimizers.Adam) and not isinstance(plain, keras.optimizers.AdamW)
+    assert isinstance(FineTuning(optimizer="auto", weight_decay=0.01).make_optimizer(1, 1), keras.optimizers.AdamW)

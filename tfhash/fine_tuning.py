@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 from tfhash.config_keys import check_keys
 from tfhash.schedules import SCHEDULES
+from tfhash.towers import checked_input_dropout
 
 __all__ = ["FineTuning", "TrunkCacheSettings", "FINE_TUNING_DEFAULTS", "DEFAULT_CUTS"]
 
@@ -26,7 +27,7 @@ __all__ = ["FineTuning", "TrunkCacheSettings", "FINE_TUNING_DEFAULTS", "DEFAULT_
 #: train (validation on CIFAR-10 preferred it to the cut one stage higher: benchmarks/results/trunk_cache.md).
 DEFAULT_CUTS = {"squeezenet": "pool5", "efficientnet_lite0": "block7", "efficientnet_lite1": "block10",
                 "efficientnet_lite2": "block10"}  # fmt: skip
-OPTIMIZERS = ("sgd", "adam", "adamw")
+OPTIMIZERS = ("sgd", "adam", "adamw", "auto")
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,8 @@ class FineTuning:
     momentum 0.9, weight decay 5e-4); a recipe states such settings.
 
     Attributes:
-        optimizer: ``"sgd"`` (momentum), ``"adam"`` or ``"adamw"``.
+        optimizer: ``"sgd"`` (momentum), ``"adam"``, ``"adamw"`` or ``"auto"`` (AdamW when
+            ``weight_decay`` > 0, else Adam: what the recipes train with).
         learning_rate: the new layers' rate (hash head, centres, proxies, classifier).
         backbone_learning_rate: the pretrained layers' rate; None = ``learning_rate``.
         momentum: SGD momentum.
@@ -151,9 +153,9 @@ class FineTuning:
             raise ValueError(f"learning rates must be finite, learning_rate > 0 and backbone_learning_rate >= 0; got {rates}")
         if self.weight_decay < 0 or self.frozen_epochs < 0 or not 0 <= self.momentum < 1:
             raise ValueError("weight_decay and frozen_epochs must be >= 0 and momentum in [0, 1)")
-        inputs = self.input_dropout.values() if isinstance(self.input_dropout, dict) else [self.input_dropout]
-        if not all(isinstance(r, (int, float)) and 0 <= r < 1 for r in [self.dropout, *inputs]):
-            raise ValueError(f"dropout and input_dropout must be in [0, 1); got {self.dropout}, {self.input_dropout}")
+        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0 <= self.dropout < 1:
+            raise ValueError(f"dropout must be a rate in [0, 1), got {self.dropout!r}")
+        object.__setattr__(self, "input_dropout", checked_input_dropout(self.input_dropout))
         if isinstance(self.weight_averaging, bool) or not isinstance(self.weight_averaging, (int, float)) \
                 or not 0 <= self.weight_averaging < 1:  # fmt: skip
             raise ValueError(f"weight_averaging is the decay of the weights' moving average, from 0 (off) to below 1, "
@@ -190,11 +192,6 @@ class FineTuning:
         """The settings of this recipe that :func:`tfhash.models.image_backbone` takes, as its
         keyword arguments (augmentation, batch-norm freeze, feature dropout)."""
         return {"augment": self.augment, "freeze_batch_norm": self.freeze_batch_norm, "dropout": self.dropout}
-
-    def mlp_options(self, modality: str | None = None) -> dict:
-        """The settings of this recipe that :func:`tfhash.models.mlp` takes for ``modality``'s tower."""
-        rate = self.input_dropout.get(modality, 0.0) if isinstance(self.input_dropout, dict) else self.input_dropout
-        return {"dropout": self.dropout, "input_dropout": float(rate)}
 
     def fit(self, build, images, labels, backbone: str, epochs: int, batch_size: int = 32, seed: int = 0, size: int | None = None,
             weights: str | None = "imagenet", precision: str = "off", callbacks=(), verbose: int = 0):  # fmt: skip
@@ -256,9 +253,10 @@ class FineTuning:
         scale = 1.0 if self.backbone_learning_rate is None else self.backbone_learning_rate / self.learning_rate
         common = {"backbone_scale": scale, "frozen_steps": self.frozen_epochs * int(steps_per_epoch), "l2": self.weight_decay,
                   "use_ema": bool(self.weight_averaging), "ema_momentum": float(self.weight_averaging) or 0.99}  # fmt: skip
-        if self.optimizer == "sgd":
+        kind = ("adamw" if self.weight_decay else "adam") if self.optimizer == "auto" else self.optimizer
+        if kind == "sgd":
             return BackboneRateSGD(learning_rate=rate, momentum=self.momentum, **common)
-        if self.optimizer == "adamw":
+        if kind == "adamw":
             return BackboneRateAdamW(learning_rate=rate, weight_decay=self.weight_decay, **{**common, "l2": 0.0})
         return BackboneRateAdam(learning_rate=rate, **common)
 

@@ -8,16 +8,15 @@ holds the settings the methods were first run with here, for comparison.
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from tfhash.fine_tuning import FineTuning
 from tfhash.labels import multi_hot
-from tfhash.towers import INPUT_MAPS, checked_widths, input_map_of, widths_of
+from tfhash.towers import checked_widths
 from tfhash.training_spec import PIPELINE_KINDS, TrainingSpec
 
 if TYPE_CHECKING:  # Keras loads when a recipe builds or trains, not when a config names one
@@ -27,9 +26,6 @@ __all__ = ["Recipe", "recommended", "with_recipe", "DATA_KINDS", "RECOMMENDED", 
 
 SCHEDULES = ("constant", "cosine")
 DATA_KINDS = ("single-label", "single-label pixels", "multi-label", "cross-modal")
-#: The optimisation settings a :class:`Recipe` holds as its own fields (the others in its
-#: ``fine_tuning``); a pipeline section's ``fine_tuning`` sets them over the recipe's.
-RECIPE_TRAINING_KEYS = ("learning_rate", "weight_decay", "schedule", "dropout", "input_dropout")
 
 
 @dataclass(frozen=True)
@@ -78,61 +74,28 @@ class Recipe:
             raise ValueError(f"unknown schedule {self.schedule!r}; choose one of {SCHEDULES}")
         if not (isinstance(self.epochs, int) and self.epochs > 0 and isinstance(self.batch_size, int) and self.batch_size > 0):
             raise ValueError(f"epochs and batch_size must be positive integers; got {self.epochs!r}, {self.batch_size!r}")
-        unknown = sorted(self.input_maps() - set(INPUT_MAPS))
-        if unknown:
-            raise ValueError(f"unknown input map {unknown}; choose among {INPUT_MAPS}")
-        own = sorted(set(self.fine_tuning) & set(RECIPE_TRAINING_KEYS))
+        own = sorted(set(self.fine_tuning) & {f.name for f in fields(Recipe)})
         if own:
             raise ValueError(f"fine_tuning sets {own}, which are the recipe's own fields: set Recipe({own[0]}=...)")
-        self.spec()  # checks the method, rates, dropouts and further settings
+        self.spec()  # checks the method, rates, dropouts, input maps and further settings
 
     def spec(self, bits: int = 48, seed: int = 0, preset: str | None = None) -> TrainingSpec:
         """This recipe as the spec that trains it at ``bits`` from ``seed`` with loss ``preset``
         (:func:`preset_for` the labels): an MLP per input, its settings as ``overrides``, its
-        optimizer as ``fine_tuning`` (Adam, or AdamW when ``weight_decay`` > 0, under its own
-        :attr:`fine_tuning` settings). :meth:`fit`
+        optimizer as ``fine_tuning`` (``"auto"``: Adam, or AdamW when ``weight_decay`` > 0; under its
+        own :attr:`fine_tuning` settings). :meth:`fit`
         builds from it (:func:`tfhash.registry.build_model`), and a pipeline section naming the
         recipe starts from it (:func:`with_recipe`)."""
-        tuning = FineTuning.for_backbone("mlp", optimizer="adamw" if self.weight_decay else "adam", learning_rate=self.learning_rate,
+        tuning = FineTuning.for_backbone("mlp", optimizer="auto", learning_rate=self.learning_rate,
                                          weight_decay=self.weight_decay, schedule=self.schedule, dropout=self.dropout,
                                          input_dropout=self.input_dropout, **self.fine_tuning)  # fmt: skip
         return TrainingSpec(method=self.method, bits=bits, backbone="mlp", hidden=self.hidden_lists(), preset=preset,
                             overrides=dict(self.options), epochs=self.epochs, batch_size=self.batch_size, fine_tuning=tuning,
                             seed=seed, input_map=self.input_map)  # fmt: skip
 
-    def input_maps(self) -> set[str]:
-        """The input maps this recipe names (:attr:`input_map`'s values)."""
-        return {str(m) for m in (self.input_map.values() if isinstance(self.input_map, dict) else [self.input_map])}
-
-    def hidden_of(self, modality: str | None = None) -> tuple[int, ...]:
-        """The layer widths of ``modality``'s tower."""
-        return widths_of(self.hidden, modality)
-
     def hidden_lists(self) -> list[int] | dict[str, list[int]]:
         """:attr:`hidden` as JSON holds it (lists)."""
         return {m: list(w) for m, w in self.hidden.items()} if isinstance(self.hidden, dict) else list(self.hidden)
-
-    def check_towers(self, modalities) -> None:
-        """Refuse per-tower settings (``hidden``, ``input_dropout``, ``input_map``) that name a
-        tower the data does not have, or, for ``hidden``, leave one out.
-
-        Raises:
-            ValueError: naming the setting, the towers it names and the data's.
-        """
-        modalities = sorted(modalities)
-        for name in ("hidden", "input_dropout", "input_map"):
-            value = getattr(self, name)
-            if isinstance(value, dict) and (set(value) - set(modalities) or (name == "hidden" and set(value) != set(modalities))):
-                raise ValueError(f"{name} names the towers {sorted(value)}; this data's towers are {modalities}"
-                                 + (" (name each of them)" if name == "hidden" else ""))  # fmt: skip
-
-    def input_map_of(self, modality: str | None = None) -> str:
-        """The input map of ``modality``'s tower."""
-        return input_map_of(self.input_map, modality)
-
-    def input_dropout_of(self, modality: str | None = None) -> float:
-        """The input dropout of ``modality``'s tower."""
-        return self.spec().fine_tuning.mlp_options(modality)["input_dropout"]
 
     def optimizer(self, steps_per_epoch: int, epochs: int | None = None) -> keras.optimizers.Optimizer:
         """A fresh optimizer for this recipe; the cosine schedule spans ``epochs`` (default the
@@ -202,18 +165,18 @@ class Recipe:
         if method.cross_modal != (len(inputs) == 2) or len(inputs) > 2:
             want = "a dict of two modalities {name: (n, d)}" if method.cross_modal else "one (n, d) array"
             raise ValueError(f"{self.method} takes {want}; got inputs {sorted(shapes)}")
-        self.check_towers(shapes)
         labels = multi_hot(labels, num_classes, unlabelled=method.semi_supervised)
         check_classes(labels)
         keras.utils.set_random_seed(seed)
         statistics = TagStatistics.of_labels(labels)
         spec = self.spec(bits, seed, preset_for(statistics.multi_label))
+        spec.towers(shapes)  # the per-tower settings name the data's towers
         options, fit_x, fit_y = method.prepare(inputs if method.cross_modal else next(iter(inputs.values())), labels, seed,
                                                spec.overrides)  # fmt: skip
         model = build_model(spec, {name: array.shape[1:] for name, array in inputs.items()}, labels.shape[1],
                             statistics=statistics, input_rows=inputs, options=options)  # fmt: skip
-        model.compile(optimizer=self.optimizer(math.ceil(len(fit_y if not isinstance(fit_y, dict) else fit_y["labels"])
-                                                         / self.batch_size), epochs))  # fmt: skip
+        rows = len(fit_y if not isinstance(fit_y, dict) else fit_y["labels"])
+        model.compile(optimizer=spec.fine_tuning.make_optimizer(epochs, max(1, math.ceil(rows / self.batch_size))))
         return model, fit_x, fit_y, epochs
 
 
@@ -371,12 +334,9 @@ def with_recipe(training: dict) -> dict:
                          f"drop it to use backbone {training['backbone']!r}")  # fmt: skip
     if training.get("method", recipe.method) != recipe.method:
         raise ValueError(f"training.recipe {kind!r} trains {recipe.method!r}; drop method {training['method']!r} or the recipe")
-    tuning = dict(training.get("fine_tuning", {}))
-    # the section's own rates etc. go through the recipe, so its optimizer follows them (AdamW when decayed)
-    tuned = dataclasses.replace(recipe, **{k: tuning[k] for k in RECIPE_TRAINING_KEYS if k in tuning}).spec(
-        preset=preset_for(kind == "multi-label")).to_dict()  # fmt: skip
-    return {**tuned, **training, "overrides": {**recipe.options, **training.get("overrides", {})},
-            "fine_tuning": {**tuned["fine_tuning"], **tuning}}  # fmt: skip
+    tuned = recipe.spec(preset=preset_for(kind == "multi-label")).to_dict()
+    return {**tuned, **training, "overrides": {**tuned["overrides"], **training.get("overrides", {})},
+            "fine_tuning": {**tuned["fine_tuning"], **training.get("fine_tuning", {})}}  # fmt: skip
 
 
 def pipeline_recipe(kind: str):

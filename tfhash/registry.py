@@ -18,6 +18,7 @@ import numpy as np
 if TYPE_CHECKING:  # the table itself imports no TensorFlow: `tfhash methods` and config checks start fast
     import keras
 
+    from tfhash.towers import Tower
     from tfhash.training_spec import TrainingSpec
 
 __all__ = ["Method", "BuildInputs", "TagStatistics", "register_method", "unregister_method", "get_method", "method_names",
@@ -155,25 +156,28 @@ def build_method(name: str, inputs: BuildInputs, **options) -> keras.Model:
     return get_method(name).build(inputs, **options)
 
 
-def make_backbone(spec: TrainingSpec, shape, name: str = "backbone", modality: str | None = None, data_root=None,
+def make_backbone(spec: TrainingSpec, shape, name: str = "backbone", tower: Tower | None = None, data_root=None,
                   input_map=()) -> keras.Model:  # fmt: skip
     """The backbone ``spec`` configures for inputs of ``shape`` (one example's): the small CNN
-    (images), an MLP (vectors: ``spec.hidden`` of ``modality``'s tower, the fine-tuning settings'
-    dropout and that tower's input dropout, behind the adapted ``input_map`` layers), or an image
+    (images), an MLP (vectors: ``tower``'s widths and input dropout, from :meth:`TrainingSpec.towers`,
+    with the fine-tuning settings' dropout, behind the adapted ``input_map`` layers), or an image
     network or encoder (:func:`tfhash.models.image_backbone`, fed the images at their stored size).
 
     Raises:
         tfhash.models.BackboneError: an image backbone for feature vectors, or as
             :func:`tfhash.models.image_backbone` does.
+        ValueError: an MLP without its ``tower``.
     """
     from tfhash.models import mlp, small_cnn
-    from tfhash.towers import widths_of
 
     backbone, tuning = spec.backbone, spec.fine_tuning
     if backbone == "small_cnn":
         return small_cnn(tuple(shape), name=name)
     if backbone == "mlp":
-        return mlp(int(shape[0]), widths_of(spec.hidden, modality), name=name, input_map=input_map, **tuning.mlp_options(modality))
+        if tower is None:
+            raise ValueError("an mlp backbone is made for one tower: pass tower=spec.towers(modalities)[modality]")
+        return mlp(int(shape[0]), tower.hidden, name=name, input_map=input_map, dropout=tuning.dropout,
+                   input_dropout=tower.input_dropout)  # fmt: skip
     return image_network(backbone, shape, tuning, size=spec.image_size, weights=spec.backbone_weights, data_root=data_root, name=name)
 
 
@@ -219,15 +223,15 @@ def build_model(spec: TrainingSpec, inputs: dict, num_classes: int, *, statistic
         ValueError: as the method's builder does (e.g. sHCLM on single-label data).
     """
     from tfhash.layers.input_maps import input_map_layers
-    from tfhash.towers import input_map_of
+
+    towers = spec.towers(inputs)
 
     def backbone(modality: str):
         if backbone_model is not None:
             return backbone_model
         name = f"backbone_{modality}" if len(inputs) > 1 else "backbone"
-        maps = () if input_rows is None else input_map_layers(input_map_of(spec.input_map, modality), input_rows[modality],
-                                                                spec.seed, name=name)  # fmt: skip
-        return make_backbone(spec, inputs[modality], name, modality, data_root, maps)
+        maps = () if input_rows is None else input_map_layers(towers[modality].input_map, input_rows[modality], spec.seed, name=name)
+        return make_backbone(spec, inputs[modality], name, towers[modality], data_root, maps)
 
     build = BuildInputs(backbone, list(inputs), num_classes, spec.bits, seed=spec.seed, preset=spec.preset, statistics=statistics)
     return build_method(spec.method, build, **(spec.overrides if options is None else options))

@@ -13,6 +13,7 @@ from tfhash.codes import check_bits
 from tfhash.config_keys import check_count, check_keys, config_key, suggestion
 from tfhash.fine_tuning import FineTuning
 from tfhash.registry import get_method, method_names
+from tfhash.towers import Tower, checked_input_map, checked_widths, towers_of, values_of
 
 __all__ = ["TrainingSpec", "PIPELINE_KINDS"]
 
@@ -70,7 +71,6 @@ class TrainingSpec:
 
     def __post_init__(self) -> None:
         from tfhash.networks import check_backbone_name
-        from tfhash.towers import checked_widths
 
         if self.method not in method_names():
             raise ValueError(f"unknown method {self.method!r}; choose one of {method_names()}{suggestion(self.method, method_names())}")
@@ -80,6 +80,7 @@ class TrainingSpec:
             check_count(f"training.{key}", getattr(self, key))
         check_count("training.gpu_batch_size", self.gpu_batch_size, optional=True)
         checked_widths(self.hidden, "training.hidden")
+        maps = checked_input_map(self.input_map, "training.input_map")
         if not isinstance(self.encode_mirrored, bool) or (self.encode_mirrored and self.backbone == "mlp"):
             raise ValueError(f"training.encode_mirrored is true or false, for image backbones; got {self.encode_mirrored!r} "
                              f"with backbone {self.backbone!r}")  # fmt: skip
@@ -97,6 +98,9 @@ class TrainingSpec:
 
         if self.mixed_precision not in PRECISIONS:
             raise ValueError(f"mixed_precision must be one of {list(PRECISIONS)}, got {self.mixed_precision!r}")
+        if self.backbone != "mlp" and (set(values_of(maps)) != {"none"} or any(values_of(self.fine_tuning.input_dropout))):
+            raise ValueError(f"training.input_map and training.fine_tuning.input_dropout are for feature vectors (the mlp "
+                             f"backbone); backbone {self.backbone!r} takes images: drop them")  # fmt: skip
         cache = self.fine_tuning.trunk_cache
         if cache is not None and cache.directory is not None and storage.is_uri(cache.directory):
             raise ValueError(f"training.fine_tuning.trunk_cache.directory {cache.directory!r} is a URI; the cache is memory maps, "
@@ -132,3 +136,15 @@ class TrainingSpec:
     def to_dict(self) -> dict:
         """The spec as JSON holds it (:meth:`from_dict` reads it back to an equal spec)."""
         return asdict(self)
+
+    def towers(self, modalities) -> dict[str, Tower]:
+        """``{modality: Tower}``: the settings of each feature-vector tower of the data's inputs
+        ``modalities`` (``hidden``, ``input_map``, ``fine_tuning.input_dropout``;
+        :func:`tfhash.towers.towers_of`).
+
+        Raises:
+            ValueError: a per-tower setting naming a tower the data does not have, or ``hidden``
+                leaving one out.
+        """
+        return towers_of(self.hidden, self.input_map, self.fine_tuning.input_dropout, modalities,
+                         ("training.hidden", "training.input_map", "training.fine_tuning.input_dropout"))  # fmt: skip

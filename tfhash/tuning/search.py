@@ -13,7 +13,6 @@ import numpy as np
 from tfhash.labels import multi_hot
 from tfhash.recipes import (
     MEAN_TEACHER,
-    RECIPE_TRAINING_KEYS,
     RECOMMENDED,
     SCHEDULES,
     Recipe,
@@ -116,7 +115,7 @@ class SearchSpace:
         from tfhash.fine_tuning import FineTuning
         from tfhash.registry import get_method
 
-        known = sorted({f.name for f in fields(FineTuning)} - set(RECIPE_TRAINING_KEYS) - {"trunk_cache"})
+        known = sorted({f.name for f in fields(FineTuning)} - {f.name for f in fields(Recipe)} - {"trunk_cache"})
         if set(self.fine_tuning) - set(known):
             raise TuningError(f"fine_tuning searches {sorted(set(self.fine_tuning) - set(known))}; it takes further FineTuning "
                               f"settings {known} (the recipe's own are the space's fields)")  # fmt: skip
