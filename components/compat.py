@@ -13,7 +13,6 @@ from __future__ import annotations
 __all__ = ["disable_tft_deep_copy"]
 
 
-
 def disable_tft_deep_copy() -> None:
     """Make tf.Transform ignore ``use_deep_copy_optimization`` (see module docstring)."""
     from tensorflow_transform.beam import context

@@ -14,7 +14,6 @@ import tensorflow_transform as tft
 __all__ = ["anchor_key", "SelectAnchors", "jcch_coefficient_features", "TAG_COUNTS", "TAG_PAIRS", "tag_statistic_vocabularies", "read_tag_statistics"]
 
 
-
 def anchor_key(example_id: int, seed: int = 0) -> int:
     """Stable hash of an example id (keyed by ``seed``; 0: unkeyed): anchors are the examples with
     the smallest keys."""

@@ -40,7 +40,6 @@ from tfhash.artifacts import (
 __all__ = ["RetrievalEvaluator"]
 
 
-
 def directions(modalities: list[str] | None) -> list[tuple[str, str]]:
     """The (query signature, database signature) pairs evaluated: one, or both ways for the two
     ``modalities`` of a cross-modal model."""

@@ -12,7 +12,6 @@ from tfhash.console import BadInput
 __all__ = ["pipeline_group"]
 
 
-
 @click.group("pipeline")
 def pipeline_group() -> None:
     """Run the TFX pipeline locally or compile it for Kubeflow."""

@@ -28,7 +28,6 @@ from tfhash.training_spec import PIPELINE_KINDS, TrainingSpec
 __all__ = ["PipelineConfig", "key_table"]
 
 
-
 def resolve_training_paths(training: dict, locate) -> dict:
     """``training`` with its encoder path (``backbone``) and weights file located by ``locate(key,
     value)`` (:meth:`PipelineConfig.load`: relative to the config file's folder)."""

@@ -40,7 +40,6 @@ from tfhash.artifacts import (
 __all__ = ["export_data", "run_local", "run_outputs", "summarise", "example_query", "compile_kubeflow"]
 
 
-
 def export_data(config: PipelineConfig, log=print) -> dict:
     """Write the dataset's split as TFRecords once per run directory (reused when present: its
     description, :func:`tfhash.artifacts.read_data_description`, is written last); with ``data_dir``

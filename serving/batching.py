@@ -14,7 +14,6 @@ from typing import Any
 __all__ = ["Coalescer"]
 
 
-
 @dataclass
 class _Waiting:
     item: Any

@@ -9,7 +9,6 @@ from tfhash.serving.errors import ServingError
 __all__ = ["ChannelClient"]
 
 
-
 class ChannelClient:
     """Base of the tfhash gRPC clients; a context manager that closes the channel it opened."""
 

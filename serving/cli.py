@@ -14,7 +14,6 @@ from tfhash.console import BadInput
 __all__ = ["serve_group", "exported_image_root", "search"]
 
 
-
 @click.group("serve")
 def serve_group() -> None:
     """TF Serving artifacts, the development model server and the search service."""

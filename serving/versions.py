@@ -14,7 +14,6 @@ from tfhash.index import IndexFormatError, check_model, read_manifest, verify_fi
 __all__ = ["select_versions", "tree_stamp", "Retries", "model_fingerprint", "check_fingerprint", "pair_published"]
 
 
-
 def select_versions(available: list[int], policy) -> list[int]:
     """The versions a ``ServableVersionPolicy`` (models.config ``model_version_policy``) serves.
 

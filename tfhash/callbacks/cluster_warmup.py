@@ -8,7 +8,6 @@ from keras import ops
 __all__ = ["ClusterNormWarmup"]
 
 
-
 class ClusterNormWarmup(keras.callbacks.Callback):
     """After every training batch of the first ``epochs`` epochs, rescale each centre of
     ``clusters`` to Euclidean norm ``norm`` (SCDH: s = 8 for 5 epochs on ImageNet)."""

@@ -13,7 +13,6 @@ from tfhash.models.base import EncoderMixin
 __all__ = ["RetrievalEvalCallback"]
 
 
-
 class RetrievalEvalCallback(keras.callbacks.Callback):
     """Encode a query and a database set with the model being trained and log ``val_map``
     (mAP@R) and ``val_precision_h2`` every ``frequency`` epochs.

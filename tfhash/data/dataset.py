@@ -11,7 +11,6 @@ from tfhash.data.splits import Split
 __all__ = ["DataFormatError", "HashingDataset"]
 
 
-
 class DataFormatError(ValueError):
     """A dataset file exists but its content is not what the format promises."""
 

@@ -13,7 +13,6 @@ import numpy as np
 __all__ = ["Split", "per_class_split", "random_split", "fixed_split", "validation_split"]
 
 
-
 @dataclass(frozen=True)
 class Split:
     """Index arrays into a dataset's rows. ``train`` is a subset of ``database`` unless noted."""

@@ -17,7 +17,6 @@ from tfhash.index.factory import index_type_names
 __all__ = ["index_group"]
 
 
-
 def _load_array(path: str, name: str) -> np.ndarray:
     try:
         with np.load(path, allow_pickle=False) as content:

@@ -20,7 +20,6 @@ from tfhash.index.scann_index import ScannIndex
 __all__ = ["IndexType", "INDEX_TYPES", "FORMAT_TAGS", "index_type_names", "parse_index_type", "index_factory", "read_manifest", "load_index"]
 
 
-
 @dataclass(frozen=True)
 class IndexType:
     """One row of the type table.

@@ -16,7 +16,6 @@ import tensorflow as tf
 __all__ = ["HammingTopK", "export_hamming_search"]
 
 
-
 class HammingTopK(tf.Module):
     """Exact Hamming k-NN over a fixed database of packed codes.
 

@@ -9,7 +9,6 @@ from tfhash.codes import check_bits
 __all__ = ["HashHead"]
 
 
-
 @keras.saving.register_keras_serializable(package="tfhash")
 class HashHead(keras.layers.Layer):
     """Dense layer with ``bits`` outputs: the continuous code F(x) in R^K.

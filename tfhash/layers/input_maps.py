@@ -17,7 +17,6 @@ from tfhash.towers import INPUT_MAPS
 __all__ = ["anchor_gamma", "rbf_kernel", "RBFFeatures", "input_map_layers"]
 
 
-
 def squared_distances(x, anchors):
     """``||x_i - a_j||^2`` for every row ``x_i`` and anchor ``a_j``: ``(n, d)`` and ``(m, d)`` ->
     ``(n, m)``, through the dot product and floored at 0."""

@@ -9,7 +9,6 @@ from keras import ops
 __all__ = ["FixedProxies", "LearnableProxies"]
 
 
-
 @keras.saving.register_keras_serializable(package="tfhash")
 class FixedProxies(keras.layers.Layer):
     """Last layer whose weights are the given proxies: logits nu(x).w_c (HCLM). The proxies are

@@ -37,7 +37,6 @@ from tfhash.losses.semantic_cluster import (
 __all__ = ["SemanticClusterUnaryLoss", "QuantizationLoss", "ClassifierCrossEntropy", "SoftmaxSquaredDistance", "CodeAlignmentLoss", "BalancedBinaryCrossEntropy", "HammingTripletLoss", "HyP2ProxyLoss", "HyP2PairLoss", "PairwiseLikelihoodLoss"]
 
 
-
 def labels_of(y_true, num_classes: int | None):
     """``y_true`` (class ids or multi-hot) as ``(n, C)`` multi-hot, checked in the graph.
 

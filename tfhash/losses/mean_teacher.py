@@ -10,7 +10,6 @@ from tfhash.losses.reduction import reduce_per_example
 __all__ = ["softmax_squared_distance", "mean_teacher_consistency_per_example", "mean_teacher_consistency", "sigmoid_rampup"]
 
 
-
 def softmax_squared_distance(student_logits, teacher_logits) -> tf.Tensor:
     """d(u, v) = ||softmax(u) - softmax(v)||^2 per example: ``(n,)``. The teacher side is a constant
     (no gradient flows into the teacher)."""

@@ -18,7 +18,6 @@ from tfhash.losses.reduction import reduce_per_example
 __all__ = ["pairwise_similarity", "check_cosine_scale", "check_pairwise_weight", "pairwise_likelihood_per_example", "in_batch_pairwise_per_example", "pairwise_likelihood_loss"]
 
 
-
 def pairwise_similarity(labels, other_labels):
     """s_ij = 1 when examples i and j share at least one label, else 0 (float32, ``(n, m)``)."""
     labels = tf.cast(labels, tf.float32)

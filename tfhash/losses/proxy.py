@@ -30,7 +30,6 @@ from tfhash.losses.reduction import (
 __all__ = ["best_known_min_distance", "hyp2_zeta", "check_pair_scope", "hyp2_proxy_per_example", "hyp2_pair_per_example", "hyp2_per_example", "hyp2_loss", "balanced_binary_cross_entropy_per_example", "balanced_binary_cross_entropy", "hamming_triplet_per_example", "hamming_triplet_loss"]
 
 
-
 @functools.lru_cache(maxsize=1)
 def _code_table() -> dict[tuple[int, int], int]:
     """(code_length, log2_codewords) -> best-known minimum distance, from the table shipped in

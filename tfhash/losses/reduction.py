@@ -14,7 +14,6 @@ import tensorflow as tf
 __all__ = ["reduce_per_example", "rows_taking_part", "taking_part_mask", "batch_shares", "reduce_parts"]
 
 
-
 def _as_row_weights(sample_weight) -> tf.Tensor:
     weight = tf.cast(sample_weight, tf.float32)
     if weight.shape.rank == 2:  # (n, 1), as Keras accepts

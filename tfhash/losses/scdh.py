@@ -19,7 +19,6 @@ from tfhash.losses.semantic_cluster import (
 __all__ = ["scdh_per_example", "scdh_total", "scdh_loss", "alignment_per_example", "alignment_loss", "cross_modal_per_example", "cross_modal_total", "cross_modal_loss"]
 
 
-
 def scdh_per_example(labels, neg_distances, logits, codes, lam, mu, alpha, q=None, u=None, p: float = 3.0) -> dict:
     """SCDH total per example (Eq. 18): L_i = SCUL_i + mu * l_1(i) + alpha * l_q(F_i).
 

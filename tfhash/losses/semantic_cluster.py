@@ -17,7 +17,6 @@ from tfhash.losses.reduction import reduce_per_example
 __all__ = ["cluster_cross_entropy", "label_weights", "semantic_cluster_unary_per_example", "semantic_cluster_unary_loss", "classifier_cross_entropy_per_example", "classifier_cross_entropy"]
 
 
-
 def cluster_cross_entropy(neg_distances: tf.Tensor) -> tf.Tensor:
     """l_c(i, s) = -log( exp(-D_is) / sum_j exp(-D_ij) ) for every (i, s): ``(n, C)``
     (SCDH Eq. 9)."""

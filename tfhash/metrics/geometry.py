@@ -7,7 +7,6 @@ import numpy as np
 __all__ = ["class_distances"]
 
 
-
 def class_distances(codes: np.ndarray, labels: np.ndarray) -> dict[str, float]:
     """Mean l2 distance of samples to their class centres (d_intra) and mean distance of each
     class centre to its closest irrelevant class centre (d_inter).

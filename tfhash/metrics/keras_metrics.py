@@ -8,7 +8,6 @@ from keras import ops
 __all__ = ["ClassAccuracy", "PrecisionAtRadius", "METRIC_NAMES"]
 
 
-
 def _query_weights(labels, sample_weight):
     """Each row's weight as a query: 0 for a row without a label, else its sample weight."""
     weights = ops.cast(ops.sum(labels, axis=-1) > 0, "float32")

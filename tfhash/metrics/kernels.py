@@ -17,7 +17,6 @@ from tfhash.hamming import popcount
 __all__ = ["ranking_statistics"]
 
 
-
 @numba.njit(cache=True, nogil=True, parallel=True)
 def ranking_statistics(query_words, db_words, query_labels, db_labels, bits, depth, ns, threads, base, relevant_base,
                        precision_sums, depth_hits, hits_at, counts_out, relevant_counts_out):  # pragma: no cover - compiled  # fmt: skip

@@ -12,7 +12,6 @@ from tfhash import storage
 __all__ = ["save_figure", "plot_pr_curve", "plot_precision_at_n", "plot_tsne"]
 
 
-
 def _figure():
     import matplotlib
 

@@ -14,7 +14,6 @@ from tfhash.labels import multi_hot
 __all__ = ["prepare"]
 
 
-
 @dataclass(frozen=True)
 class RetrievalProblem:
     """Codes as packed words (:func:`tfhash.hamming.code_words`: ``uint64`` when K is a multiple of

@@ -20,7 +20,6 @@ from tfhash.metrics.ranking import prepare
 __all__ = ["RetrievalReport", "evaluate_retrieval", "evaluate_retrieval_sharded", "average_precision", "mean_average_precision", "mean_average_precision_tie_aware", "precision_at_hamming_radius", "precision_at_n", "pr_curve_by_radius", "precision_at_n_curve", "cross_modal_mean_average_precision"]
 
 
-
 def _harmonic_numbers(n: int) -> np.ndarray:
     """H[0..n] with H[0] = 0 and H[k] = 1 + 1/2 + ... + 1/k (float64)."""
     return np.concatenate([[0.0], np.cumsum(1.0 / np.arange(1, n + 1, dtype=np.float64))])

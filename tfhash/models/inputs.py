@@ -20,7 +20,6 @@ from tfhash.labels import SHOWN_ROWS, LabelError, rows_text
 __all__ = ["InputError", "NonFiniteWeightsError", "WEIGHTS_MESSAGE", "readable_checks", "checked_features", "assert_finite_features", "is_dataset"]
 
 
-
 class InputError(ValueError):
     """Features a model cannot take: non-numeric, non-finite, or of inconsistent row counts."""
 

@@ -18,7 +18,6 @@ from tfhash.models.training import TrainingMixin
 __all__ = ["JCCHModel"]
 
 
-
 @keras.saving.register_keras_serializable(package="tfhash")
 class JCCHModel(TrainingMixin, NestedConfigMixin, EncoderMixin, keras.Model):
     """Two towers (one backbone + HashHead + classifier per modality) whose codes are scored

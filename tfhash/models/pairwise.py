@@ -21,7 +21,6 @@ from tfhash.models.training import TrainingMixin
 __all__ = ["PairwiseHashModel"]
 
 
-
 @keras.saving.register_keras_serializable(package="tfhash")
 class PairwiseHashModel(TrainingMixin, NestedConfigMixin, EncoderMixin, keras.Model):
     """backbone -> HashHead (linear u) trained with DPSH's pairwise likelihood against a memory of

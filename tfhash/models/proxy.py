@@ -32,7 +32,6 @@ from tfhash.models.training import TrainingMixin
 __all__ = ["HCLMModel", "HyP2Model"]
 
 
-
 @keras.saving.register_keras_serializable(package="tfhash")
 class HCLMModel(TrainingMixin, NestedConfigMixin, EncoderMixin, keras.Model):
     """backbone -> HashHead(tanh) = nu(x) -> FixedProxies (logits nu.w_c).

@@ -22,7 +22,6 @@ from tfhash.models.training import TrainingMixin
 __all__ = ["SCDHModel", "MeanTeacherSCDH"]
 
 
-
 @keras.saving.register_keras_serializable(package="tfhash")
 class SCDHModel(TrainingMixin, NestedConfigMixin, EncoderMixin, keras.Model):
     """backbone -> HashHead (F, K units) -> SemanticClusters (-D), plus a classifier head ("fc8")
