@@ -161,3 +161,25 @@ def test_an_unknown_variant_is_refused_and_keras_weights_files_load(tmp_path):
     loaded = efficientnet_lite("efficientnet_lite0", (32, 32, 3), weights=str(tmp_path / "lite0.weights.h5"))
     for ours, theirs in zip(loaded.weights, trained.weights, strict=True):
         np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
+
+
+def test_under_mixed_bfloat16_the_depthwise_layers_compute_in_float32_and_the_rest_in_bfloat16(tmp_path):
+    """TensorFlow's bfloat16 depthwise kernels are several times slower on CPU (depthwise_dtype):
+    under mixed_bfloat16 only those layers change policy, they survive a Keras round trip, and the
+    float32 network is untouched."""
+    images = np.random.default_rng(3).integers(0, 256, (2, 64, 64, 3)).astype(np.float32)
+    reference = efficientnet_lite("efficientnet_lite0", (64, 64, 3))
+    assert {layer.dtype_policy.name for layer in reference.layers if "depthwise" in layer.name} == {"float32"}
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        mixed = efficientnet_lite("efficientnet_lite0", (64, 64, 3))
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    depthwise = [layer for layer in mixed.layers if isinstance(layer, keras.layers.DepthwiseConv2D)]
+    assert depthwise and {layer.compute_dtype for layer in depthwise} == {"float32"}
+    assert {layer.compute_dtype for layer in mixed.layers if isinstance(layer, keras.layers.Conv2D) and layer not in depthwise} == {"bfloat16"}
+    mixed.set_weights(reference.get_weights())
+    np.testing.assert_allclose(mixed.predict(images, verbose=0), reference.predict(images, verbose=0), rtol=0.1, atol=0.1)
+    mixed.save(tmp_path / "m.keras")
+    loaded = keras.saving.load_model(tmp_path / "m.keras")
+    assert {layer.compute_dtype for layer in loaded.layers if isinstance(layer, keras.layers.DepthwiseConv2D)} == {"float32"}
