@@ -40,7 +40,7 @@ def depthwise_dtype() -> str | None:
     TensorFlow's CPU kernels for bfloat16 depthwise convolutions (5x5 and strided ones above all,
     forward and gradient) are several times slower than float32's: on an Intel Xeon with AMX-BF16
     the depthwise layers of EfficientNet-Lite0 above ``block7`` at 128 px took 730 ms of a training
-    step in bfloat16 against 167 ms in float32, and the whole step 1,009 ms against 330 ms with
+    step in bfloat16 against 167 ms in float32, and the whole step 1,009 ms against 330-427 ms with
     float32 depthwise layers (batch 64). Depthwise layers hold little of the arithmetic, which
     stays in bfloat16 in the pointwise convolutions.
     """
