@@ -32,6 +32,17 @@ def cpu_model() -> str:
         return platform.processor()
 
 
+def cpu_description() -> str:
+    """The CPU's name and the vector extensions that set its speed class on these machines."""
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")).split()
+    except (OSError, StopIteration):
+        flags = []
+    extensions = [name for flag, name in (("amx_bf16", "AMX-BF16"), ("avx512f", "AVX-512"), ("avx512_bf16", "AVX512_BF16"))
+                  if flag in flags] or (["AVX2 only"] if "avx2" in flags else [])  # fmt: skip
+    return f"{cpu_model()} ({', '.join(extensions)})" if extensions else cpu_model()
+
+
 def checkout_commit(checkout: str | os.PathLike = CHECKOUT) -> str:
     """The short commit of a checkout (this one by default), ``+changes`` when its tracked files
     differ from it; ``"unknown"`` outside git."""

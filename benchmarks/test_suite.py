@@ -29,7 +29,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from benchmarks.common import RESULTS_DIR, cpu_model, markdown_table
+from benchmarks.common import RESULTS_DIR, cpu_description, markdown_table
 
 NAME = "test_durations"
 SLOWEST = 40
@@ -40,17 +40,6 @@ DURATION = re.compile(r"^(\d+\.\d+)s (setup|call|teardown)\s+(\S.*)$")
 COUNTS = re.compile(r"(\d+) (passed|failed|skipped|deselected|errors?|xfailed|xpassed)")
 TOTAL_TIME = re.compile(r" in (\d+\.\d+)s")
 XDIST_GROUP = re.compile(r"@[^@\s]+$")  # pytest-xdist's '@group' suffix of a node id
-
-
-def cpu() -> str:
-    """The CPU's name and the vector extensions that set its speed class on these machines."""
-    try:
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")).split()
-    except (OSError, StopIteration):
-        flags = []
-    extensions = [name for flag, name in (("amx_bf16", "AMX-BF16"), ("avx512f", "AVX-512"), ("avx512_bf16", "AVX512_BF16"))
-                  if flag in flags] or (["AVX2 only"] if "avx2" in flags else [])  # fmt: skip
-    return f"{cpu_model()} ({', '.join(extensions)})" if extensions else cpu_model()
 
 
 def parse_log(text: str) -> dict:
@@ -93,7 +82,7 @@ def record(label: str, log: Path | None, coverage: Path | None, wall: float | No
     data = load()
     run = data["runs"].get(label, {})
     if log is not None:
-        run = {"cpu": cpu(), "commit": commit(), "date": time.strftime("%Y-%m-%d"), "note": note,
+        run = {"cpu": cpu_description(), "commit": commit(), "date": time.strftime("%Y-%m-%d"), "note": note,
                **parse_log(log.read_text()), **({"coverage": run["coverage"]} if "coverage" in run else {})}  # fmt: skip
         if wall is not None:
             run["command_seconds"] = wall

@@ -34,7 +34,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from benchmarks.common import RESULTS_DIR, markdown_table, write_results  # noqa: E402
+from benchmarks.common import RESULTS_DIR, cpu_description, markdown_table, write_results  # noqa: E402
 from benchmarks.fine_tuning import SCDH_TABLE_I_ALEXNET, TimedRetrievalEval  # noqa: E402
 from tfhash.codes import sign_codes  # noqa: E402
 from tfhash.data import load_cifar10  # noqa: E402
@@ -44,6 +44,7 @@ from tfhash.metrics import evaluate_retrieval  # noqa: E402
 from tfhash.models import build_hclm, build_hyp2, build_scdh, image_backbone  # noqa: E402
 from tfhash.networks import EFFICIENTNET_LITE  # noqa: E402
 from tfhash.optimizers import compile_fine_tuning  # noqa: E402
+from tfhash.precision import precision_policy  # noqa: E402
 from tfhash.trunk_cache import fit_on_cache  # noqa: E402
 
 BATCH = 64
@@ -53,6 +54,17 @@ BASE = {"backbone_learning_rate": 0.005, "dropout": 0.5}
 
 def peak_rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
+
+
+def run_policy(precision: str) -> str:
+    """The Keras policy of ``--precision``: bfloat16 only where the CPU has it (the library's rule,
+    :func:`tfhash.precision.precision_policy`); elsewhere float32 with a warning, never emulated."""
+    return precision_policy({"float32": "off", "bfloat16": "bfloat16"}[precision], gpu=bool(tf.config.list_physical_devices("GPU")))
+
+
+def ran_in(policy: str) -> str:
+    """The precision a row records: what the run computed in, not what was asked."""
+    return "bfloat16" if policy == "mixed_bfloat16" else "float32"
 
 
 def make_backbone(backbone: str, size: int, recipe: FineTuning):
@@ -168,7 +180,7 @@ def run(args, images, labels, split) -> dict:
                 self.swapped(m, lambda: self.flips.on_train_end())
                 flipped[f"ema{m}"] = flipped["mAP@all"]
 
-    policy = {"float32": "float32", "bfloat16": "mixed_bfloat16"}[args.precision]
+    policy = run_policy(args.precision)
     start = time.perf_counter()
     model, history, cache = fit_on_cache(recipe, build(args.method, args.bits, args.seed), make_backbone(args.backbone, args.size, recipe),
                                                 x_train, y_train, epochs=args.epochs, batch_size=BATCH, seed=args.seed,
@@ -179,7 +191,7 @@ def run(args, images, labels, split) -> dict:
                **{f"mAP@all ema {m}": history[f"curve_map_ema{m}"][i] for m in args.ema}}
               for i, value in enumerate(history.get("curve_map", []))]  # fmt: skip
     row = {"label": args.label, "backbone": args.backbone, "mode": "validation" if args.validation else "test", "method": args.method, "bits": args.bits, "size": args.size,
-           "cut": args.cut, "views": args.views, "mixup": args.mixup, "precision": args.precision, "epochs": args.epochs, "seed": args.seed,
+           "cut": args.cut, "views": args.views, "mixup": args.mixup, "precision": ran_in(policy), "cpu": cpu_description(), "epochs": args.epochs, "seed": args.seed,
            "train images": int(len(train)), "curve": points, "recipe": {**BASE, **args.recipe},
            "cache + train seconds": round(seconds, 1), "cache GB": round(cache.activations.nbytes / 1e9, 2),
            "curve mAP@all with flips": flipped.get("mAP@all"),
@@ -200,7 +212,7 @@ def run(args, images, labels, split) -> dict:
 def timing(args, images, labels, split) -> dict:
     """Seconds per epoch: cached against full fine-tuning at ``args.size``, same recipe and batch."""
     cache_dir = tempfile.mkdtemp(prefix="tfhash-trunk-timing-")
-    policy = {"float32": "float32", "bfloat16": "mixed_bfloat16"}[args.precision]
+    policy = run_policy(args.precision)
     recipe = cached_recipe(args, cache_dir)
     x_train, y_train = images[split.train], labels[split.train]
     measured = args.epochs
@@ -237,7 +249,7 @@ def timing(args, images, labels, split) -> dict:
         shutil.rmtree(cache_dir, ignore_errors=True)
     cached_epoch, full_epoch = float(np.median(cached_times.times[1:])), float(np.median(full_times.times[1:]))
     return {"label": args.label, "backbone": args.backbone, "mode": "timing", "method": args.method, "bits": args.bits, "size": args.size, "cut": args.cut, "views": args.views,
-            "precision": args.precision, "measured epochs": measured, "seed": args.seed, "train images": int(len(y_train)),
+            "precision": ran_in(policy), "cpu": cpu_description(), "measured epochs": measured, "seed": args.seed, "train images": int(len(y_train)),
             "cached seconds per epoch": round(cached_epoch, 2), "full seconds per epoch": round(full_epoch, 2),
             "speed-up": round(full_epoch / cached_epoch, 2), "cache build seconds": round(build_seconds, 1),
             "cache disk GB": round(disk / 1e9, 2), "peak RSS GB": round(peak_rss_gb(), 2),
@@ -286,16 +298,16 @@ def markdown(rows: list[dict]) -> str:
              markdown_table([r for r in rows if r["mode"] == "test"],
                             ["label", "backbone", "method", "bits", "size", "cut", "views", "mixup", "precision", "epochs", "mAP@all", "P@H<=2",
                              "mAP@all mirrored", "P@H<=2 mirrored",
-                             "cache + train seconds", "cache GB", "peak RSS GB", "seed", "note"]), "",
+                             "cache + train seconds", "cache GB", "peak RSS GB", "seed", "cpu", "note"]), "",
              "## Validation (500 held-out training images against the other 500; 4,000 train)", "",
              markdown_table([{**r, "last mAP@all": r["curve"][-1]["mAP@all"] if r["curve"] else None, "settings": json.dumps(r["recipe"])}
                              for r in rows if r["mode"] == "validation"],
                             ["label", "backbone", "method", "bits", "size", "cut", "views", "mixup", "precision", "epochs", "last mAP@all",
-                             "curve mAP@all with flips", "settings", "cache + train seconds", "seed", "note"]), "",
+                             "curve mAP@all with flips", "settings", "cache + train seconds", "seed", "cpu", "note"]), "",
              "## Seconds per epoch: cache against full fine-tuning (5,000 images, batch 64)", "",
              markdown_table([r for r in rows if r["mode"] == "timing"],
                             ["label", "backbone", "size", "cut", "views", "precision", "measured epochs", "cached seconds per epoch",
-                             "full seconds per epoch", "speed-up", "cache build seconds", "cache disk GB", "peak RSS GB"]), "",
+                             "full seconds per epoch", "speed-up", "cache build seconds", "cache disk GB", "peak RSS GB", "cpu"]), "",
              "## Curves (mAP@all by epoch)", ""]  # fmt: skip
     for r in rows:
         if r["curve"]:

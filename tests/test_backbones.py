@@ -298,7 +298,7 @@ def test_fine_tuning_recipes():
     options = FineTuning.for_backbone("squeezenet", dropout=0.5).backbone_options()
     assert image_backbone("squeezenet", SHAPE, size=32, weights=None, **options).get_layer("feature_dropout").rate == 0.5
     for rate in (-0.1, 1.0, float("nan")):
-        with pytest.raises(ValueError, match=r"dropout must be a rate in \[0, 1\)"):
+        with pytest.raises(ValueError, match=r"dropout must be a dropout rate in \[0, 1\)"):
             FineTuning(dropout=rate)
 
 

@@ -48,6 +48,12 @@ def reference() -> dict[str, list[str]]:
     return found
 
 
+def assigns_all(node: ast.stmt) -> bool:
+    """Whether a module-level statement assigns ``__all__`` (plainly or annotated)."""
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+    return any(isinstance(target, ast.Name) and target.id == "__all__" for target in targets)
+
+
 def shipped_modules() -> dict[str, bool]:
     """``{module: whether its source assigns __all__}`` for every module the package installs (the
     generated ``*_pb2*`` modules aside)."""
@@ -59,8 +65,7 @@ def shipped_modules() -> dict[str, bool]:
             tree = ast.parse(path.read_text())
             parts = path.relative_to(ROOT / folder).with_suffix("").parts
             name = ".".join([package, *parts[:-1]] if parts[-1] == "__init__" else [package, *parts])
-            found[name] = any(isinstance(node, ast.Assign | ast.AnnAssign) and "__all__" in ast.unparse(node).split("=")[0]
-                              for node in tree.body)  # fmt: skip
+            found[name] = any(assigns_all(node) for node in tree.body)
     return found
 
 

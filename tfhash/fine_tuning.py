@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 from tfhash.config_keys import check_keys
 from tfhash.schedules import SCHEDULES
-from tfhash.towers import checked_input_dropout
+from tfhash.towers import checked_input_dropout, dropout_rate
 
 __all__ = ["FineTuning", "TrunkCacheSettings", "FINE_TUNING_DEFAULTS", "DEFAULT_CUTS"]
 
@@ -153,8 +153,7 @@ class FineTuning:
             raise ValueError(f"learning rates must be finite, learning_rate > 0 and backbone_learning_rate >= 0; got {rates}")
         if self.weight_decay < 0 or self.frozen_epochs < 0 or not 0 <= self.momentum < 1:
             raise ValueError("weight_decay and frozen_epochs must be >= 0 and momentum in [0, 1)")
-        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0 <= self.dropout < 1:
-            raise ValueError(f"dropout must be a rate in [0, 1), got {self.dropout!r}")
+        object.__setattr__(self, "dropout", dropout_rate(self.dropout, "dropout"))
         object.__setattr__(self, "input_dropout", checked_input_dropout(self.input_dropout))
         if isinstance(self.weight_averaging, bool) or not isinstance(self.weight_averaging, (int, float)) \
                 or not 0 <= self.weight_averaging < 1:  # fmt: skip

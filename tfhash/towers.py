@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from tfhash.config_keys import suggestion
 
-__all__ = ["INPUT_MAPS", "Tower", "checked_per_tower", "checked_widths", "checked_input_map", "checked_input_dropout", "values_of", "towers_of"]
+__all__ = ["INPUT_MAPS", "Tower", "checked_per_tower", "checked_widths", "checked_input_map", "checked_input_dropout", "dropout_rate", "values_of", "towers_of"]
 
 #: The input maps of a feature-vector tower (:mod:`tfhash.layers.input_maps`): none, standardisation
 #: (z-scores), RBF kernel features on anchors then z-scores; each adapted to the training rows.
@@ -64,7 +64,12 @@ def _input_map(value, name: str) -> str:
     return value
 
 
-def _input_dropout(value, name: str) -> float:
+def dropout_rate(value, name: str) -> float:
+    """A dropout rate in [0, 1) as a float.
+
+    Raises:
+        ValueError: not a number in [0, 1); ``name`` names the setting.
+    """
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
         raise ValueError(f"{name} must be a dropout rate in [0, 1), got {value!r}")
     return float(value)
@@ -94,7 +99,7 @@ def checked_input_dropout(rate, where: str = "input_dropout") -> float | dict[st
     Raises:
         ValueError: a rate outside [0, 1).
     """
-    return checked_per_tower(rate, where, _input_dropout)
+    return checked_per_tower(rate, where, dropout_rate)
 
 
 def values_of(setting) -> list:
