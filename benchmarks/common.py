@@ -63,7 +63,7 @@ def environment() -> dict:
         "python": platform.python_version(),
         "machine": platform.machine(),
         "cpus": os.cpu_count(),
-        "cpu": cpu_model(),
+        "cpu": cpu_description(),
         "numpy": np.__version__,
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
     }

@@ -20,7 +20,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 
-from benchmarks.common import RESULTS_DIR, cpu_model, markdown_table, write_results  # noqa: E402
+from benchmarks.common import RESULTS_DIR, cpu_description, markdown_table, write_results  # noqa: E402
 from tfhash.data.cifar10 import load_cifar10_arrays  # noqa: E402
 from tfhash.models import image_backbone  # noqa: E402
 from tfhash.networks import EFFICIENTNET_LITE  # noqa: E402
@@ -63,7 +63,7 @@ def main() -> None:
             seconds = time.perf_counter() - start
             nn, map_ = cosine_scores(features[0], features[1], labels[queries], labels[database])
             row = {"backbone": backbone, "size": size, "1-NN accuracy": nn, "mAP": map_, "features": int(features[0].shape[1]),
-                   "seconds for 1,300 images": round(seconds, 1), "cpu": cpu_model(), "seed": args.seed}  # fmt: skip
+                   "seconds for 1,300 images": round(seconds, 1), "cpu": cpu_description(), "seed": args.seed}  # fmt: skip
             print(json.dumps(row), flush=True)
             rows = [r for r in rows if (r["backbone"], r["size"], r["seed"]) != (backbone, size, args.seed)] + [row]
     rows.sort(key=lambda r: (BACKBONES.index(r["backbone"]), r["size"], r["seed"]))
