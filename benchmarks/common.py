@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tfhash.precision import cpu_flags
+
 CHECKOUT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = CHECKOUT / "benchmarks" / "results"
 
@@ -34,10 +36,7 @@ def cpu_model() -> str:
 
 def cpu_description() -> str:
     """The CPU's name and the vector extensions that set its speed class on these machines."""
-    try:
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")).split()
-    except (OSError, StopIteration):
-        flags = []
+    flags = cpu_flags()
     extensions = [name for flag, name in (("amx_bf16", "AMX-BF16"), ("avx512f", "AVX-512"), ("avx512_bf16", "AVX512_BF16"))
                   if flag in flags] or (["AVX2 only"] if "avx2" in flags else [])  # fmt: skip
     return f"{cpu_model()} ({', '.join(extensions)})" if extensions else cpu_model()

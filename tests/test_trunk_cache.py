@@ -14,7 +14,7 @@ import pytest
 from tfhash.fine_tuning import FineTuning, TrunkCacheSettings
 from tfhash.models import build_hclm, build_scdh, image_backbone
 from tfhash.networks import SQUEEZENET_LAYERS
-from tfhash.precision import cpu_has_bfloat16, precision_policy
+from tfhash.precision import cpu_flags, cpu_has_bfloat16, precision_policy
 from tfhash.trunk_cache import (
     CacheError,
     build_cache,
@@ -251,6 +251,7 @@ def test_precision_policies(tmp_path):
     assert precision_policy("auto", gpu=False) == "float32" and precision_policy("auto", gpu=True) == "mixed_float16"
     assert precision_policy("on", gpu=False) == "mixed_float16" and precision_policy("off", gpu=True) == "float32"
     assert cpu_has_bfloat16(str(tmp_path / "missing")) is False
+    assert cpu_flags(str(without)) == {"fpu", "sse", "avx2"} and cpu_flags(str(tmp_path / "missing")) == frozenset()
     with pytest.raises(ValueError, match="mixed_precision must be one of"):
         precision_policy("bf16", gpu=False)
 

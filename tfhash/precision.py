@@ -5,21 +5,27 @@ from __future__ import annotations
 
 import logging
 
-__all__ = ["PRECISIONS", "precision_policy", "cpu_has_bfloat16"]
+__all__ = ["PRECISIONS", "precision_policy", "cpu_has_bfloat16", "cpu_flags"]
 
 #: The run config's ``mixed_precision`` values (:func:`precision_policy`).
 PRECISIONS = ("auto", "on", "off", "bfloat16")
 
 
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
+    """The instruction-set flags of the machine's first CPU as ``/proc/cpuinfo`` lists them
+    (``avx2``, ``avx512f``, ``avx512_bf16``, ``amx_bf16``, ...); empty where the file is missing
+    or has no ``flags`` line (not Linux, or a sandbox hiding it)."""
+    try:
+        with open(cpuinfo) as handle:
+            return frozenset(next((line for line in handle if line.startswith("flags")), "").partition(":")[2].split())
+    except OSError:
+        return frozenset()
+
+
 def cpu_has_bfloat16(cpuinfo: str = "/proc/cpuinfo") -> bool:
     """True when the CPU computes in bfloat16 natively (AVX512_BF16 or AMX-BF16 in its flags);
     elsewhere oneDNN emulates it, slower than float32."""
-    try:
-        with open(cpuinfo) as handle:
-            flags = next((line for line in handle if line.startswith("flags")), "").split()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    return not cpu_flags(cpuinfo).isdisjoint({"avx512_bf16", "amx_bf16"})
 
 
 def precision_policy(setting: str, gpu: bool, cpuinfo: str = "/proc/cpuinfo") -> str:
