@@ -19,7 +19,7 @@ from tfhash import storage
 from tfhash.artifacts import IMAGE, LABELS, TRAINING_FILE, model_inputs, read_data_description
 from tfhash.export import IMAGE_RANGE, export_serving_model
 from tfhash.registry import TagStatistics, build_model, get_method, make_backbone
-from tfhash.training_spec import TrainingSpec
+from tfhash.training_spec import PHOTOS, TrainingSpec
 
 __all__ = ["is_multi_worker", "is_chief", "make_strategy", "train", "export_directory", "tuned_training", "batch_size", "read_transform_tag_statistics", "targets", "training_arrays", "run_fn"]
 
@@ -76,9 +76,10 @@ def export_directory(serving_model_dir: str) -> str:
 
 
 def tuned_training(training: TrainingSpec, hyperparameters: dict, input_names: list[str]) -> TrainingSpec:
-    """The spec the Tuner chose (:func:`tfhash.tuning.tuned_recipe` of the ``best_hyperparameters``
-    config, :meth:`tfhash.recipes.Recipe.spec` with its kind's loss preset), as the trials trained
-    it: float32 at the recipe's batch, without JCCH coefficients; bits, seed and input map (the
+    """The spec the Tuner chose. Photos: the run's ``training`` with the chosen settings
+    (:meth:`tfhash.tuning.PhotoSpace.spec`), as the trials trained it. Feature vectors: the recipe
+    of the ``best_hyperparameters`` config (:func:`tfhash.tuning.tuned_recipe`,
+    :meth:`tfhash.recipes.Recipe.spec` with its kind's loss preset), as the trials trained it: float32 at the recipe's batch, without JCCH coefficients; bits, seed and input map (the
     Transform's, which the trials saw) stay the run's ``training``."""
     import keras_tuner
 
@@ -86,6 +87,10 @@ def tuned_training(training: TrainingSpec, hyperparameters: dict, input_names: l
     from tfhash.tuning import tuned_recipe
 
     values = keras_tuner.HyperParameters.from_config(hyperparameters).values
+    if values["kind"] == PHOTOS:  # the image network's settings above its trunk cache, over the section's
+        from tfhash.tuning import PhotoSpace
+
+        return PhotoSpace().spec(values, training)
     recipe = tuned_recipe(values, tuple(input_names) if len(input_names) == 2 else ())
     return dataclasses.replace(recipe.spec(training.bits, training.seed, preset_for(values["kind"] == "multi-label")),
                                input_map=training.input_map, mixed_precision="off")  # fmt: skip

@@ -23,7 +23,7 @@ from tfhash.index.factory import parse_index_type
 from tfhash.index.milvus import MilvusIndex, is_local
 from tfhash.recipes import with_recipe
 from tfhash.registry import get_method, method_names
-from tfhash.training_spec import PIPELINE_KINDS, TrainingSpec
+from tfhash.training_spec import PHOTOS, PIPELINE_KINDS, TrainingSpec
 
 __all__ = ["PipelineConfig", "key_table"]
 
@@ -69,8 +69,9 @@ class TunerConfig:
     """The Tuner component (:mod:`tfhash.tuning`): the method and recipe chosen on a validation split
     of the training rows, which the Trainer then trains on all of them."""
 
-    kind: str | None = config_key(None, "the search space (`tfhash.tuning.SEARCH_SPACES`) of feature vectors the pipeline "
-                           "trains: `multi-label` or `cross-modal` (null: from the labels and modalities)")
+    kind: str | None = config_key(None, "the search space: `multi-label` or `cross-modal` for feature vectors "
+                           "(`tfhash.tuning.SEARCH_SPACES`), `single-label photos` for an image network above its trunk "
+                           "cache (`tfhash.tuning.PhotoSpace`); null: from the backbone, labels and modalities")
     max_units: int = config_key(9, "Hyperband's top fidelity: a trial of u units trains u / max_units of its recipe's epochs")
     factor: int = config_key(3, "Hyperband's reduction factor (1 / factor of the trials go on to the next rung)")
     trials: int | None = config_key(None, "start no trial after this many (null: Hyperband's whole schedule)")
@@ -79,9 +80,9 @@ class TunerConfig:
                                    "catalogue's (the items trained on themselves: up to 0.9; mostly unseen items: low)")
 
     def __post_init__(self) -> None:
-        if self.kind is not None and self.kind not in PIPELINE_KINDS:
-            raise ValueError(f"tuner.kind must be one of {list(PIPELINE_KINDS)} or null, got {self.kind!r}"
-                             f"{suggestion(self.kind, PIPELINE_KINDS)}")  # fmt: skip
+        if self.kind is not None and self.kind not in (*PIPELINE_KINDS, PHOTOS):
+            raise ValueError(f"tuner.kind must be one of {[*PIPELINE_KINDS, PHOTOS]} or null, got {self.kind!r}"
+                             f"{suggestion(self.kind, (*PIPELINE_KINDS, PHOTOS))}")  # fmt: skip
         check_count("tuner.max_units", self.max_units)
         check_count("tuner.factor", self.factor)
         check_count("tuner.trials", self.trials, optional=True)
@@ -154,9 +155,8 @@ class PipelineConfig:
             self.tuner = TunerConfig(**self.tuner)
         elif self.tuner is not None and not isinstance(self.tuner, TunerConfig):
             raise ValueError(f"tuner must be an object of tuner settings or null, got {self.tuner!r}")
-        if self.tuner is not None and self.training.backbone != "mlp":
-            raise ValueError(f"tuner chooses among recipes for feature vectors (the mlp backbone), not backbone "
-                             f"{self.training.backbone!r}; drop the tuner or train on features")  # fmt: skip
+        if self.tuner is not None:
+            self._check_tuner()
         self._check_data(for_cluster)
         check_count("limit", self.limit, optional=True)
         check_count("jcch_anchors", self.jcch_anchors, optional=True)
@@ -193,6 +193,20 @@ class PipelineConfig:
         if self.training.label_coefficients and not method.label_coefficients:
             raise ValueError(f"JCCH label coefficients apply to {method_names(label_coefficients=True)}, not {method.name!r}")
         self.training.towers(self.inputs)  # the per-tower settings name this run's inputs
+
+    def _check_tuner(self) -> None:
+        """The tuner's kind fits the training section: feature kinds for the mlp backbone, photos for
+        an image network trained above a trunk cache (every trial reads the one cache)."""
+        training, kind = self.training, self.tuner.kind
+        if training.backbone == "mlp":
+            if kind == PHOTOS:
+                raise ValueError(f"tuner.kind {PHOTOS!r} searches image recipes; backbone mlp trains feature vectors: choose "
+                                 f"one of {list(PIPELINE_KINDS)} or null")  # fmt: skip
+        elif training.backbone == "small_cnn" or training.fine_tuning.trunk_cache is None or kind not in (None, PHOTOS):
+            raise ValueError(f"tuner chooses among recipes for feature vectors (the mlp backbone), or for photos (kind "
+                             f"{PHOTOS!r}: a pretrained image network with training.fine_tuning.trunk_cache set); got backbone "
+                             f"{training.backbone!r}, trunk_cache {training.fine_tuning.trunk_cache}, kind {kind!r}: drop the "
+                             "tuner, train on features, or set a trunk cache")  # fmt: skip
 
     def _check_data(self, for_cluster: bool) -> None:
         """The data the run reads: an exported folder (``data_dir``) or a shipped dataset under

@@ -69,9 +69,12 @@ def create_pipeline(config: PipelineConfig, metadata_connection=None) -> tfx.dsl
             # the validation split is carved from the training rows: the queries are never read
             train_args=tfx.proto.TrainArgs(splits=["train"]),
             eval_args=tfx.proto.EvalArgs(splits=["train"]),
-            # only what the search reads, so that other training edits reuse the cached Tuner run
-            custom_config={"training": {"bits": config.training.bits, "seed": config.training.seed},
-                           "tuner": config.to_dict()["tuner"], "inputs": config.inputs, "data_dir": data},  # fmt: skip
+            # only what the search reads, so that other training edits reuse the cached Tuner run: photos
+            # search above the training section's network, cut and views (its trunk cache the Trainer's)
+            custom_config={"training": config.to_dict()["training"] if config.training.backbone != "mlp" else
+                           {"bits": config.training.bits, "seed": config.training.seed},
+                           "tuner": config.to_dict()["tuner"], "inputs": config.inputs, "data_dir": data,
+                           "data_root": config.data_root, "trunk_cache_dir": where.trunk_cache},  # fmt: skip
         )
     trainer = tfx.components.Trainer(
         run_fn="tfhash.components.trainer.run_fn",

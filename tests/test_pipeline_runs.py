@@ -170,3 +170,30 @@ def test_tuner_chooses_the_recipe_the_trainer_trains(tmp_path):
     with pytest.raises(ValueError, match="tuner.trials must be a positive integer"):
         small_config(tmp_path, name="t", dataset="mirflickr25k", modality="text", training={"recipe": "multi-label"},
                      tuner={"trials": 0})  # fmt: skip
+
+
+@pytest.mark.beam
+@pytest.mark.process
+def test_photo_tuner_searches_above_the_trainers_trunk_cache(tmp_path):
+    """With an image network above a trunk cache, the stock Tuner searches the photo space
+    (tfhash.tuning.PhotoSpace) on the training images, its trials above one trunk cache in the run's
+    folder (the Trainer builds its own, of every training row), and the Trainer trains exactly the
+    spec it chose."""
+    from tfhash.components.trainer import tuned_training
+    from tfhash.pipelines.runner import run_local, run_outputs
+
+    from tfhash.artifacts import TUNER_CHOICE_FILE
+    from tfhash.training_spec import PHOTOS
+
+    training = json.loads((CONFIGS / "cifar10.json").read_text())["training"]
+    config = small_config(tmp_path, name="tiny-photos", dataset="cifar10", limit=200, map_threshold=0.0, max_regression=1.0,
+                          training={**training, "bits": 16, "image_size": 32, "epochs": 2, "batch_size": 32},
+                          tuner={"max_units": 2, "factor": 2, "trials": 2})  # fmt: skip
+    summary = run_local(config, log=lambda message: None)
+    tuning = summary["tuning"]
+    assert tuning["chosen"]["kind"] == PHOTOS and len(tuning["trials"]) == 2
+    assert all(0 <= t["score"] <= 1 for t in tuning["trials"])
+    assert len(os.listdir(config.layout.trunk_cache)) == 2  # the trials' cache and the Trainer's
+    chosen = json.loads(open(os.path.join(run_outputs(config)[("Tuner", "best_hyperparameters")].uri, TUNER_CHOICE_FILE)).read())
+    expected = tuned_training(config.training, chosen, ["image"])
+    assert summary["training"] == json.loads(json.dumps(expected.to_dict())) and summary["blessed"] is True

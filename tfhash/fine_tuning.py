@@ -193,12 +193,13 @@ class FineTuning:
         return {"augment": self.augment, "freeze_batch_norm": self.freeze_batch_norm, "dropout": self.dropout}
 
     def fit(self, build, images, labels, backbone: str, epochs: int, batch_size: int = 32, seed: int = 0, size: int | None = None,
-            weights: str | None = "imagenet", precision: str = "off", callbacks=(), verbose: int = 0):  # fmt: skip
+            weights: str | None = "imagenet", precision: str = "off", callbacks=(), verbose: int = 0, data_root=None):  # fmt: skip
         """Train the tfhash model that ``build`` makes around the image network ``backbone`` on
         ``images`` (uint8 pixels ``(n, H, W[, 3])``) and ``labels`` with these settings; returns the
         trained float32 model on raw images. With :attr:`trunk_cache` set, only the layers above its
         cut train, on cached activations of the frozen layers below it (:mod:`tfhash.trunk_cache`,
-        the cache kept in its ``directory`` for the next run); otherwise the network trains end to end.
+        the cache kept in its ``directory`` for the next run, by default this machine's cache
+        folder, :func:`tfhash.storage.cache_dir`); otherwise the network trains end to end.
 
         Args:
             build: a backbone -> a tfhash model, e.g. ``lambda net: build_scdh(net, 10, 48)``.
@@ -208,6 +209,7 @@ class FineTuning:
             precision: the mixed precision of the cached training (:func:`tfhash.precision.precision_policy`:
                 ``"off"``, ``"on"``, ``"auto"`` or ``"bfloat16"``); end-to-end training is float32.
             callbacks, verbose: as for ``keras.Model.fit``.
+            data_root: where the network's local ImageNet weights are looked for (``weights="imagenet"``).
 
         Raises:
             tfhash.trunk_cache.CacheError: a cut the network does not have, a method with several
@@ -222,10 +224,15 @@ class FineTuning:
         from tfhash.trunk_cache import fit_on_cache
 
         def make_backbone():
-            return image_network(backbone, np.shape(images)[1:], self, size=size, weights=weights)
+            return image_network(backbone, np.shape(images)[1:], self, size=size, weights=weights, data_root=data_root)
 
         if self.trunk_cache is not None:
-            model, _, _ = fit_on_cache(self, build, make_backbone, images, labels, epochs=epochs, batch_size=batch_size, seed=seed,
+            recipe = self
+            if self.trunk_cache.directory is None:  # this machine's cache folder, as the Trainer's for a remote run
+                from tfhash.storage import cache_dir
+
+                recipe = replace(self, trunk_cache=replace(self.trunk_cache, directory=cache_dir("trunk_cache")))
+            model, _, _ = fit_on_cache(recipe, build, make_backbone, images, labels, epochs=epochs, batch_size=batch_size, seed=seed,
                                        backbone_name=backbone, policy=precision_policy(precision, gpu=False), callbacks=callbacks,
                                        verbose=verbose)  # fmt: skip
             return model

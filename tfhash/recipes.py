@@ -22,7 +22,7 @@ from tfhash.training_spec import PIPELINE_KINDS, TrainingSpec
 if TYPE_CHECKING:  # Keras loads when a recipe builds or trains, not when a config names one
     import keras
 
-__all__ = ["Recipe", "recommended", "with_recipe", "DATA_KINDS", "RECOMMENDED", "PAPER_LIKE"]
+__all__ = ["Recipe", "recommended", "with_recipe", "DATA_KINDS", "RECOMMENDED", "RECOMMENDED_PHOTOS", "PAPER_LIKE"]
 
 SCHEDULES = ("constant", "cosine")
 DATA_KINDS = ("single-label", "single-label pixels", "multi-label", "cross-modal")
@@ -249,6 +249,19 @@ RECOMMENDED: dict[str, Recipe] = {
                "no input dropout 0.325 / 0.778, input dropout 0.2 on both towers 0.306 / 0.787; beta 0 0.334 / 0.778; "
                "alpha 0.5 0.324 / 0.779; the paper-like recipe 0.268 / 0.748"),  # fmt: skip
 }
+
+#: The recommended recipe for single-label photos (pixels through a pretrained image network), the
+#: one the CIFAR-10 pipeline config trains (``pipelines/configs/cifar10.json``, a test holds them
+#: equal) and the default a search over image recipes starts from (:mod:`tfhash.tuning.photos`):
+#: EfficientNet-Lite0 at 128 px trained above ``block7`` on a trunk cache of 8 views with mixup 0.4,
+#: SGD at 0.01 for the new layers and 0.005 above the cut, step decay over 60 epochs. Chosen on the
+#: validation split of CIFAR-10's training rows (``python -m benchmarks.trunk_cache --validation``,
+#: rows and curves in ``benchmarks/results/trunk_cache.md``): block7 0.8132 against block10 0.7985,
+#: mixup 0.4 0.7264 against none 0.6935 (SqueezeNet, 120 epochs), 128 px level with 160 px above block10.
+RECOMMENDED_PHOTOS = TrainingSpec(
+    method="scdh", bits=48, backbone="efficientnet_lite0", backbone_weights="imagenet", image_size=128, preset="cifar10", epochs=60,
+    batch_size=64, gpu_batch_size=256, mixed_precision="bfloat16", encode_mirrored=True,
+    fine_tuning={"backbone_learning_rate": 0.005, "dropout": 0.5, "trunk_cache": {"cut": "block7", "views": 8, "mixup": 0.4}})  # fmt: skip
 
 #: The settings tfhash's benchmarks used before the recipes were chosen (one hidden layer, Adam
 #: 1e-3, constant rate, the papers' loss weights): the "paper-like" rows beside the recommended ones.

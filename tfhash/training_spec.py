@@ -15,12 +15,15 @@ from tfhash.fine_tuning import FineTuning
 from tfhash.registry import get_method, method_names
 from tfhash.towers import Tower, checked_input_map, checked_widths, towers_of, values_of
 
-__all__ = ["TrainingSpec", "PIPELINE_KINDS"]
+__all__ = ["TrainingSpec", "PIPELINE_KINDS", "PHOTOS"]
 
 #: The kinds of data whose recommended recipes (:data:`tfhash.recipes.RECOMMENDED`) the TFX pipeline
 #: trains (``training.recipe``, its Tuner): the single-label recipes are for fixed feature vectors,
 #: while the pipeline's single-label datasets are images.
 PIPELINE_KINDS = ("multi-label", "cross-modal")
+#: The kind of data of the search over image recipes (:mod:`tfhash.tuning.photos`): one label per
+#: image, pixels through a pretrained network; the pipeline's Tuner searches it for image backbones.
+PHOTOS = "single-label photos"
 
 @dataclass(frozen=True)
 class TrainingSpec:

@@ -9,9 +9,15 @@ and leaves it only for a gain larger than validation noise.
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
+from dataclasses import replace
 
+from tfhash.labels import multi_hot
+from tfhash.recipes import RECOMMENDED_PHOTOS
+from tfhash.training_spec import PHOTOS, TrainingSpec
+from tfhash.tuning.photos import PhotoSpace, prepare_photos
 from tfhash.tuning.search import (
     KEEP_RECOMMENDED_WITHIN,
     OBJECTIVE,
@@ -30,13 +36,13 @@ from tfhash.tuning.search import (
 )
 
 __all__ = ["tune", "TuneResult", "Budget", "SearchSpace", "TuningError", "TuningTask", "prepare", "data_kind", "carve_validation",
-           "beats", "tuned_recipe", "SEARCH_SPACES", "KEEP_RECOMMENDED_WITHIN", "OBJECTIVE"]
+           "beats", "tuned_recipe", "SEARCH_SPACES", "KEEP_RECOMMENDED_WITHIN", "OBJECTIVE", "PhotoSpace"]
 
 
 def tune(x, labels, bits: int, seed: int = 0, budget: Budget | None = None, *, kind: str | None = None,
-         unlabelled=None, space: SearchSpace | None = None, directory: str | None = None,
+         unlabelled=None, space: SearchSpace | PhotoSpace | None = None, directory: str | None = None,
          num_classes: int | None = None, margin: float = KEEP_RECOMMENDED_WITHIN, train_in_database: float = TRAIN_IN_DATABASE,
-         verbose: int = 0) -> TuneResult:  # fmt: skip
+         base: TrainingSpec | None = None, data_root=None, verbose: int = 0) -> TuneResult:  # fmt: skip
     """Choose the method and recipe for ``x`` and ``labels`` on a validation split of these rows.
 
     For example::
@@ -64,13 +70,19 @@ def tune(x, labels, bits: int, seed: int = 0, budget: Budget | None = None, *, k
     A trial that raises, or whose loss or score is not finite, is recorded in the trial table with
     its error and skipped.
 
+    Photos (uint8 pixels ``(n, H, W[, 3])``, kind ``"single-label photos"``) search the settings
+    that train above one pretrained network's cut (:class:`tfhash.tuning.photos.PhotoSpace`), every
+    trial on one trunk cache the first trial builds; the result's ``recipe`` is then a
+    :class:`tfhash.training_spec.TrainingSpec` (``base`` with the chosen settings).
+
     Args:
-        x: ``(n, d)`` feature vectors, or ``{modality: (n, d_m)}`` for paired items of two
-            modalities.
+        x: ``(n, d)`` feature vectors, ``{modality: (n, d_m)}`` for paired items of two
+            modalities, or photos.
         labels: class ids ``(n,)`` or one-hot / multi-hot ``(n, C)``.
         bits: the code length K.
         seed: seeds the validation split, the search and every trial's initial weights.
-        budget: a :class:`Budget` (default ``Budget()``: about ten trainings' worth).
+        budget: a :class:`Budget` (default ``Budget()``: about ten trainings' worth; photos
+            :data:`tfhash.tuning.photos.PHOTO_BUDGET`, five).
         kind: the kind of data (:data:`tfhash.recipes.DATA_KINDS`; default from ``x`` and
             ``labels``, :func:`data_kind`).
         unlabelled: ``(m, d)`` rows without labels: the space's semi-supervised variants (MT-SCDH
@@ -88,6 +100,11 @@ def tune(x, labels, bits: int, seed: int = 0, budget: Budget | None = None, *, k
             0.9; unseen items mostly, as CIFAR-10's protocol, 0.08); :data:`TRAIN_IN_DATABASE`
             when unknown. Recipes that fit the training rows closely rank them well, so the share
             changes which recipe wins.
+        base: photos: the spec the search starts from and keeps but for the searched settings (the
+            network, its side and cut, the views, the precision; default
+            :data:`tfhash.recipes.RECOMMENDED_PHOTOS` at ``bits`` and ``seed``); its trunk cache is
+            kept in ``directory`` unless it names its own.
+        data_root: photos: where the network's local ImageNet weights are looked for.
 
     Returns:
         :class:`TuneResult`; its ``recipe`` is trained on all rows with ``recipe.fit``.
@@ -99,10 +116,18 @@ def tune(x, labels, bits: int, seed: int = 0, budget: Budget | None = None, *, k
     """
     from tfhash.tuning.tuner import RecipeTuner
 
-    task, default = prepare(x, labels, bits, seed, budget, kind=kind, unlabelled=unlabelled, space=space, num_classes=num_classes,
-                            train_in_database=train_in_database)  # fmt: skip
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="tfhash-tune-") as scratch:
+        if (kind or data_kind(x, multi_hot(labels, num_classes))) == PHOTOS:
+            if unlabelled is not None:
+                raise TuningError(f"{PHOTOS!r} train on labelled images only; drop unlabelled")
+            base = replace(RECOMMENDED_PHOTOS, bits=bits, seed=seed) if base is None else base
+            task, default = prepare_photos(x, multi_hot(labels, num_classes), replace(base, bits=bits, seed=seed), budget, space=space,
+                                           cache_dir=os.path.join(directory or scratch, "trunk_cache"),
+                                           train_in_database=train_in_database, data_root=data_root)  # fmt: skip
+        else:
+            task, default = prepare(x, labels, bits, seed, budget, kind=kind, unlabelled=unlabelled, space=space, num_classes=num_classes,
+                                    train_in_database=train_in_database)  # fmt: skip
         tuner = RecipeTuner(task, default, directory or scratch, margin=margin)
         tuner.search(verbose=verbose)
         best = tuner.oracle.get_best_trials(1)[0]
@@ -116,10 +141,15 @@ def tune(x, labels, bits: int, seed: int = 0, budget: Budget | None = None, *, k
                  if tuner.oracle.kept_default else "")
               + ("" if rivals else "; no other trial reached full fidelity: a larger budget compares more")
               + f"; {task.split.protocol}")  # fmt: skip
-    return TuneResult(recipe=task.space.recipe(values, task.modalities, chosen=chosen), trials=task.trials, score=score,
-                      kind=task.kind, validation=task.split.protocol, budget=task.budget,
-                      seconds=round(time.perf_counter() - start, 1), seed=seed, bits=bits,
-                      unlabelled=values["variant"] in task.space.semi_supervised)  # fmt: skip
+    if task.kind == PHOTOS:
+        recipe = task.space.spec(values, task.base)
+        recipe = replace(recipe, fine_tuning=replace(recipe.fine_tuning, trunk_cache=replace(recipe.fine_tuning.trunk_cache,
+                                                                                              directory=base.fine_tuning.trunk_cache.directory)))
+    else:
+        recipe = task.space.recipe(values, task.modalities, chosen=chosen)
+    return TuneResult(recipe=recipe, trials=task.trials, score=score, kind=task.kind, validation=task.split.protocol, budget=task.budget,
+                      seconds=round(time.perf_counter() - start, 1), seed=seed, bits=bits, chosen=chosen,
+                      unlabelled=values["variant"] in getattr(task.space, "semi_supervised", ()))  # fmt: skip
 
 
 def __getattr__(name: str):

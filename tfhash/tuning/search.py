@@ -21,9 +21,9 @@ from tfhash.recipes import (
     with_unlabelled,
 )
 from tfhash.registry import variant
-from tfhash.training_spec import PIPELINE_KINDS
+from tfhash.training_spec import PHOTOS, PIPELINE_KINDS, TrainingSpec
 
-__all__ = ["OBJECTIVE", "TRAIN_IN_DATABASE", "HELD_OUT", "KEEP_RECOMMENDED_WITHIN", "beats", "TuningError", "SAME", "SearchSpace", "SEARCH_SPACES", "Budget", "TuneResult", "data_kind", "carve_validation", "TuningTask", "tuned_recipe", "prepare"]
+__all__ = ["OBJECTIVE", "TRAIN_IN_DATABASE", "HELD_OUT", "KEEP_RECOMMENDED_WITHIN", "beats", "TuningError", "SAME", "SearchSpace", "SEARCH_SPACES", "hyperparameters_of", "Budget", "TuneResult", "data_kind", "carve_validation", "TuningTask", "tuned_recipe", "prepare"]
 
 
 #: Objective of the search: mAP@all on the validation split (maximised).
@@ -153,15 +153,7 @@ class SearchSpace:
         Raises:
             TuningError: an empty setting.
         """
-        import keras_tuner
-
-        hp = keras_tuner.HyperParameters()
-        fixed = {} if default is None else self.values_of(default)
-        for name, values in self.choices().items():
-            if not values:
-                raise TuningError(f"the search space's {name!r} has no values")
-            hp.Choice(name, list(values), default=fixed[name] if name in fixed and fixed[name] in values else values[0])
-        return hp
+        return hyperparameters_of(self.choices(), {} if default is None else self.values_of(default))
 
     def choices(self) -> dict[str, tuple]:
         """``{hyperparameter name: values}`` as KerasTuner holds them (strings, numbers); the input
@@ -211,6 +203,23 @@ class SearchSpace:
                       input_dropout={modalities[0]: input_dropout} if modalities and input_dropout else input_dropout,
                       input_map=str(values.get("input_map", "none")), chosen=chosen,
                       fine_tuning={k[len(FINE_TUNING):]: v for k, v in values.items() if k.startswith(FINE_TUNING)})  # fmt: skip
+
+
+def hyperparameters_of(choices: dict[str, tuple], defaults: dict):
+    """``keras_tuner.HyperParameters`` of one choice per entry of ``choices`` (``{name: values}``),
+    its default ``defaults[name]`` where the values hold it, else the first value.
+
+    Raises:
+        TuningError: an empty setting.
+    """
+    import keras_tuner
+
+    hp = keras_tuner.HyperParameters()
+    for name, values in choices.items():
+        if not values:
+            raise TuningError(f"the search space's {name!r} has no values")
+        hp.Choice(name, list(values), default=defaults[name] if name in defaults and defaults[name] in values else values[0])
+    return hp
 
 
 def _recommended_variant(kind: str) -> dict[str, tuple[str, dict]]:
@@ -313,8 +322,9 @@ class TuneResult:
     """What :func:`tune` chose and how.
 
     Attributes:
-        recipe: the chosen :class:`tfhash.recipes.Recipe` (``chosen`` says how); train it on all
-            training rows with :meth:`fit` (``recipe.fit`` at the same bits and seed).
+        recipe: the chosen :class:`tfhash.recipes.Recipe` (photos: the chosen
+            :class:`tfhash.training_spec.TrainingSpec`); train it on all training rows with :meth:`fit`
+            (at the same bits and seed).
         trials: one row per trial: ``trial``, the settings (``epochs``: the recipe's), ``units``,
             ``epochs trained``, ``score`` (validation mAP@all), ``mAP@1000`` (multi-label), each
             direction's mAP@all (cross-modal, e.g. ``image->text``), ``seconds``, ``status``
@@ -325,9 +335,11 @@ class TuneResult:
         budget: the :class:`Budget`; ``seconds``: the search's wall time.
         unlabelled: the chosen recipe's trials trained on the unlabelled rows too (a
             :attr:`SearchSpace.semi_supervised` variant); :meth:`fit` then needs them.
+        chosen: how the recipe was chosen (the search, its best score, whether the recommended
+            recipe was kept).
     """
 
-    recipe: Recipe
+    recipe: Recipe | TrainingSpec
     trials: list[dict]
     score: float
     kind: str
@@ -337,6 +349,7 @@ class TuneResult:
     seed: int = 0
     bits: int = 0
     unlabelled: bool = False
+    chosen: str = ""
 
     def fit(self, x, labels, unlabelled=None, **kwargs):
         """Train :attr:`recipe` on all of ``x`` and ``labels`` at the searched bits and seed (and,
@@ -348,6 +361,12 @@ class TuneResult:
                 trained without (it would train differently from its trials).
         """
         labels = multi_hot(labels, kwargs.pop("num_classes", None))
+        if isinstance(self.recipe, TrainingSpec):
+            from tfhash.tuning.photos import check_images, fit_photos
+
+            if unlabelled is not None:
+                raise ValueError(f"the chosen recipe ({self.recipe.method} on {self.recipe.backbone}) trains on labelled images only: drop unlabelled")
+            return fit_photos(self.recipe, check_images(x, labels), labels, **kwargs)
         if self.unlabelled != (unlabelled is not None):
             raise ValueError("the chosen recipe's trials trained with unlabelled rows: pass them" if self.unlabelled else
                              f"the chosen recipe ({self.recipe.method}) trained on labelled rows only: drop unlabelled")
@@ -357,10 +376,8 @@ class TuneResult:
     def table(self) -> str:
         """The trials as a markdown table."""
         scores = ["score", *sorted({name for row in self.trials for name in row if name == "mAP@1000" or "->" in name})]
-        searched = [c for c in ("input_map", "second_hidden") if any(c in row for row in self.trials)]
-        columns = ["trial", "variant", "hidden", *searched, "dropout", "input_dropout", "learning_rate", "weight_decay", "schedule", "epochs", "units",
-                   "epochs trained",
-                   *scores, "seconds", "status", "error"]  # fmt: skip
+        last = ["units", "epochs trained", *scores, "seconds", "status", "error"]
+        columns = [c for c in dict.fromkeys(name for row in self.trials for name in row) if c not in last] + last
         lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
         for row in self.trials:
             cells = [row.get(c, "") for c in columns]
@@ -378,12 +395,15 @@ class TuneResult:
 
 
 def data_kind(x, labels: np.ndarray) -> str:
-    """The kind of data (:data:`tfhash.recipes.DATA_KINDS`) of inputs ``x`` and ``(n, C)`` labels:
-    cross-modal for a dict of two modalities, multi-label when a row has several tags, otherwise
-    single-label (features; pass ``kind="single-label pixels"`` to :func:`tune` for raw pixels)."""
+    """The kind of data (:data:`tfhash.recipes.DATA_KINDS`, or :data:`PHOTOS`) of inputs ``x`` and
+    ``(n, C)`` labels: cross-modal for a dict of two modalities, multi-label when a row has several
+    tags, photos for single-label images (``(n, H, W[, 3])``), otherwise single-label (features;
+    pass ``kind="single-label pixels"`` to :func:`tune` for flattened raw pixels)."""
     if isinstance(x, dict):
         return "cross-modal"
-    return "multi-label" if bool((labels.sum(axis=1) > 1).any()) else "single-label"
+    if bool((labels.sum(axis=1) > 1).any()):
+        return "multi-label"
+    return PHOTOS if np.ndim(x) >= 3 else "single-label"
 
 
 def carve_validation(labels: np.ndarray, seed: int, held_out: float = HELD_OUT, train_in_database: float = TRAIN_IN_DATABASE):
@@ -471,23 +491,28 @@ class TuningTask:
             result["mAP@1000"] = evaluate_retrieval(codes_q, codes_db, yq, ydb, top_r=depth).mean_average_precision()
         return result
 
+    def train(self, values: dict, epochs: int, callbacks: list):
+        """The trained model of the trial of hyperparameter ``values``: its recipe over ``epochs``
+        (its schedule spanning them) on the training part of the split."""
+        x, y = self.training_rows(values["variant"])
+        return self.space.recipe(values, self.modalities).fit(x, y, self.bits, seed=self.seed, num_classes=self.labels.shape[1],
+                                                              epochs=epochs, callbacks=callbacks)  # fmt: skip
+
     def run(self, trial_id: str, values: dict) -> dict:
         """Train and score one trial; record it. Raises ``keras_tuner.errors.FailedTrialError`` on
         any failure (recorded with its message)."""
         import keras
         import keras_tuner
 
-        recipe = self.space.recipe(values, self.modalities)
         units = int(values.get("tuner/epochs", self.budget.max_units))
-        epochs = max(1, round(recipe.epochs * units / self.budget.max_units))
+        epochs = max(1, round(int(values["epochs"]) * units / self.budget.max_units))
         row = {"trial": trial_id, **{k: v for k, v in values.items() if not k.startswith("tuner/") and k != "kind"}, "units": units,
                "epochs trained": epochs}  # fmt: skip
         start = time.perf_counter()
         try:
-            x, y = self.training_rows(values["variant"])
-            model = recipe.fit(x, y, self.bits, seed=self.seed, num_classes=self.labels.shape[1], epochs=epochs,
-                               callbacks=[keras.callbacks.TerminateOnNaN()])  # fmt: skip
-            losses = np.asarray(model.history.history.get("loss", [np.nan]), dtype=float)
+            history = keras.callbacks.History()
+            model = self.train(values, epochs, [keras.callbacks.TerminateOnNaN(), history])
+            losses = np.asarray(history.history.get("loss", [np.nan]), dtype=float)
             if len(losses) < epochs or not np.isfinite(losses).all():
                 raise FloatingPointError(f"the training loss was not finite (epoch {len(losses)} of {epochs}: {losses[-1]})")
             scores = self.score(model)

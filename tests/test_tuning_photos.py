@@ -1,0 +1,103 @@
+"""The search over image recipes (tfhash.tuning.photos) runs for real: EfficientNet-Lite0 with its
+pip package's ImageNet weights at 32x32 on small coloured images, every trial above one trunk
+cache, the first trial the base spec at full fidelity, the chosen spec trainable on all rows."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipelines.config import PipelineConfig
+from tfhash.recipes import RECOMMENDED_PHOTOS
+from tfhash.training_spec import PHOTOS, TrainingSpec
+from tfhash.tuning import Budget, PhotoSpace, TuningError, data_kind, tune
+
+CONFIGS = Path(__file__).resolve().parents[1] / "pipelines" / "configs"
+
+
+def photos(per_class: int = 40, seed: int = 0):
+    """Three classes of 32x32 images, each a colour under heavy pixel noise."""
+    rng = np.random.default_rng(seed)
+    labels = np.repeat(np.arange(3), per_class)
+    colours = np.array([[200, 40, 40], [40, 200, 40], [40, 40, 200]])
+    images = colours[labels][:, None, None, :] + rng.normal(0, 60, (len(labels), 32, 32, 3))
+    return np.clip(images, 0, 255).astype(np.uint8), labels
+
+
+#: The recommended spec at a side and length a test trains in seconds.
+SMALL = replace(RECOMMENDED_PHOTOS, image_size=32, mixed_precision="off", batch_size=32, epochs=4)
+
+
+def test_the_cifar10_config_trains_the_recommended_photo_recipe_and_the_space_reads_it_back():
+    training = TrainingSpec.from_dict(json.loads((CONFIGS / "cifar10.json").read_text())["training"])
+    assert training == RECOMMENDED_PHOTOS
+    space = PhotoSpace()
+    values = space.values_of(RECOMMENDED_PHOTOS)
+    assert all(values[name] in choices for name, choices in space.choices().items())  # the first trial is the recommended recipe
+    assert space.spec(values, RECOMMENDED_PHOTOS) == RECOMMENDED_PHOTOS
+    other = space.spec({**values, "mixup": 0.0, "schedule": "cosine", "epochs": 20}, RECOMMENDED_PHOTOS)
+    assert (other.fine_tuning.trunk_cache.mixup, other.fine_tuning.schedule, other.epochs) == (0.0, "cosine", 20)
+    assert (other.backbone, other.image_size, other.fine_tuning.trunk_cache.cut) == ("efficientnet_lite0", 128, "block7")
+
+
+def test_photos_are_their_own_kind_and_bad_inputs_are_refused_before_any_trial(tmp_path):
+    images, labels = photos(per_class=10)
+    one_hot = np.eye(3)[labels]
+    assert data_kind(images, one_hot) == PHOTOS and data_kind(images.reshape(len(images), -1), one_hot) == "single-label"
+    with pytest.raises(ValueError, match="photos are pixels"):
+        tune(images.astype("complex64"), labels, 16, kind=PHOTOS, base=SMALL)
+    broken = images.astype("float32")
+    broken[7, 3, 3, 1] = np.nan
+    with pytest.raises(ValueError, match="photo 7 holds a pixel that is not a finite value in 0-255"):
+        tune(broken, labels, 16, kind=PHOTOS, base=SMALL)
+    broken[7, 3, 3, 1] = 300.0
+    with pytest.raises(ValueError, match="photo 7 holds"):
+        tune(broken, labels, 16, kind=PHOTOS, base=SMALL)
+    with pytest.raises(ValueError, match="40 images but 30 label rows"):
+        tune(np.concatenate([images, images[:10]]), labels, 16, kind=PHOTOS, base=SMALL)
+    with pytest.raises(TuningError, match="above a trunk cache"):
+        tune(images, labels, 16, base=replace(SMALL, fine_tuning=replace(SMALL.fine_tuning, trunk_cache=None)))
+    with pytest.raises(TuningError, match="train on labelled images only"):
+        tune(images, labels, 16, base=SMALL, unlabelled=images[:5])
+
+
+@pytest.mark.parametrize("kind", [None, PHOTOS])
+def test_pipeline_configs_accept_a_photo_tuner_only_above_a_trunk_cache(tmp_path, kind):
+    training = json.loads((CONFIGS / "cifar10.json").read_text())["training"]
+    raw = {"name": "t", "dataset": "cifar10", "run_dir": str(tmp_path / "run"), "training": training, "tuner": {"kind": kind, "trials": 2}}
+    (tmp_path / "c.json").write_text(json.dumps(raw))
+    assert PipelineConfig.load(tmp_path / "c.json").tuner.kind == kind
+    no_cache = {**training, "fine_tuning": {**training["fine_tuning"], "trunk_cache": None}}
+    (tmp_path / "c.json").write_text(json.dumps({**raw, "training": no_cache}))
+    with pytest.raises(ValueError, match="for photos .* with training.fine_tuning.trunk_cache set"):
+        PipelineConfig.load(tmp_path / "c.json")
+    (tmp_path / "c.json").write_text(json.dumps({**raw, "tuner": {"kind": "multi-label"}}))
+    with pytest.raises(ValueError, match="kind 'multi-label'"):
+        PipelineConfig.load(tmp_path / "c.json")
+
+
+def test_every_trial_reads_one_trunk_cache_and_the_chosen_spec_trains_on_all_rows(tmp_path, monkeypatch):
+    monkeypatch.setenv("TFHASH_CACHE_DIR", str(tmp_path / "machine"))  # where the final training's cache goes
+    images, labels = photos()
+    space = PhotoSpace(backbone_learning_rate=(0.005, 0.01), epochs=(4, 2))
+    result = tune(images, labels, 16, seed=0, budget=Budget(max_units=2, factor=2, trials=3), base=SMALL, space=space,
+                  directory=str(tmp_path))  # fmt: skip
+    first = result.trials[0]
+    assert (first["units"], first["epochs trained"], first["mixup"], first["schedule"]) == (2, 4, 0.4, "step")  # the base, whole
+    assert len(result.trials) == 3 and all(t["status"] == "ok" for t in result.trials)
+    assert first["score"] > 0.6  # colours apart: chance is about 0.33
+    assert len([e for e in os.listdir(tmp_path / "trunk_cache") if not e.startswith(".")]) == 1
+    assert isinstance(result.recipe, TrainingSpec) and result.kind == PHOTOS and "validation mAP@all" in result.chosen
+    assert result.recipe.fine_tuning.trunk_cache.directory is None  # the search's folder is not the user's
+    assert "| mixup |" in result.table() and json.dumps(result.summary(), default=str)
+    model = result.fit(images, labels)
+    assert len(os.listdir(tmp_path / "machine" / "trunk_cache")) == 1
+    codes = model.encode(images)
+    assert codes.shape == (len(images), 16) and set(np.unique(codes)) <= {-1, 1}
+    with pytest.raises(ValueError, match="trains on labelled images only"):
+        result.fit(images, labels, unlabelled=images[:4])
