@@ -219,10 +219,11 @@ def data_image_query(image: str, data_dir: str) -> None:
 @click.option("--bits", default=32, show_default=True, type=click.IntRange(max=256), callback=_code_length,
               help="Code length K: a multiple of 8.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seeds the validation split, the search and the trials.")
-@click.option("--kind", default=None, type=click.Choice(["single-label", "single-label pixels", "multi-label", "cross-modal"]),
-              help="The kind of data (tfhash.recipes.DATA_KINDS; default: from the arrays).")
-@click.option("--max-units", default=9, show_default=True, type=click.IntRange(3),
-              help="Hyperband's top fidelity (a trial of u units trains u / max-units of its recipe's epochs; factor 3).")
+@click.option("--kind", default=None, type=click.Choice(["single-label", "single-label pixels", "multi-label", "cross-modal", "single-label photos"]),
+              help="The kind of data (tfhash.recipes.DATA_KINDS, or photos; default: from the arrays).")
+@click.option("--max-units", default=None, type=click.IntRange(3),
+              help="Hyperband's top fidelity (a trial of u units trains u / max-units of its recipe's epochs; factor 3); "
+                   "default 9, for photos 3 (tfhash.tuning.photos.PHOTO_BUDGET).")
 @click.option("--trials", default=None, type=click.IntRange(1), help="Start no trial after this many.")
 @click.option("--seconds", default=None, type=click.FloatRange(min=0, min_open=True), help="Start no trial after this wall time.")
 @click.option("--output-dir", required=True, help="Where tuning.json (recipe, trials, cost) and trials.md go.")
@@ -233,13 +234,16 @@ def tune(data_file: str, bits: int, seed: int, kind: str | None, max_units: int,
     DATA_FILE is an .npz (numpy.savez) holding:
 
     \b
-      x            (n, d) feature vectors; or x_<modality> for each of two modalities
+      x            (n, d) feature vectors; or x_<modality> for each of two modalities; or
+                   (n, H, W[, 3]) photos, uint8 (their recipe searched above EfficientNet-Lite0's
+                   trunk cache: tfhash.tuning.PhotoSpace)
       labels       (n,) integer class ids, or (n, C) one-hot / multi-hot
       unlabelled   optional (m, d) rows without labels (the semi-supervised MT-SCDH variants
                    join the search, the only ones that train on them)
 
     The chosen recipe is printed and written with every trial to OUTPUT_DIR/tuning.json; train it
-    on all rows with tfhash.recipes.Recipe(**recipe).fit(x, labels, bits), and when tuning.json
+    on all rows with tfhash.recipes.Recipe(**recipe).fit(x, labels, bits) (photos:
+    tfhash.tuning.photos.fit_photos(tfhash.training_spec.TrainingSpec.from_dict(recipe), x, labels)), and when tuning.json
     says "unlabelled": true with the unlabelled rows appended to x, their labels id -1 (or all-zero
     multi-hot rows), as tfhash.tuning.TuneResult.fit does.
     """
@@ -249,6 +253,7 @@ def tune(data_file: str, bits: int, seed: int, kind: str | None, max_units: int,
 
     from tfhash.tuning import Budget
     from tfhash.tuning import tune as run_tune
+    from tfhash.tuning.photos import PHOTO_BUDGET
 
     try:
         with np.load(data_file, allow_pickle=False) as arrays:
@@ -259,6 +264,8 @@ def tune(data_file: str, bits: int, seed: int, kind: str | None, max_units: int,
             x = arrays["x"] if "x" in names else paired
             unlabelled = arrays["unlabelled"] if "unlabelled" in names else None
             labels = arrays["labels"]
+        photos = kind == "single-label photos" or (kind is None and not isinstance(x, dict) and np.ndim(x) >= 3)
+        max_units = max_units or (PHOTO_BUDGET.max_units if photos else Budget().max_units)
         result = run_tune(x, labels, bits, seed=seed, budget=Budget(max_units=max_units, trials=trials, seconds=seconds),
                           kind=kind, unlabelled=unlabelled)  # fmt: skip
     except ValueError as err:
@@ -270,7 +277,8 @@ def tune(data_file: str, bits: int, seed: int, kind: str | None, max_units: int,
         f.write(result.table() + "\n")
     click.echo(result.table())
     click.echo(f"{len(result.trials)} trials in {result.seconds} s (budget: {result.budget.multiple():.1f} trainings)")
-    click.echo(f"chosen: {result.recipe.method} {json.dumps(result.recipe.options)}, validation mAP@all {result.score:.4f}"
+    chosen = f"on {result.recipe.backbone}, {result.recipe.epochs} epochs" if photos else json.dumps(result.recipe.options)
+    click.echo(f"chosen: {result.recipe.method} {chosen}, validation mAP@all {result.score:.4f}"
                + (", trained with the unlabelled rows too: pass them when you train it" if result.unlabelled else ""))
     click.echo(f"written to {output_dir}/tuning.json")
 

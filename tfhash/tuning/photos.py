@@ -113,11 +113,14 @@ def check_images(images, labels) -> np.ndarray:
 
 def fit_photos(spec: TrainingSpec, images, labels: np.ndarray, *, epochs: int | None = None, data_root=None, callbacks=(), verbose: int = 0):
     """Train ``spec`` (an image network, with a trunk cache or end to end: its ``fine_tuning``) on
-    uint8 ``images`` and ``(n, C)`` ``labels``; returns the trained float32 model on raw images
+    ``images`` (:func:`check_images`) and their labels (class ids or ``(n, C)`` one-hot rows); returns the trained float32 model on raw images
     (:meth:`tfhash.fine_tuning.FineTuning.fit`). ``epochs``: instead of the spec's, the schedule
     spanning them."""
+    from tfhash.labels import multi_hot
     from tfhash.registry import TagStatistics, build_model
 
+    labels = multi_hot(labels)
+    images = check_images(images, labels)
     inputs = {"image": tuple(np.shape(images)[1:])}
     statistics = TagStatistics.of_labels(labels)
 

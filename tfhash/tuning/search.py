@@ -362,11 +362,11 @@ class TuneResult:
         """
         labels = multi_hot(labels, kwargs.pop("num_classes", None))
         if isinstance(self.recipe, TrainingSpec):
-            from tfhash.tuning.photos import check_images, fit_photos
+            from tfhash.tuning.photos import fit_photos
 
             if unlabelled is not None:
                 raise ValueError(f"the chosen recipe ({self.recipe.method} on {self.recipe.backbone}) trains on labelled images only: drop unlabelled")
-            return fit_photos(self.recipe, check_images(x, labels), labels, **kwargs)
+            return fit_photos(self.recipe, x, labels, **kwargs)
         if self.unlabelled != (unlabelled is not None):
             raise ValueError("the chosen recipe's trials trained with unlabelled rows: pass them" if self.unlabelled else
                              f"the chosen recipe ({self.recipe.method}) trained on labelled rows only: drop unlabelled")
