@@ -14,10 +14,12 @@ import tempfile
 import time
 from dataclasses import replace
 
+import numpy as np
+
 from tfhash.labels import multi_hot
 from tfhash.recipes import RECOMMENDED_PHOTOS
 from tfhash.training_spec import PHOTOS, TrainingSpec
-from tfhash.tuning.photos import PhotoSpace, prepare_photos
+from tfhash.tuning.photos import PhotoSpace, PhotoTuneResult, prepare_photos
 from tfhash.tuning.search import (
     KEEP_RECOMMENDED_WITHIN,
     OBJECTIVE,
@@ -118,7 +120,7 @@ def tune(x, labels, bits: int, seed: int = 0, budget: Budget | None = None, *, k
 
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="tfhash-tune-") as scratch:
-        if (kind or data_kind(x, multi_hot(labels, num_classes))) == PHOTOS:
+        if kind == PHOTOS or (kind is None and not isinstance(x, dict) and np.ndim(x) >= 3):  # photos (data_kind's rule)
             if unlabelled is not None:
                 raise TuningError(f"{PHOTOS!r} train on labelled images only; drop unlabelled")
             base = replace(RECOMMENDED_PHOTOS, bits=bits, seed=seed) if base is None else base
@@ -147,7 +149,7 @@ def tune(x, labels, bits: int, seed: int = 0, budget: Budget | None = None, *, k
                                                                                               directory=base.fine_tuning.trunk_cache.directory)))
     else:
         recipe = task.space.recipe(values, task.modalities, chosen=chosen)
-    return TuneResult(recipe=recipe, trials=task.trials, score=score, kind=task.kind, validation=task.split.protocol, budget=task.budget,
+    return (PhotoTuneResult if task.kind == PHOTOS else TuneResult)(recipe=recipe, trials=task.trials, score=score, kind=task.kind, validation=task.split.protocol, budget=task.budget,
                       seconds=round(time.perf_counter() - start, 1), seed=seed, bits=bits, chosen=chosen,
                       unlabelled=values["variant"] in getattr(task.space, "semi_supervised", ()))  # fmt: skip
 

@@ -19,13 +19,14 @@ from tfhash.registry import variant
 from tfhash.training_spec import PHOTOS, TrainingSpec
 from tfhash.tuning.search import (
     Budget,
+    TuneResult,
     TuningError,
     TuningTask,
     carve_validation,
     hyperparameters_of,
 )
 
-__all__ = ["PHOTO_BUDGET", "PhotoSpace", "PhotoTask", "prepare_photos", "fit_photos", "check_images"]
+__all__ = ["PHOTO_BUDGET", "PhotoSpace", "PhotoTask", "PhotoTuneResult", "prepare_photos", "fit_photos", "check_images"]
 
 #: The default budget of a search over image recipes: Hyperband over 3 units (3 trials at a third of
 #: their epochs, the best of them and 2 more at full fidelity) beside the base spec's full training,
@@ -146,6 +147,25 @@ class PhotoTask(TuningTask):
         spec = self.space.spec(values, self.base)
         train = self.split.train
         return fit_photos(spec, self.x[train], self.labels[train], epochs=epochs, data_root=self.data_root, callbacks=callbacks)
+
+
+@dataclass
+class PhotoTuneResult(TuneResult):
+    """What a search over image recipes chose: :attr:`recipe` is the chosen
+    :class:`tfhash.training_spec.TrainingSpec` (the base spec with the chosen settings)."""
+
+    def fit(self, x, labels, unlabelled=None, **kwargs):
+        """Train :attr:`recipe` on all ``x`` (photos) and ``labels``; ``kwargs`` as
+        :func:`fit_photos` takes them.
+
+        Raises:
+            ValueError: unlabelled rows (the search trained on labelled images only), or as
+                :func:`fit_photos`.
+        """
+        if unlabelled is not None:
+            raise ValueError(f"the chosen recipe ({self.recipe.method} on {self.recipe.backbone}) trains on labelled images only: "
+                             "drop unlabelled")  # fmt: skip
+        return fit_photos(self.recipe, x, labels, **kwargs)
 
 
 def prepare_photos(images, labels: np.ndarray, base: TrainingSpec, budget: Budget | None = None, *, space: PhotoSpace | None = None,

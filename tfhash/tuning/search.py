@@ -322,7 +322,8 @@ class TuneResult:
     """What :func:`tune` chose and how.
 
     Attributes:
-        recipe: the chosen :class:`tfhash.recipes.Recipe` (photos: the chosen
+        recipe: the chosen :class:`tfhash.recipes.Recipe` (photos, a
+            :class:`tfhash.tuning.photos.PhotoTuneResult`: the chosen
             :class:`tfhash.training_spec.TrainingSpec`); train it on all training rows with :meth:`fit`
             (at the same bits and seed).
         trials: one row per trial: ``trial``, the settings (``epochs``: the recipe's), ``units``,
@@ -361,12 +362,6 @@ class TuneResult:
                 trained without (it would train differently from its trials).
         """
         labels = multi_hot(labels, kwargs.pop("num_classes", None))
-        if isinstance(self.recipe, TrainingSpec):
-            from tfhash.tuning.photos import fit_photos
-
-            if unlabelled is not None:
-                raise ValueError(f"the chosen recipe ({self.recipe.method} on {self.recipe.backbone}) trains on labelled images only: drop unlabelled")
-            return fit_photos(self.recipe, x, labels, **kwargs)
         if self.unlabelled != (unlabelled is not None):
             raise ValueError("the chosen recipe's trials trained with unlabelled rows: pass them" if self.unlabelled else
                              f"the chosen recipe ({self.recipe.method}) trained on labelled rows only: drop unlabelled")
