@@ -254,6 +254,7 @@ def tune(data_file: str, bits: int, seed: int, kind: str | None, max_units: int,
     from tfhash.tuning import Budget
     from tfhash.tuning import tune as run_tune
     from tfhash.tuning.photos import PHOTO_BUDGET
+    from tfhash.tuning.search import are_photos
 
     try:
         with np.load(data_file, allow_pickle=False) as arrays:
@@ -264,7 +265,7 @@ def tune(data_file: str, bits: int, seed: int, kind: str | None, max_units: int,
             x = arrays["x"] if "x" in names else paired
             unlabelled = arrays["unlabelled"] if "unlabelled" in names else None
             labels = arrays["labels"]
-        photos = kind == "single-label photos" or (kind is None and not isinstance(x, dict) and np.ndim(x) >= 3)
+        photos = are_photos(x, kind)
         max_units = max_units or (PHOTO_BUDGET.max_units if photos else Budget().max_units)
         result = run_tune(x, labels, bits, seed=seed, budget=Budget(max_units=max_units, trials=trials, seconds=seconds),
                           kind=kind, unlabelled=unlabelled)  # fmt: skip

@@ -14,8 +14,6 @@ import tempfile
 import time
 from dataclasses import replace
 
-import numpy as np
-
 from tfhash.labels import multi_hot
 from tfhash.recipes import RECOMMENDED_PHOTOS
 from tfhash.training_spec import PHOTOS, TrainingSpec
@@ -30,6 +28,7 @@ from tfhash.tuning.search import (
     TuneResult,
     TuningError,
     TuningTask,
+    are_photos,
     beats,
     carve_validation,
     data_kind,
@@ -120,10 +119,10 @@ def tune(x, labels, bits: int, seed: int = 0, budget: Budget | None = None, *, k
 
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="tfhash-tune-") as scratch:
-        if kind == PHOTOS or (kind is None and not isinstance(x, dict) and np.ndim(x) >= 3):  # photos (data_kind's rule)
+        if are_photos(x, kind):
             if unlabelled is not None:
                 raise TuningError(f"{PHOTOS!r} train on labelled images only; drop unlabelled")
-            base = replace(RECOMMENDED_PHOTOS, bits=bits, seed=seed) if base is None else base
+            base = RECOMMENDED_PHOTOS if base is None else base
             task, default = prepare_photos(x, multi_hot(labels, num_classes), replace(base, bits=bits, seed=seed), budget, space=space,
                                            cache_dir=os.path.join(directory or scratch, "trunk_cache"),
                                            train_in_database=train_in_database, data_root=data_root)  # fmt: skip

@@ -23,7 +23,7 @@ from tfhash.recipes import (
 from tfhash.registry import variant
 from tfhash.training_spec import PHOTOS, PIPELINE_KINDS, TrainingSpec
 
-__all__ = ["OBJECTIVE", "TRAIN_IN_DATABASE", "HELD_OUT", "KEEP_RECOMMENDED_WITHIN", "beats", "TuningError", "SAME", "SearchSpace", "SEARCH_SPACES", "hyperparameters_of", "Budget", "TuneResult", "data_kind", "carve_validation", "TuningTask", "tuned_recipe", "prepare"]
+__all__ = ["OBJECTIVE", "TRAIN_IN_DATABASE", "HELD_OUT", "KEEP_RECOMMENDED_WITHIN", "beats", "TuningError", "SAME", "SearchSpace", "SEARCH_SPACES", "hyperparameters_of", "Budget", "TuneResult", "data_kind", "are_photos", "carve_validation", "TuningTask", "tuned_recipe", "prepare"]
 
 
 #: Objective of the search: mAP@all on the validation split (maximised).
@@ -398,7 +398,13 @@ def data_kind(x, labels: np.ndarray) -> str:
         return "cross-modal"
     if bool((labels.sum(axis=1) > 1).any()):
         return "multi-label"
-    return PHOTOS if np.ndim(x) >= 3 else "single-label"
+    return PHOTOS if are_photos(x) else "single-label"
+
+
+def are_photos(x, kind: str | None = None) -> bool:
+    """Whether :func:`tune` searches ``x`` as photos: ``kind`` says so, or (``kind`` None) ``x`` is
+    one array of images ``(n, H, W[, C])`` rather than feature vectors or a dict of modalities."""
+    return kind == PHOTOS or (kind is None and not isinstance(x, dict) and np.ndim(x) >= 3)
 
 
 def carve_validation(labels: np.ndarray, seed: int, held_out: float = HELD_OUT, train_in_database: float = TRAIN_IN_DATABASE):
