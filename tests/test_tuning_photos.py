@@ -101,3 +101,31 @@ def test_every_trial_reads_one_trunk_cache_and_the_chosen_spec_trains_on_all_row
     assert codes.shape == (len(images), 16) and set(np.unique(codes)) <= {-1, 1}
     with pytest.raises(ValueError, match="trains on labelled images only"):
         result.fit(images, labels, unlabelled=images[:4])
+
+
+def test_cli_tune_searches_photos_above_a_base_file_and_refuses_a_base_for_vectors(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from tfhash.cli import main
+
+    monkeypatch.setenv("TFHASH_CACHE_DIR", str(tmp_path / "machine"))
+    images, labels = photos(per_class=20)
+    data, base, out = tmp_path / "photos.npz", tmp_path / "config.json", tmp_path / "out"
+    np.savez(data, x=images, labels=labels)
+    base.write_text(json.dumps({"name": "mine", "training": SMALL.to_dict()}))  # a whole pipeline config: its training section
+    result = CliRunner().invoke(main, ["tune", str(data), "--bits", "16", "--trials", "2", "--base", str(base), "--output-dir", str(out)])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "tuning.json").read_text())
+    assert len(summary["trials"]) == 2 and summary["trials"][0]["epochs trained"] == SMALL.epochs  # the base first, whole
+    chosen = TrainingSpec.from_dict(summary["recipe"])
+    assert (chosen.bits, chosen.image_size, chosen.backbone) == (16, 32, SMALL.backbone)  # --bits over the base's own
+    assert f"chosen: scdh on {SMALL.backbone}" in result.output
+    np.savez(data, x=images.reshape(len(images), -1).astype("float32"), labels=labels)
+    refused = CliRunner().invoke(main, ["tune", str(data), "--base", str(base), "--output-dir", str(out)])
+    assert refused.exit_code == 2 and "base is the spec photos are searched above" in refused.output
+    base.write_text('{"training": {"epochs": 4,')
+    refused = CliRunner().invoke(main, ["tune", str(data), "--base", str(base), "--output-dir", str(out)])
+    assert refused.exit_code == 2 and "is not a JSON file of training settings" in refused.output
+    base.write_text(json.dumps({"image_sise": 32}))
+    refused = CliRunner().invoke(main, ["tune", str(data), "--base", str(base), "--output-dir", str(out)])
+    assert refused.exit_code == 2 and "image_sise" in refused.output and "image_size" in refused.output

@@ -214,6 +214,21 @@ def data_image_query(image: str, data_dir: str) -> None:
         raise BadInput(str(err)) from err
 
 
+def _training_section(path: str):
+    """The :class:`tfhash.training_spec.TrainingSpec` of a JSON file holding a pipeline config or
+    its training section alone, parsed as the pipeline parses it."""
+    from tfhash.training_spec import TrainingSpec
+
+    try:
+        with open(path) as f:
+            raw = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path} is not a JSON file of training settings ({err}); write a pipeline config or its "
+                         "training section") from err  # fmt: skip
+    section = raw.get("training", raw) if isinstance(raw, dict) else raw
+    return TrainingSpec.from_dict(section, where=f"{path}: training.")
+
+
 @main.command()
 @click.argument("data_file", type=click.Path(exists=True, dir_okay=False))
 @click.option("--bits", default=32, show_default=True, type=click.IntRange(max=256), callback=_code_length,
@@ -226,17 +241,20 @@ def data_image_query(image: str, data_dir: str) -> None:
                    "default 9, for photos 3 (tfhash.tuning.photos.PHOTO_BUDGET).")
 @click.option("--trials", default=None, type=click.IntRange(1), help="Start no trial after this many.")
 @click.option("--seconds", default=None, type=click.FloatRange(min=0, min_open=True), help="Start no trial after this wall time.")
+@click.option("--base", "base_file", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="Photos: a JSON file holding the training section to search above (a pipeline config, or its "
+                   "training section alone), instead of tfhash.recipes.RECOMMENDED_PHOTOS; --bits and --seed replace its own.")
 @click.option("--output-dir", required=True, help="Where tuning.json (recipe, trials, cost) and trials.md go.")
 def tune(data_file: str, bits: int, seed: int, kind: str | None, max_units: int, trials: int | None, seconds: float | None,
-         output_dir: str) -> None:  # fmt: skip
+         base_file: str | None, output_dir: str) -> None:  # fmt: skip
     """Choose the method and recipe for your features on a validation split of their rows.
 
     DATA_FILE is an .npz (numpy.savez) holding:
 
     \b
       x            (n, d) feature vectors; or x_<modality> for each of two modalities; or
-                   (n, H, W[, 3]) photos, uint8 (their recipe searched above EfficientNet-Lite0's
-                   trunk cache: tfhash.tuning.PhotoSpace)
+                   (n, H, W[, 3]) photos, uint8 (their recipe searched above the trunk cache
+                   of tfhash.recipes.RECOMMENDED_PHOTOS, or of --base: tfhash.tuning.PhotoSpace)
       labels       (n,) integer class ids, or (n, C) one-hot / multi-hot
       unlabelled   optional (m, d) rows without labels (the semi-supervised MT-SCDH variants
                    join the search, the only ones that train on them)
@@ -267,8 +285,9 @@ def tune(data_file: str, bits: int, seed: int, kind: str | None, max_units: int,
             labels = arrays["labels"]
         photos = are_photos(x, kind)
         max_units = max_units or (PHOTO_BUDGET.max_units if photos else Budget().max_units)
+        base = None if base_file is None else _training_section(base_file)
         result = run_tune(x, labels, bits, seed=seed, budget=Budget(max_units=max_units, trials=trials, seconds=seconds),
-                          kind=kind, unlabelled=unlabelled)  # fmt: skip
+                          kind=kind, unlabelled=unlabelled, base=base)  # fmt: skip
     except ValueError as err:
         raise BadInput(str(err)) from err
     os.makedirs(output_dir, exist_ok=True)

@@ -89,7 +89,9 @@ def tune(x, labels, bits: int, seed: int = 0, budget: Budget | None = None, *, k
         unlabelled: ``(m, d)`` rows without labels: the space's semi-supervised variants (MT-SCDH
             with :data:`tfhash.recipes.MEAN_TEACHER`) join the search, the only ones training on
             them too.
-        space: a :class:`SearchSpace` (default ``SEARCH_SPACES[kind]``).
+        space: a :class:`SearchSpace` (default ``SEARCH_SPACES[kind]``); photos a
+            :class:`PhotoSpace` (default ``PhotoSpace()``), with ``base``'s own value of each
+            setting added where it lacks it (:meth:`PhotoSpace.around`).
         directory: where KerasTuner writes its state, kept for inspection (default a temporary
             folder, removed after); a search starts afresh there.
         num_classes: C, when ids do not reach the last class.
@@ -104,7 +106,7 @@ def tune(x, labels, bits: int, seed: int = 0, budget: Budget | None = None, *, k
         base: photos: the spec the search starts from and keeps but for the searched settings (the
             network, its side and cut, the views, the precision; default
             :data:`tfhash.recipes.RECOMMENDED_PHOTOS` at ``bits`` and ``seed``); its trunk cache is
-            kept in ``directory`` unless it names its own.
+            kept in ``directory`` unless it names its own. Other data refuse it.
         data_root: photos: where the network's local ImageNet weights are looked for.
 
     Returns:
@@ -112,7 +114,7 @@ def tune(x, labels, bits: int, seed: int = 0, budget: Budget | None = None, *, k
 
     Raises:
         TuningError: an empty search space, a budget that cannot run one trial, too few labelled
-            rows for a validation split, every trial failing.
+            rows for a validation split, every trial failing, ``base`` for data that are not photos.
         ValueError: bad labels, inputs or bits (as :meth:`tfhash.recipes.Recipe.fit` says).
     """
     from tfhash.tuning.tuner import RecipeTuner
@@ -127,6 +129,9 @@ def tune(x, labels, bits: int, seed: int = 0, budget: Budget | None = None, *, k
                                            cache_dir=os.path.join(directory or scratch, "trunk_cache"),
                                            train_in_database=train_in_database, data_root=data_root)  # fmt: skip
         else:
+            if base is not None:
+                raise TuningError("base is the spec photos are searched above; these inputs are not photos (uint8 pixels "
+                                  "(n, H, W[, 3])): drop base, or pass the images")  # fmt: skip
             task, default = prepare(x, labels, bits, seed, budget, kind=kind, unlabelled=unlabelled, space=space, num_classes=num_classes,
                                     train_in_database=train_in_database)  # fmt: skip
         tuner = RecipeTuner(task, default, directory or scratch, margin=margin)

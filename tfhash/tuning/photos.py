@@ -79,6 +79,14 @@ class PhotoSpace:
                 "learning_rate": tuning.learning_rate, "backbone_learning_rate": tuning.backbone_learning_rate,
                 "dropout": tuning.dropout, "schedule": tuning.schedule, "epochs": spec.epochs}  # fmt: skip
 
+    def around(self, spec: TrainingSpec) -> PhotoSpace:
+        """This space with ``spec``'s own value put first in every setting that lacks it, so that a
+        search from ``spec`` trains ``spec`` itself first (its method stays as the space's
+        variants have it)."""
+        values = self.values_of(spec)
+        return replace(self, **{name: (values[name], *held) for name, held in self.choices().items()
+                                if name != "variant" and values[name] not in held})  # fmt: skip
+
     def spec(self, values: dict, base: TrainingSpec) -> TrainingSpec:
         """``base`` with the settings of hyperparameter ``values`` (KerasTuner's own ``tuner/...``
         entries and ``kind`` are ignored): the one reading of a search's result, by the library and
@@ -188,7 +196,7 @@ def prepare_photos(images, labels: np.ndarray, base: TrainingSpec, budget: Budge
     cache = base.fine_tuning.trunk_cache
     if cache.directory is None:  # every trial reads the one cache the first builds
         base = replace(base, fine_tuning=replace(base.fine_tuning, trunk_cache=replace(cache, directory=cache_dir)))
-    space = PhotoSpace() if space is None else space
+    space = (PhotoSpace() if space is None else space).around(base)
     task = PhotoTask(x=images, labels=labels, split=carve_validation(labels, base.seed, train_in_database=train_in_database),
                      kind=PHOTOS, bits=base.bits, seed=base.seed, space=space, budget=PHOTO_BUDGET if budget is None else budget,
                      base=base, data_root=data_root)  # fmt: skip
