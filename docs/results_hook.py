@@ -1,5 +1,7 @@
 """MkDocs hooks: the benchmark results (``benchmarks/results/``) become pages of the site under
-``results/``, so that the evidence pages link to the files the benchmarks wrote; and the API
+``results/``, so that the evidence pages link to the files the benchmarks wrote (the pages link to
+``../benchmarks/results/<file>``, which reads on the repository, and the site's copy takes its
+place, the folder itself becoming the generated contents page); and the API
 reference reads the package as it installs (``serving/`` as ``tfhash.serving``, and the other
 folders ``pyproject.toml`` maps), from a tree of links made for the build, showing the docstrings'
 Sphinx roles as code."""
@@ -65,6 +67,20 @@ def on_files(files, config):
             pages.append(path)
     files.append(File.generated(config, CONTENTS, content=contents(pages)))
     return files
+
+
+#: A page's link into the results folder, as the pages write it (read on the repository).
+RESULTS_LINK = re.compile(r"\]\(\.\./benchmarks/results/([^)]*)\)")
+
+
+def site_link(match: re.Match) -> str:
+    """The link to a results file's page on the site; the folder's own link to the contents page."""
+    return f"](results/{match.group(1) or 'contents.md'})"
+
+
+def on_page_markdown(markdown, page, config, files):
+    """Links into ``benchmarks/results/`` point at the site's copies (:data:`RESULTS_LINK`)."""
+    return RESULTS_LINK.sub(site_link, markdown)
 
 
 def on_page_content(html, page, config, files):

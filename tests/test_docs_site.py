@@ -176,6 +176,32 @@ def test_the_shell_blocks_name_commands_and_options_that_exist(page):
                 assert (ROOT / words[1]).is_file(), f"{page.name}: {line!r}: no script {words[1]}"
 
 
+#: A Markdown link or image: its target, before an optional title.
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+
+
+def broken_links(pages: list[Path]) -> list[str]:
+    """The relative links of ``pages`` (outside code blocks) whose file is not in the repository:
+    the pages read on the repository as on the site (the site's hook maps the results folder)."""
+    broken = []
+    for page in pages:
+        text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.S | re.M)
+        for target in LINK.findall(text):
+            path = target.split("#", 1)[0]
+            if path and not re.match(r"^[a-z]+:", path) and not (page.parent / path).exists():
+                broken.append(f"{page.relative_to(page.parents[1]) if page.parent != ROOT else page.name}: {target}")
+    return broken
+
+
+def test_every_link_of_the_pages_reads_on_the_repository(tmp_path):
+    assert broken_links([*PAGES, *sorted((DOCS / "reference").glob("*.md"))]) == []
+    (tmp_path / "docs").mkdir()
+    page = tmp_path / "docs" / "p.md"
+    page.write_text("[a](../x.md) [b](results/y.md#z) ![c](img.png) [d](https://e.org) [e](#f)\n```\n[g](nothing.md)\n```\n")
+    (tmp_path / "x.md").write_text("")
+    assert broken_links([page]) == ["docs/p.md: results/y.md#z", "docs/p.md: img.png"]
+
+
 def test_every_results_page_names_the_run_that_wrote_it():
     """The evidence pages render ``benchmarks/results/``: each ends with the code, CPU and time of
     its run (:func:`benchmarks.common.run_line`), or says that its run recorded no commit."""
