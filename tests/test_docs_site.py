@@ -106,6 +106,44 @@ def test_the_reference_names_every_public_name_and_only_those():
         assert all(hasattr(importlib.import_module(module), name) for name in names), module
 
 
+def test_the_reference_index_links_every_documented_module():
+    index = (DOCS / "reference" / "index.md").read_text()
+    assert [module for module in reference() if f"#{module})" not in index] == []
+
+
+#: Names the pages write like Python names that are not: what each is.
+NOT_PYTHON = {"tfhash.serving.HashSearch": "the search service's gRPC name (serving/search.proto)"}
+
+
+def undocumented_names(pages: list[Path]) -> list[str]:
+    """The ``tfhash.`` names the pages write (in backticks) that are neither a module nor an object
+    the API reference lists (a re-export of a listed object counts: it is the same object)."""
+    listed = reference()
+    documented = {id(getattr(importlib.import_module(module), name)) for module, names in listed.items() for name in names}
+    missing = []
+    for page in pages:
+        for name in sorted(set(re.findall(r"`(tfhash(?:\.\w+)+)", page.read_text())) - set(NOT_PYTHON)):
+            parts = name.split(".")
+            for i in range(len(parts), 0, -1):  # the longest prefix that is a module (tfhash at least)
+                try:
+                    module = importlib.import_module(".".join(parts[:i]))
+                except ImportError:
+                    continue
+                rest = parts[i:]
+                if rest and not rest[0].startswith("__") and id(getattr(module, rest[0], None)) not in documented:
+                    missing.append(f"{page.name}: {name}")
+                break
+    return missing
+
+
+def test_every_name_the_pages_use_is_in_the_reference(tmp_path):
+    assert undocumented_names(PAGES) == []
+    page = tmp_path / "p.md"
+    page.write_text("`tfhash.codes.pack_codes`, `tfhash.codes`, `tfhash.tuning.search.TRAIN_IN_DATABASE`, `tfhash.labels.__all__`, "
+                    "`tfhash.serving.HashSearch`, `tfhash.tuning.search.hyperparameters_of`, `tfhash.nothing.here`")  # fmt: skip
+    assert undocumented_names([page]) == ["p.md: tfhash.nothing.here", "p.md: tfhash.tuning.search.hyperparameters_of"]
+
+
 def test_the_reference_catches_a_name_that_appears_or_disappears(tmp_path, monkeypatch):
     (tmp_path / "reference").mkdir()
     (tmp_path / "reference" / "x.md").write_text("::: tfhash.codes\n    options:\n      members:\n        - pack_codes\n")

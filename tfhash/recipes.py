@@ -22,7 +22,7 @@ from tfhash.training_spec import PIPELINE_KINDS, TrainingSpec
 if TYPE_CHECKING:  # Keras loads when a recipe builds or trains, not when a config names one
     import keras
 
-__all__ = ["Recipe", "recommended", "with_recipe", "DATA_KINDS", "RECOMMENDED", "RECOMMENDED_PHOTOS", "PAPER_LIKE"]
+__all__ = ["Recipe", "recommended", "with_recipe", "DATA_KINDS", "RECOMMENDED", "RECOMMENDED_PHOTOS", "MEAN_TEACHER", "PAPER_LIKE"]
 
 SCHEDULES = ("constant", "cosine")
 DATA_KINDS = ("single-label", "single-label pixels", "multi-label", "cross-modal")

@@ -26,6 +26,7 @@ from tfhash.models.backbones import (
     small_cnn,
     squeezenet,
 )
+from tfhash.models.inputs import InputError, NonFiniteWeightsError
 from tfhash.models.jcch import JCCHModel
 from tfhash.models.pairwise import PairwiseHashModel
 from tfhash.models.presets import SCDH_PRESETS, resolve_preset
@@ -140,6 +141,8 @@ __all__ = [
     "AUGMENTATIONS",
     "IMAGE_NETWORKS",
     "BackboneError",
+    "InputError",
+    "NonFiniteWeightsError",
     "image_backbone",
     "squeezenet",
     "HCLMModel",

@@ -19,6 +19,7 @@ from tfhash.recipes import RECOMMENDED_PHOTOS
 from tfhash.training_spec import PHOTOS, TrainingSpec
 from tfhash.tuning.photos import PhotoSpace, PhotoTuneResult, prepare_photos
 from tfhash.tuning.search import (
+    HELD_OUT,
     KEEP_RECOMMENDED_WITHIN,
     OBJECTIVE,
     SEARCH_SPACES,
@@ -37,7 +38,8 @@ from tfhash.tuning.search import (
 )
 
 __all__ = ["tune", "TuneResult", "Budget", "SearchSpace", "TuningError", "TuningTask", "prepare", "data_kind", "carve_validation",
-           "beats", "tuned_recipe", "SEARCH_SPACES", "KEEP_RECOMMENDED_WITHIN", "OBJECTIVE", "PhotoSpace"]
+           "beats", "tuned_recipe", "SEARCH_SPACES", "KEEP_RECOMMENDED_WITHIN", "OBJECTIVE", "PhotoSpace",
+           "TRAIN_IN_DATABASE", "HELD_OUT"]
 
 
 def tune(x, labels, bits: int, seed: int = 0, budget: Budget | None = None, *, kind: str | None = None,
