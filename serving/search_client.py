@@ -79,6 +79,34 @@ class SearchClient(ChannelClient):
 
     def search(self, examples=None, features=None, codes=None, k: int = 10, radius: int | None = None,
                model_version: str = "", timeout: float | None = None) -> SearchAnswer:  # fmt: skip
+        """The ``k`` nearest items of every query, nearest first.
+
+        Args:
+            examples: serialized ``tf.Example`` records, one per query, as the served model takes
+                them (:func:`tfhash.data.user.image_query` makes one of a photo).
+            features: raw feature vectors ``(n, d)``, batch first, for a model with a features
+                signature.
+            codes: codes already computed: packed ``uint8`` ``(n, K/8)`` or +-1 ``(n, K)``; searched
+                as they are (pin ``model_version`` to be sure they came from the serving model).
+            k: answers per query: 1 to the service's limit (1000 unless it was started with
+                another) and at most the index's size; others are refused.
+            radius: keep only the answers within this Hamming distance.
+            model_version: the model version the answer must come from (empty: the one serving);
+                a version the service does not serve is refused (NOT_FOUND).
+            timeout: seconds for the call (default the client's).
+
+        Pass exactly one of ``examples``, ``features`` and ``codes``.
+
+        Returns:
+            :class:`SearchAnswer`: the answering model version and index kind, whether the search
+            was exact, and per query the ids, distances, and the item paths and classes when the
+            service has its items.
+
+        Raises:
+            ValueError: not exactly one kind of query, or codes that are not 2-D.
+            tfhash.serving.errors.ServingError: the service refused the request (its status and
+                message) or could not be reached.
+        """
         response = self._call(self._stub.Search, search_request(examples, features, codes, k, radius, model_version), timeout)
         return SearchAnswer(response.model_version, response.index_kind, response.exact,
                             [np.asarray(r.ids, dtype=np.int64) for r in response.results],
@@ -87,6 +115,7 @@ class SearchClient(ChannelClient):
                             [[list(split_labels(names)) for names in r.labels] for r in response.results])  # fmt: skip
 
     def status(self, timeout: float | None = None) -> search_pb2.StatusResponse:
+        """The service's state: the model version and index kinds it serves."""
         return self._call(self._stub.GetStatus, search_pb2.StatusRequest(), timeout)
 
     def health(self, service: str = SERVICE_NAME, timeout: float | None = None) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import json
 import re
 import shlex
 import subprocess
@@ -238,6 +239,28 @@ def test_every_link_of_the_pages_reads_on_the_repository(tmp_path):
     page.write_text("[a](../x.md) [b](results/y.md#z) ![c](img.png) [d](https://e.org) [e](#f)\n```\n[g](nothing.md)\n```\n")
     (tmp_path / "x.md").write_text("")
     assert broken_links([page]) == ["docs/p.md: results/y.md#z", "docs/p.md: img.png"]
+
+
+def test_the_readme_states_the_last_recorded_run_of_the_suite():
+    from benchmarks.common import RESULTS_DIR
+
+    recorded = json.loads((RESULTS_DIR / "test_durations.json").read_text())
+    run = recorded["runs"][recorded["latest"]]
+    row = next(line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("| the whole test suite"))
+    tests = sum(run["counts"].get(k, 0) for k in ("passed", "failed", "skipped"))
+    assert f"{run['commit']})" in row and f"{tests} tests in {run['pytest_seconds']:.0f} s ({run['command_seconds']:.0f} s with" in row, row
+
+
+def extras() -> list[str]:
+    """The extras ``pyproject.toml`` declares (``all`` aside)."""
+    section = (ROOT / "pyproject.toml").read_text().split("[project.optional-dependencies]", 1)[1].split("\n[", 1)[0]
+    return [name for name in re.findall(r"^(\w[\w-]*)\s*=", section, re.M) if name != "all"]
+
+
+def test_the_extras_tables_name_every_extra():
+    assert "images" in extras() and "tuning" in extras()
+    for page in (ROOT / "README.md", DOCS / "getting-started.md"):
+        assert [name for name in extras() if f"| `{name}` |" not in page.read_text()] == [], page.name
 
 
 def test_every_results_page_names_the_run_that_wrote_it():
