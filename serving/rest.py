@@ -18,13 +18,17 @@ from tfhash.serving.page import ItemImages, is_loopback_host, page_html
 from tfhash.serving.requests import Query, json_object, query_from_json
 from tfhash.serving.searcher import Neighbours, ServedPair
 
-__all__ = ["PARSED_ON_THE_LOOP", "bind_sockets", "RestFront"]
+__all__ = ["PARSED_ON_THE_LOOP", "CHUNKED_DISCARD", "bind_sockets", "RestFront"]
 
 
 logger = logging.getLogger(__name__)
 
 #: Bodies up to this size are parsed on the event loop (well under a millisecond); larger ones on a thread.
 PARSED_ON_THE_LOOP = 64 << 10
+
+#: A chunked body over the limit is answered 413 when it passes it, and read on (dropped) up to this
+#: many times the limit, so that a client that reads the answer only after sending it all finds it.
+CHUNKED_DISCARD = 4
 
 
 def bind_sockets(host: str, port: int) -> list:
@@ -119,6 +123,7 @@ class _Search(_Handler):
 
     def prepare(self) -> None:
         self._chunks: list[bytes] = []
+        self._received = 0  # the body's bytes so far
         self._reserved = 0  # bytes reserved for this request's body
         super().prepare()
         if self.parse is not None and not self._finished:
@@ -150,6 +155,8 @@ class _Search(_Handler):
             else:
                 front.reserved += reserve
                 self._reserved = reserve
+                if declared is None:  # chunked: the body's length is known once it passes the limit (data_received)
+                    self.request.connection.set_max_body_size(CHUNKED_DISCARD * front.max_body_bytes)
         if self._finished:  # the unread body is discarded, not parsed, for at most a second
             self.request.connection.set_max_body_size(max(declared or 0, front.max_body_bytes))
             self.request.connection.set_body_timeout(1.0)
@@ -166,10 +173,20 @@ class _Search(_Handler):
         super().on_connection_close()
 
     def data_received(self, chunk: bytes) -> None:
-        if not self._finished:
+        if self._finished:
+            return
+        self._received += len(chunk)
+        limit = self.front.max_body_bytes
+        if self._received > limit:  # a chunked body (a declared length over the limit was refused in prepare)
+            self._chunks = []
+            self._release()
+            self.answer(413, _error("RESOURCE_EXHAUSTED", f"the body must be at most {limit} bytes; this chunked body is longer"))
+        else:
             self._chunks.append(chunk)
 
     async def post(self) -> None:
+        if self._finished:  # answered while its body arrived (413)
+            return
         front = self.front
         front.in_flight += 1
         try:
@@ -238,7 +255,9 @@ class RestFront:
     the body, and a parameter silently ignored would let a client believe it pinned a version), 415 for
     a POST that is not ``application/json`` or declares a charset other than UTF-8 (JSON's, RFC 8259),
     413 for a declared body over ``max_body_bytes`` (answered from the
-    headers, before any body byte is read), 429 when the bodies of the requests accepted and not yet
+    headers, before any body byte is read) and for a chunked body once it passes that limit (the rest
+    of it is read and dropped up to :data:`CHUNKED_DISCARD` times the limit, so that a client that
+    reads its answer only after sending finds it; beyond, the connection is closed), 429 when the bodies of the requests accepted and not yet
     answered would exceed ``max_concurrent * max_body_bytes`` bytes (each reserves its declared
     length, a chunked one the limit), 503 while shutting down.
 

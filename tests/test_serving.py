@@ -39,7 +39,7 @@ from tfhash.serving.event_loop import EVENT_LOOPS, new_event_loop
 from tfhash.serving.model_server import DevModelServer
 from tfhash.serving.processes import start_command
 from tfhash.serving.requests import Limits
-from tfhash.serving.rest import PARSED_ON_THE_LOOP
+from tfhash.serving.rest import CHUNKED_DISCARD, PARSED_ON_THE_LOOP
 from tfhash.serving.search_client import SearchClient, search_request
 from tfhash.serving.search_service import SearchServer, in_process_searcher, remote_searcher
 
@@ -560,6 +560,24 @@ def test_rest_front(artifacts, search_server):
     connection.putheader("Content-Length", str(2 << 20))  # refused on the header, before any body is read
     connection.endheaders()
     assert connection.getresponse().status == 413
+    connection.close()
+    limit = 1 << 20  # the fixture's max_message_bytes
+    for size in (3 * limit, 6 * limit):  # chunked, no declared length: within the discarded share, and past it
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        try:
+            connection.request("POST", "/v1/search", body=(b" " * (64 << 10) for _ in range(size >> 16)),
+                               headers={"Content-Type": "application/json"}, encode_chunked=True)  # fmt: skip
+            response = connection.getresponse()
+            assert response.status == 413 and f"at most {limit} bytes" in json.loads(response.read())["error"]["message"]
+        except (BrokenPipeError, ConnectionResetError):
+            assert size > CHUNKED_DISCARD * limit  # past the discarded share the connection closes mid-body
+        finally:
+            connection.close()
+    chunked = (part for part in (b'{"features": ', json.dumps(vectors.tolist()).encode(), b', "k": 4}'))
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    connection.request("POST", "/v1/search", body=chunked, headers={"Content-Type": "application/json"}, encode_chunked=True)
+    response = connection.getresponse()
+    assert response.status == 200 and json.loads(response.read())["results"] == answer["results"]  # under the limit: answered
     connection.close()
     assert rest_call(port, "GET", "/readyz") == (200, {"ready": True})
     status, found = rest_call(port, "GET", "/v1/status")
