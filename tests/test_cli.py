@@ -244,6 +244,24 @@ def test_console_is_quiet_by_default_and_full_with_verbose(tmp_path):
     assert TF_CPP_LOG_LINE.search(verbose.stderr) or "FutureWarning" in verbose.stderr, verbose.stderr
 
 
+@pytest.mark.process
+def test_importing_tfhash_prints_nothing_unless_asked():
+    """Plain Python use: importing the modules that load TensorFlow, Keras and TFX writes nothing to
+    stderr (no C++ log, no google FutureWarnings); a level or ``-W`` option the user sets wins."""
+    env = {key: value for key, value in os.environ.items() if key not in ("TF_CPP_MIN_LOG_LEVEL", "PYTHONWARNINGS")}
+    code = "import os, tfhash.models, tfhash.pipelines.config, tfhash.components.trainer; print(os.environ['TF_CPP_MIN_LOG_LEVEL'])"
+
+    def run(*options: str, **extra: str) -> subprocess.CompletedProcess:
+        result = subprocess.run([sys.executable, *options, "-c", code], capture_output=True, text=True, env={**env, **extra}, timeout=300)
+        assert result.returncode == 0, result.stderr
+        return result
+
+    quiet = run()
+    assert quiet.stderr == "" and quiet.stdout == "3\n"
+    asked = run("-W", "default::FutureWarning", TF_CPP_MIN_LOG_LEVEL="0")
+    assert asked.stdout == "0\n" and (TF_CPP_LOG_LINE.search(asked.stderr) or "FutureWarning" in asked.stderr), asked.stderr
+
+
 def test_pipeline_progress_is_one_line_per_component():
     from tfhash.console import PipelineProgress
 

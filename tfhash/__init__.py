@@ -4,7 +4,8 @@ Submodules are imported lazily so that ``import tfhash`` stays cheap (no TensorF
 code that only needs the metrics, the data loaders or the index.
 
 The package logger ``tfhash`` has a ``NullHandler``: the library is quiet unless the application
-configures logging (the ``tfhash`` CLI does, with ``-v``).
+configures logging (the ``tfhash`` CLI does, with ``-v``). TensorFlow's and the google libraries'
+start-up notices are held back unless asked for (:mod:`tfhash.startup`).
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ import importlib
 import logging
 from typing import Any
 
+from tfhash import startup
 from tfhash._version import __version__
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
+startup.hold_back()
 
 #: The public modules (each documented in the API reference, docs/reference/).
 _SUBMODULES = (

@@ -10,13 +10,14 @@ any other failure.
 from __future__ import annotations
 
 import logging
-import os
 import re
 import sys
 import time
 import warnings
 
 import click
+
+from tfhash import startup
 
 __all__ = ["BadInput", "PipelineProgress", "setup_console"]
 
@@ -35,12 +36,10 @@ HARMLESS = (
 #: TensorFlow's deprecation notices (logger ``tensorflow``) about calls inside the libraries
 #: (tfx_bsl's record parsing, for one): nothing a user of tfhash can act on.
 TF_DEPRECATION = re.compile(r"is deprecated and will be removed")
-#: Python warnings ignored by default: (category, module, message), the last two regular
-#: expressions matched at the start of the warning's module and text.
+#: Python warnings ignored by default, beyond those importing tfhash holds back
+#: (:mod:`tfhash.startup`): (category, module, message), the last two regular expressions matched
+#: at the start of the warning's module and text.
 QUIET_WARNINGS = (
-    # The google.* client libraries (TFX's dependencies) announce the end of their Python 3.10
-    # support, and aiplatform asks for a newer google-cloud-storage, on import.
-    (FutureWarning, r"google(\.|$)", ""),
     # Keras at the end of the first epoch of a dataset without a stated length (the Trainer's):
     # the epoch ended where the data did, as intended.
     (UserWarning, r"keras(\.|$)", "Your input ran out of data"),
@@ -126,13 +125,14 @@ def setup_console(verbose: int = 0) -> None:
 
     Quiet, a run shows what a user reads:
 
-    * TensorFlow's C++ log (CUDA plugin registration on a CPU machine, TensorRT, oneDNN and
-      CPU-feature notices) is off: ``TF_CPP_MIN_LOG_LEVEL=3``, unless the environment sets it.
-      TensorFlow reads it once, when it is first imported, so this runs before any command imports
-      TensorFlow (the command line's modules import it only inside the commands).
-    * The Python warnings of :data:`QUIET_WARNINGS` are ignored: ``FutureWarning``\\ s of the
-      ``google.*`` client libraries (Python-version support notices printed on import of TFX's
-      dependencies) and Keras's note that an epoch ended where the data did.
+    * What importing tfhash holds back stays held back (:func:`tfhash.startup.hold_back`):
+      TensorFlow's C++ log (CUDA plugin registration on a CPU machine, TensorRT, oneDNN and
+      CPU-feature notices), unless the environment sets its level, and the ``google.*`` client
+      libraries' ``FutureWarning``\\ s. TensorFlow reads its level once, when it is first imported,
+      so this runs before any command imports TensorFlow (the command line's modules import it only
+      inside the commands).
+    * The Python warnings of :data:`QUIET_WARNINGS` are ignored: Keras's note that an epoch ended
+      where the data did.
     * TFX's absl log is reduced to one line per pipeline component by :class:`PipelineProgress`;
       TensorFlow's deprecation notices about calls inside the libraries (:data:`TF_DEPRECATION`)
       are dropped.
@@ -152,8 +152,9 @@ def setup_console(verbose: int = 0) -> None:
     # level from the flag.
     absl_logging.set_verbosity(absl_logging.DEBUG if verbose >= 2 else absl_logging.INFO)
     if verbose > 0:
+        startup.let_through()
         return
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    startup.hold_back()
     for category, module, message in QUIET_WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=category, module=module)
     for name, quiet in (("absl", PipelineProgress()), ("tensorflow", DropMessages(TF_DEPRECATION))):
