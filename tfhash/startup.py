@@ -1,17 +1,8 @@
-"""What importing tfhash holds back: the start-up notices of TensorFlow and of the google client
-libraries, which say nothing a user of tfhash can act on, unless the user asks for them.
-
-* TensorFlow's C++ log (CUDA plugin registration on a machine without a GPU, TensorRT and
-  CPU-feature notices) is off: ``TF_CPP_MIN_LOG_LEVEL=3``, unless the environment sets it
-  (``TF_CPP_MIN_LOG_LEVEL=0`` shows it all). TensorFlow reads it once, when it is first imported,
-  so :func:`hold_back` runs when ``tfhash`` is imported, before any of its modules imports
-  TensorFlow.
-* The ``FutureWarning``\\ s of the ``google.*`` client libraries (their notices on the end of
-  Python 3.10 support, printed on import of TFX's dependencies) are ignored by a filter appended
-  after Python's own, so that ``-W`` options, ``PYTHONWARNINGS`` and an application's filters come
-  first (``-W default::FutureWarning`` shows them).
-
-The ``tfhash`` command's ``-v`` lets both through (:func:`let_through`).
+"""What importing tfhash holds back: the start-up notices of TensorFlow (its C++ log: CUDA plugin
+registration on a machine without a GPU, TensorRT and CPU-feature notices) and of the google
+client libraries (Python-version support notices), which say nothing a user of tfhash can act
+on, unless the user asks for them (:func:`hold_back`); the ``tfhash`` command's ``-v`` lets both
+through (:func:`let_through`).
 """
 
 from __future__ import annotations
@@ -30,8 +21,11 @@ _set_here = False  # whether hold_back, not the environment, set TF_LOG_LEVEL
 
 
 def hold_back() -> None:
-    """Set :data:`TF_LOG_LEVEL` to 3 unless the environment sets it, and ignore
-    :data:`GOOGLE_NOTICES` after every other warning filter."""
+    """Set :data:`TF_LOG_LEVEL` to 3 unless the environment sets it (``TF_CPP_MIN_LOG_LEVEL=0``
+    shows TensorFlow's log), and ignore :data:`GOOGLE_NOTICES` by a filter appended after every
+    other, so that ``-W`` options, ``PYTHONWARNINGS`` and an application's filters come first
+    (``-W default::FutureWarning`` shows them). TensorFlow reads its level once, when it is first
+    imported: ``tfhash`` calls this on import, before any of its modules imports TensorFlow."""
     global _set_here
     if TF_LOG_LEVEL not in os.environ:
         os.environ[TF_LOG_LEVEL] = "3"
