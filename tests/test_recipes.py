@@ -222,3 +222,27 @@ def test_per_tower_settings_resolve_into_one_typed_tower_each():
     plain = FineTuning(optimizer="auto").make_optimizer(1, 1)
     assert isinstance(plain, keras.optimizers.Adam) and not isinstance(plain, keras.optimizers.AdamW)
     assert isinstance(FineTuning(optimizer="auto", weight_decay=0.01).make_optimizer(1, 1), keras.optimizers.AdamW)
+
+
+def test_a_section_naming_the_photo_recipe_trains_it_under_its_own_keys():
+    from dataclasses import replace
+
+    from tfhash.recipes import RECOMMENDED_PHOTOS, with_recipe
+    from tfhash.training_spec import PHOTOS, TrainingSpec
+
+    assert TrainingSpec.from_dict(with_recipe({"recipe": PHOTOS})) == replace(RECOMMENDED_PHOTOS, recipe=PHOTOS)
+    mine = TrainingSpec.from_dict(with_recipe({"recipe": PHOTOS, "bits": 32, "fine_tuning": {"dropout": 0.2, "trunk_cache": {"views": 4}}}))
+    cache = mine.fine_tuning.trunk_cache
+    assert (mine.bits, mine.fine_tuning.dropout, cache.views) == (32, 0.2, 4)  # the section's keys win
+    assert (cache.cut, cache.mixup, mine.fine_tuning.backbone_learning_rate) == (RECOMMENDED_PHOTOS.fine_tuning.trunk_cache.cut,
+                                                                                 RECOMMENDED_PHOTOS.fine_tuning.trunk_cache.mixup,
+                                                                                 RECOMMENDED_PHOTOS.fine_tuning.backbone_learning_rate)  # fmt: skip
+    assert TrainingSpec.from_dict(with_recipe({"recipe": PHOTOS, "fine_tuning": {"trunk_cache": None}})).fine_tuning.trunk_cache is None
+    with pytest.raises(ValueError, match="trains a pretrained image network; drop backbone 'mlp'"):
+        with_recipe({"recipe": PHOTOS, "backbone": "mlp"})
+    with pytest.raises(ValueError, match="trains 'scdh'; drop method 'hyp2'"):
+        with_recipe({"recipe": PHOTOS, "method": "hyp2"})
+    with pytest.raises(ValueError, match="'single-label photos' for single-label images"):
+        with_recipe({"recipe": "single-label", "backbone": "efficientnet_lite0"})
+    with pytest.raises(ValueError, match="with an image network"):
+        TrainingSpec(recipe=PHOTOS, backbone="mlp")

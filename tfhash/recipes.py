@@ -17,7 +17,7 @@ import numpy as np
 from tfhash.fine_tuning import FineTuning
 from tfhash.labels import multi_hot
 from tfhash.towers import checked_widths
-from tfhash.training_spec import PIPELINE_KINDS, TrainingSpec
+from tfhash.training_spec import PHOTOS, PIPELINE_KINDS, TrainingSpec
 
 if TYPE_CHECKING:  # Keras loads when a recipe builds or trains, not when a config names one
     import keras
@@ -331,16 +331,20 @@ def recommended(kind: str) -> Recipe:
 def with_recipe(training: dict) -> dict:
     """``training`` over the recommended recipe it names (``"recipe": kind``): the recipe's spec
     (:meth:`Recipe.spec`: its method, settings as ``overrides``, MLP widths, epochs, batch,
-    optimizer as ``fine_tuning`` and the kind's loss preset); a key the section sets wins, and
-    ``overrides`` / ``fine_tuning`` merge key by key. Without ``recipe``, ``training`` unchanged.
+    optimizer as ``fine_tuning`` and the kind's loss preset; for ``"single-label photos"``
+    :data:`RECOMMENDED_PHOTOS`, the network, side and trunk cache included); a key the section
+    sets wins, and ``overrides`` / ``fine_tuning`` (and its ``trunk_cache``) merge key by key.
+    Without ``recipe``, ``training`` unchanged.
 
     Raises:
-        ValueError: an unknown kind, or a backbone other than ``mlp`` (the recipes are for feature
-            vectors).
+        ValueError: an unknown kind, a backbone other than ``mlp`` for the feature-vector recipes, a
+            feature-vector backbone for photos, or a method other than the recipe's.
     """
     kind = training.get("recipe")
     if kind is None:
         return training
+    if kind == PHOTOS:
+        return _over_photo_recipe(training)
     recipe = pipeline_recipe(kind)
     if training.get("backbone", "mlp") != "mlp":
         raise ValueError(f"training.recipe {kind!r} trains an MLP on feature vectors; "
@@ -352,6 +356,23 @@ def with_recipe(training: dict) -> dict:
             "fine_tuning": {**tuned["fine_tuning"], **training.get("fine_tuning", {})}}  # fmt: skip
 
 
+def _over_photo_recipe(training: dict) -> dict:
+    """``training`` over :data:`RECOMMENDED_PHOTOS` (:func:`with_recipe`)."""
+    base = RECOMMENDED_PHOTOS.to_dict()
+    if training.get("backbone", base["backbone"]) in ("mlp", "small_cnn"):
+        raise ValueError(f"training.recipe {PHOTOS!r} trains a pretrained image network; drop backbone {training['backbone']!r} "
+                         "or the recipe")  # fmt: skip
+    if training.get("method", base["method"]) != base["method"]:
+        raise ValueError(f"training.recipe {PHOTOS!r} trains {base['method']!r}; drop method {training['method']!r} or the recipe")
+    tuning = training.get("fine_tuning", {})
+    if not isinstance(tuning, dict):
+        return {**base, **training}  # TrainingSpec names what fine_tuning must be
+    cache = tuning.get("trunk_cache", base["fine_tuning"]["trunk_cache"])
+    if isinstance(cache, dict):
+        cache = {**base["fine_tuning"]["trunk_cache"], **cache}
+    return {**base, **training, "fine_tuning": {**base["fine_tuning"], **tuning, "trunk_cache": cache}}
+
+
 def pipeline_recipe(kind: str):
     """The recommended recipe of ``kind`` for a pipeline run.
 
@@ -361,5 +382,5 @@ def pipeline_recipe(kind: str):
     recipe = recommended(kind)
     if kind not in PIPELINE_KINDS:
         raise ValueError(f"training.recipe {kind!r} is for fixed feature vectors (python -m benchmarks.peers); the "
-                         f"pipeline takes {PIPELINE_KINDS}: for single-label images set method and backbone instead")  # fmt: skip
+                         f"pipeline takes {PIPELINE_KINDS}, and {PHOTOS!r} for single-label images")  # fmt: skip
     return recipe

@@ -70,7 +70,9 @@ class TrainingSpec:
                                 "`standardise` (z-scores per feature), `rbf` (RBF features on 500 anchors, then "
                                 "standardised); one for every vector input or `{modality: map}`")
     recipe: str | None = config_key(None, "a kind of data of `tfhash.recipes.RECOMMENDED` (`multi-label`, `cross-modal`): "
-                             "its method, settings, MLP and optimizer, under whatever this section sets itself")
+                             "its method, settings, MLP and optimizer, under whatever this section sets itself; or "
+                             "`single-label photos`: `tfhash.recipes.RECOMMENDED_PHOTOS` (network, side, trunk cache, "
+                             "schedule) likewise")
 
     def __post_init__(self) -> None:
         from tfhash.networks import check_backbone_name
@@ -117,9 +119,11 @@ class TrainingSpec:
             if cache.mixup and not method.label_coefficients:
                 raise ValueError(f"training.fine_tuning.trunk_cache.mixup mixes SCUL's label weights: method {self.method!r} "
                                  "has none (use scdh, or set mixup to 0)")  # fmt: skip
-        if self.recipe is not None and (self.recipe not in PIPELINE_KINDS or self.backbone != "mlp"):
+        photo_recipe = self.recipe == PHOTOS and self.backbone not in ("mlp", "small_cnn")
+        if self.recipe is not None and not photo_recipe and (self.recipe not in PIPELINE_KINDS or self.backbone != "mlp"):
             raise ValueError(f"training.recipe names the recommended recipe a section started from, one of {PIPELINE_KINDS} "
-                             f"with backbone mlp; got {self.recipe!r} with backbone {self.backbone!r}")  # fmt: skip
+                             f"with backbone mlp, or {PHOTOS!r} with an image network; got {self.recipe!r} with backbone "
+                             f"{self.backbone!r}")  # fmt: skip
 
     @classmethod
     def from_dict(cls, section: dict, where: str = "training.") -> TrainingSpec:
