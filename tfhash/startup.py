@@ -25,7 +25,8 @@ def hold_back() -> None:
     shows TensorFlow's log), and ignore :data:`GOOGLE_NOTICES` by a filter appended after every
     other, so that ``-W`` options, ``PYTHONWARNINGS`` and an application's filters come first
     (``-W default::FutureWarning`` shows them). TensorFlow reads its level once, when it is first
-    imported: ``tfhash`` calls this on import, before any of its modules imports TensorFlow."""
+    imported: ``tfhash`` calls this on import, before any of its modules imports TensorFlow. The
+    level is set in the process's environment, so processes it starts inherit it."""
     global _set_here
     if TF_LOG_LEVEL not in os.environ:
         os.environ[TF_LOG_LEVEL] = "3"
