@@ -16,6 +16,7 @@ import numpy as np
 
 from tfhash.fine_tuning import FineTuning
 from tfhash.labels import multi_hot
+from tfhash.networks import OTHER_BACKBONES
 from tfhash.towers import checked_widths
 from tfhash.training_spec import PHOTOS, PIPELINE_KINDS, TrainingSpec
 
@@ -359,7 +360,7 @@ def with_recipe(training: dict) -> dict:
 def _over_photo_recipe(training: dict) -> dict:
     """``training`` over :data:`RECOMMENDED_PHOTOS` (:func:`with_recipe`)."""
     base = RECOMMENDED_PHOTOS.to_dict()
-    if training.get("backbone", base["backbone"]) in ("mlp", "small_cnn"):
+    if training.get("backbone", base["backbone"]) in OTHER_BACKBONES:
         raise ValueError(f"training.recipe {PHOTOS!r} trains a pretrained image network; drop backbone {training['backbone']!r} "
                          "or the recipe")  # fmt: skip
     if training.get("method", base["method"]) != base["method"]:

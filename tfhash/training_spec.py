@@ -75,7 +75,7 @@ class TrainingSpec:
                              "schedule) likewise")
 
     def __post_init__(self) -> None:
-        from tfhash.networks import check_backbone_name
+        from tfhash.networks import OTHER_BACKBONES, check_backbone_name
 
         if self.method not in method_names():
             raise ValueError(f"unknown method {self.method!r}; choose one of {method_names()}{suggestion(self.method, method_names())}")
@@ -113,13 +113,13 @@ class TrainingSpec:
                              "machine that trains)")  # fmt: skip
         if cache is not None:
             method = get_method(self.method)
-            if self.backbone in ("small_cnn", "mlp") or method.cross_modal or method.semi_supervised:
+            if self.backbone in OTHER_BACKBONES or method.cross_modal or method.semi_supervised:
                 raise ValueError(f"training.fine_tuning.trunk_cache serves one pretrained image network (an ImageNet "
                                  f"network or your encoder), not method {self.method!r} with backbone {self.backbone!r}")  # fmt: skip
             if cache.mixup and not method.label_coefficients:
                 raise ValueError(f"training.fine_tuning.trunk_cache.mixup mixes SCUL's label weights: method {self.method!r} "
                                  "has none (use scdh, or set mixup to 0)")  # fmt: skip
-        photo_recipe = self.recipe == PHOTOS and self.backbone not in ("mlp", "small_cnn")
+        photo_recipe = self.recipe == PHOTOS and self.backbone not in OTHER_BACKBONES
         if self.recipe is not None and not photo_recipe and (self.recipe not in PIPELINE_KINDS or self.backbone != "mlp"):
             raise ValueError(f"training.recipe names the recommended recipe a section started from, one of {PIPELINE_KINDS} "
                              f"with backbone mlp, or {PHOTOS!r} with an image network; got {self.recipe!r} with backbone "

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from tfhash.networks import OTHER_BACKBONES
 from tfhash.registry import variant
 from tfhash.training_spec import PHOTOS, TrainingSpec
 from tfhash.tuning.search import (
@@ -187,7 +188,7 @@ def prepare_photos(images, labels: np.ndarray, base: TrainingSpec, budget: Budge
         ValueError: as :func:`check_images`.
     """
     images = check_images(images, labels)
-    if base.backbone in ("mlp", "small_cnn") or base.fine_tuning.trunk_cache is None:
+    if base.backbone in OTHER_BACKBONES or base.fine_tuning.trunk_cache is None:
         raise TuningError(f"the search over image recipes trains a pretrained image network above a trunk cache; the base "
                           f"spec trains backbone {base.backbone!r} with trunk_cache {base.fine_tuning.trunk_cache}: name an "
                           "ImageNet network (e.g. efficientnet_lite0) with fine_tuning.trunk_cache set")  # fmt: skip
