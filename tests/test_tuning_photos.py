@@ -120,6 +120,12 @@ def test_cli_tune_searches_photos_above_a_base_file_and_refuses_a_base_for_vecto
     chosen = TrainingSpec.from_dict(summary["recipe"])
     assert (chosen.bits, chosen.image_size, chosen.backbone) == (16, 32, SMALL.backbone)  # --bits over the base's own
     assert f"chosen: scdh on {SMALL.backbone}" in result.output
+    named = {"recipe": PHOTOS, "image_size": 32, "epochs": 4, "mixed_precision": "off", "batch_size": 32}  # as own-images.md writes it
+    base.write_text(json.dumps({"training": named}))
+    result = CliRunner().invoke(main, ["tune", str(data), "--trials", "1", "--base", str(base), "--output-dir", str(out)])
+    assert result.exit_code == 0, result.output
+    chosen = TrainingSpec.from_dict(json.loads((out / "tuning.json").read_text())["recipe"])
+    assert (chosen.backbone, chosen.fine_tuning.trunk_cache.cut) == (RECOMMENDED_PHOTOS.backbone, RECOMMENDED_PHOTOS.fine_tuning.trunk_cache.cut)
     np.savez(data, x=images.reshape(len(images), -1).astype("float32"), labels=labels)
     refused = CliRunner().invoke(main, ["tune", str(data), "--base", str(base), "--output-dir", str(out)])
     assert refused.exit_code == 2 and "base is the spec photos are searched above" in refused.output

@@ -216,7 +216,8 @@ def data_image_query(image: str, data_dir: str) -> None:
 
 def _training_section(path: str):
     """The :class:`tfhash.training_spec.TrainingSpec` of a JSON file holding a pipeline config or
-    its training section alone, parsed as the pipeline parses it."""
+    its training section alone, parsed as the pipeline parses it (a named ``recipe`` laid under it)."""
+    from tfhash.recipes import with_recipe
     from tfhash.training_spec import TrainingSpec
 
     try:
@@ -226,7 +227,7 @@ def _training_section(path: str):
         raise ValueError(f"{path} is not a JSON file of training settings ({err}); write a pipeline config or its "
                          "training section") from err  # fmt: skip
     section = raw.get("training", raw) if isinstance(raw, dict) else raw
-    return TrainingSpec.from_dict(section, where=f"{path}: training.")
+    return TrainingSpec.from_dict(with_recipe(section) if isinstance(section, dict) else section, where=f"{path}: training.")
 
 
 @main.command()
