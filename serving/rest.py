@@ -26,8 +26,8 @@ logger = logging.getLogger(__name__)
 #: Bodies up to this size are parsed on the event loop (well under a millisecond); larger ones on a thread.
 PARSED_ON_THE_LOOP = 64 << 10
 
-#: A chunked body over the limit is answered 413 when it passes it, and read on (dropped) up to this
-#: many times the limit, so that a client that reads the answer only after sending it all finds it.
+#: A chunked body over the limit is read on (dropped) up to this many times the limit and answered 413
+#: when it ends, so that a client that reads the answer only after sending it all finds it.
 CHUNKED_DISCARD = 4
 
 
@@ -157,7 +157,7 @@ class _Search(_Handler):
                 self._reserved = reserve
                 if declared is None:  # chunked: the body's length is known once it passes the limit (data_received)
                     self.request.connection.set_max_body_size(CHUNKED_DISCARD * front.max_body_bytes)
-        if self._finished:  # the unread body is discarded, not parsed, for at most a second
+        if self._finished:  # answered from the headers; Tornado closes the connection once the answer is written
             self.request.connection.set_max_body_size(max(declared or 0, front.max_body_bytes))
             self.request.connection.set_body_timeout(1.0)
 
@@ -176,16 +176,20 @@ class _Search(_Handler):
         if self._finished:
             return
         self._received += len(chunk)
-        limit = self.front.max_body_bytes
-        if self._received > limit:  # a chunked body (a declared length over the limit was refused in prepare)
+        if self._received > self.front.max_body_bytes:  # a chunked body (a declared length over the limit was refused in prepare)
+            # dropped and answered 413 once it ends: answering now would make Tornado close the
+            # connection under a client still sending, which then reads a reset instead of the answer
             self._chunks = []
             self._release()
-            self.answer(413, _error("RESOURCE_EXHAUSTED", f"the body must be at most {limit} bytes; this chunked body is longer"))
         else:
             self._chunks.append(chunk)
 
     async def post(self) -> None:
-        if self._finished:  # answered while its body arrived (413)
+        if self._finished:  # answered from its headers
+            return
+        limit = self.front.max_body_bytes
+        if self._received > limit:
+            self.answer(413, _error("RESOURCE_EXHAUSTED", f"the body must be at most {limit} bytes; this chunked body is longer"))
             return
         front = self.front
         front.in_flight += 1
@@ -255,9 +259,10 @@ class RestFront:
     the body, and a parameter silently ignored would let a client believe it pinned a version), 415 for
     a POST that is not ``application/json`` or declares a charset other than UTF-8 (JSON's, RFC 8259),
     413 for a declared body over ``max_body_bytes`` (answered from the
-    headers, before any body byte is read) and for a chunked body once it passes that limit (the rest
-    of it is read and dropped up to :data:`CHUNKED_DISCARD` times the limit, so that a client that
-    reads its answer only after sending finds it; beyond, the connection is closed), 429 when the bodies of the requests accepted and not yet
+    headers, before any body byte is read, and the connection closed) and for a chunked body that
+    passes that limit (the rest of it is read and dropped, and answered once it ends, up to
+    :data:`CHUNKED_DISCARD` times the limit, so that a client that reads its answer only after
+    sending finds it; beyond, Tornado answers 400 and closes the connection), 429 when the bodies of the requests accepted and not yet
     answered would exceed ``max_concurrent * max_body_bytes`` bytes (each reserves its declared
     length, a chunked one the limit), 503 while shutting down.
 

@@ -17,6 +17,7 @@ import shutil
 import socket
 import sys
 import threading
+import time
 
 import grpc
 import numpy as np
@@ -564,11 +565,14 @@ def test_rest_front(artifacts, search_server):
     limit = 1 << 20  # the fixture's max_message_bytes
     for size in (3 * limit, 6 * limit):  # chunked, no declared length: within the discarded share, and past it
         connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-        try:
-            connection.request("POST", "/v1/search", body=(b" " * (64 << 10) for _ in range(size >> 16)),
+        try:  # sent whole, paced (a client slower than the server), before the answer is read, as http.client does
+            connection.request("POST", "/v1/search", body=(time.sleep(0.002) or b" " * (64 << 10) for _ in range(size >> 16)),
                                headers={"Content-Type": "application/json"}, encode_chunked=True)  # fmt: skip
             response = connection.getresponse()
-            assert response.status == 413 and f"at most {limit} bytes" in json.loads(response.read())["error"]["message"]
+            if size <= CHUNKED_DISCARD * limit:
+                assert response.status == 413 and f"at most {limit} bytes" in json.loads(response.read())["error"]["message"]
+            else:
+                assert response.status == 400  # Tornado's parser, closing the connection
         except (BrokenPipeError, ConnectionResetError):
             assert size > CHUNKED_DISCARD * limit  # past the discarded share the connection closes mid-body
         finally:
