@@ -102,7 +102,7 @@ def step(name: str, spec: dict) -> dict:
     from tfhash.components.code_shards import CodeShards
 
     if name == "in-process":
-        codes, _, ids = encoding.encode_split(spec["model"], spec["files"], NUM_CLASSES)
+        codes, _, ids, _ = encoding.encode_split(spec["model"], spec["files"], NUM_CLASSES)
         return {"items": int(len(ids))}
     if name.startswith("beam"):
         args, threads = (IN_MEMORY, None) if name == "beam in-memory" else (TWO_PROCESSES, 1)
@@ -112,7 +112,7 @@ def step(name: str, spec: dict) -> dict:
     if name == "evaluate":
         from tfhash.metrics import evaluate_retrieval_sharded
 
-        q_codes, q_labels, _ = encoding.encode_split(spec["model"], spec["queries"], NUM_CLASSES)
+        q_codes, q_labels, _, _ = encoding.encode_split(spec["model"], spec["queries"], NUM_CLASSES)
         report = evaluate_retrieval_sharded(q_codes[:QUERIES], q_labels[:QUERIES], shards.codes_and_labels, tie_aware=True,
                                             precision_at=[1000])  # fmt: skip
         return {"items": len(shards), "mAP@all": report.mean_average_precision(), "P@H<=2": float(report.summary(radius=2)["P@H<=2"])}

@@ -1,4 +1,4 @@
-"""Code shards: a split's packed codes, labels and ids as files, in record order, with a manifest.
+"""Code shards: a split's packed codes, labels, ids and embeddings as files, in record order, with a manifest.
 
 The Beam encoding job (:class:`tfhash.components.encoding.EncodeToShards`) writes them; the
 RetrievalEvaluator streams them into :func:`tfhash.metrics.evaluate_retrieval_sharded` and the
@@ -20,16 +20,18 @@ import numpy as np
 
 from tfhash import storage
 from tfhash._version import __version__
+from tfhash.index.refine import Embeddings
 
 __all__ = ["MANIFEST", "PART_RECORDS", "CodeShardsError", "shard_name", "write_shard", "write_manifest", "CodeShards"]
 
 
-FORMAT_VERSION = 1
+#: Version 2 added each item's embedding (the second stage of a search, tfhash.index.refine).
+FORMAT_VERSION = 2
 KIND = "tfhash-code-shards"
 MANIFEST = "manifest.json"
 #: Records per shard: one shard is the most a worker holds (records in, codes and labels out).
 PART_RECORDS = 16384
-_ARRAYS = ("codes", "labels", "ids")
+_ARRAYS = ("codes", "labels", "ids", "embeddings")
 _EPOCH = (1980, 1, 1, 0, 0, 0)  # the zip members' date: a shard's bytes depend on its arrays only
 #: Manifest fields a reader needs.
 REQUIRED_FIELDS = ("signature", "signature_fingerprint", "num_classes", "code_bytes", "count", "sources", "shards")
@@ -44,17 +46,20 @@ def shard_name(source: int, part: int) -> str:
     return f"shard-{source:05d}-{part:05d}.npz"
 
 
-def write_shard(directory: str, source: int, part: int, codes: np.ndarray, labels: np.ndarray, ids: np.ndarray) -> dict:
-    """Write one shard into ``directory``; return its manifest entry.
+def write_shard(directory: str, source: int, part: int, codes: np.ndarray, labels: np.ndarray, ids: np.ndarray,
+                embeddings: np.ndarray) -> dict:  # fmt: skip
+    """Write one shard into ``directory``; return its manifest entry (``embeddings``: int8 rows,
+    :func:`tfhash.index.refine.quantised_rows`).
 
     Raises:
         CodeShardsError: arrays whose rows disagree.
     """
-    if not len(codes) == len(labels) == len(ids):
-        raise CodeShardsError(f"shard {shard_name(source, part)}: {len(codes)} codes, {len(labels)} labels, {len(ids)} ids")
+    if not len(codes) == len(labels) == len(ids) == len(embeddings):
+        raise CodeShardsError(f"shard {shard_name(source, part)}: {len(codes)} codes, {len(labels)} labels, {len(ids)} ids, "
+                              f"{len(embeddings)} embeddings")  # fmt: skip
     buffer = io.BytesIO()
     arrays = {"codes": np.ascontiguousarray(codes, np.uint8), "labels": np.ascontiguousarray(labels, np.uint8),
-              "ids": np.ascontiguousarray(ids, np.int64)}  # fmt: skip
+              "ids": np.ascontiguousarray(ids, np.int64), "embeddings": np.ascontiguousarray(embeddings, np.int8)}  # fmt: skip
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:  # np.savez's layout, with a fixed date
         for key, array in arrays.items():
             with archive.open(zipfile.ZipInfo(f"{key}.npy", date_time=_EPOCH), "w") as handle:
@@ -106,15 +111,16 @@ class CodeShards:
     A directory of code shards::
 
         manifest.json                 written last: its presence means every shard is in
-        shard-<file>-<part>.npz       codes uint8 (n, K/8), labels uint8 (n, C), ids int64 (n,)
+        shard-<file>-<part>.npz       codes uint8 (n, K/8), labels uint8 (n, C), ids int64 (n,),
+                                      embeddings int8 (n, K) (quantised_rows)
 
     Shard ``shard-00003-00001.npz`` holds part 1 (records ``part_records`` .. ``2 * part_records -
     1``) of the fourth record file of the split, files in sorted order: the shards in manifest order
     are the records in the order the in-process encoder reads them, the order mAP@all breaks ties by.
 
-    Manifest (format version 1)::
+    Manifest (format version 2)::
 
-        {"format_version": 1, "kind": "tfhash-code-shards", "signature": "serving_default",
+        {"format_version": 2, "kind": "tfhash-code-shards", "signature": "serving_default",
          "signature_fingerprint": "...", "num_classes": 10, "code_bytes": 8, "count": 69000,
          "sources": ["<record file>", ...], "part_records": 16384,
          "shards": [{"name": "shard-00000-00000.npz", "source": 0, "part": 0, "count": 16384,
@@ -175,6 +181,9 @@ class CodeShards:
         Raises:
             CodeShardsError: a missing or corrupt shard, or one whose arrays disagree with the manifest.
         """
+        return self._read(entry)[:3]
+
+    def _read(self, entry: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         path = storage.join(self.directory, entry["name"])
         try:
             data = storage.read_bytes(path)
@@ -183,13 +192,13 @@ class CodeShards:
         if hashlib.sha256(data).hexdigest() != entry["sha256"]:
             raise CodeShardsError(f"{path}: checksum mismatch: the shard is corrupt or was replaced; encode the split again")
         with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
-            codes, labels, ids = (arrays[name] for name in _ARRAYS)
+            found = tuple(arrays[name] for name in _ARRAYS)
         shapes = {"codes": (entry["count"], self.manifest["code_bytes"]), "labels": (entry["count"], self.manifest["num_classes"]),
-                  "ids": (entry["count"],)}  # fmt: skip
-        for name, array in zip(_ARRAYS, (codes, labels, ids), strict=True):
+                  "ids": (entry["count"],), "embeddings": (entry["count"], self.manifest["code_bytes"] * 8)}  # fmt: skip
+        for name, array in zip(_ARRAYS, found, strict=True):
             if array.shape != shapes[name]:
                 raise CodeShardsError(f"{path}: {name} of shape {array.shape}, the manifest says {shapes[name]}")
-        return codes, labels, ids
+        return found
 
     def verify(self) -> None:
         """Read every shard and check it (:meth:`read`) without keeping it.
@@ -218,3 +227,15 @@ class CodeShards:
             codes[start:start + len(shard_ids)], ids[start:start + len(shard_ids)] = shard_codes, shard_ids
             start += len(shard_ids)
         return codes, ids
+
+    def embeddings(self) -> Embeddings:
+        """Every item's embedding with its id (:class:`tfhash.index.refine.Embeddings`), for the
+        second stage of the index built from these shards."""
+        rows = np.empty((self.count, self.manifest["code_bytes"] * 8), np.int8)
+        ids = np.empty(self.count, np.int64)
+        start = 0
+        for entry in self.manifest["shards"]:
+            _, _, shard_ids, shard_rows = self._read(entry)
+            rows[start:start + len(shard_ids)], ids[start:start + len(shard_ids)] = shard_rows, shard_ids
+            start += len(shard_ids)
+        return Embeddings(rows, ids)

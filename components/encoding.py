@@ -24,6 +24,7 @@ from tfhash.components.code_shards import (
 
 from tfhash import storage
 from tfhash.artifacts import (
+    CODES,
     EXAMPLES_INPUT,
     EXAMPLES_SIGNATURE,
     ID,
@@ -32,6 +33,7 @@ from tfhash.artifacts import (
     label_spec,
     signature_fingerprint,
 )
+from tfhash.index.refine import quantised_rows
 
 __all__ = ["split_files", "encode_split", "shards_dir", "EncodeToShards", "ShardJob", "run_shard_jobs", "encode_to_shards"]
 
@@ -48,16 +50,19 @@ def split_files(examples_uri: str, split: str) -> list[str]:
     return files
 
 
-def encode_batch(serve, records, num_classes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Packed codes uint8 ``(n, K/8)``, multi-hot labels uint8 ``(n, C)`` and ids int64 ``(n,)`` of
-    a batch of serialized records, encoded by the signature function ``serve``."""
-    codes = serve(**{EXAMPLES_INPUT: records})[PACKED_CODES].numpy()
+def encode_batch(serve, records, num_classes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Packed codes uint8 ``(n, K/8)``, multi-hot labels uint8 ``(n, C)``, ids int64 ``(n,)`` and
+    embeddings int8 ``(n, K)`` (the continuous codes in 8 bits,
+    :func:`tfhash.index.refine.quantised_rows`) of a batch of serialized records, encoded by the
+    signature function ``serve``."""
+    outputs = serve(**{EXAMPLES_INPUT: records})
+    codes, embeddings = outputs[PACKED_CODES].numpy(), quantised_rows(outputs[CODES].numpy())
     parsed = tf.io.parse_example(records, label_spec())
     dense = tf.sparse.to_dense(parsed[LABELS], default_value=-1).numpy()
     multi_hot = np.zeros((dense.shape[0], num_classes), dtype=np.uint8)
     rows, cols = np.nonzero(dense >= 0)
     multi_hot[rows, dense[rows, cols]] = 1
-    return codes, multi_hot, parsed[ID].numpy()[:, 0]
+    return codes, multi_hot, parsed[ID].numpy()[:, 0], embeddings
 
 
 def file_batches(path: str, batch_size: int):
@@ -68,17 +73,17 @@ def file_batches(path: str, batch_size: int):
 
 def encode_split(saved_model_dir: str, files: list[str], num_classes: int, batch_size: int = BATCH_SIZE,
                  signature: str = EXAMPLES_SIGNATURE):  # fmt: skip
-    """Packed codes, multi-hot labels and ids of every example in ``files``, encoded by
+    """Packed codes, multi-hot labels, ids and embeddings of every example in ``files``, encoded by
     ``signature`` (``serving_<modality>`` picks one tower of a cross-modal model) in one process.
 
     Returns:
-        ``(packed uint8 (n, K/8), labels uint8 (n, C), ids int64 (n,))``.
+        ``(packed uint8 (n, K/8), labels uint8 (n, C), ids int64 (n,), embeddings int8 (n, K))``.
     """
     serve = tf.saved_model.load(saved_model_dir).signatures[signature]
     parts = [encode_batch(serve, batch, num_classes) for path in files for batch in file_batches(path, batch_size)]
     if not parts:
         raise ValueError(f"the record files {files} hold no records to encode")
-    return tuple(np.concatenate([part[i] for part in parts]) for i in range(3))
+    return tuple(np.concatenate([part[i] for part in parts]) for i in range(4))
 
 
 def shards_dir(cache_dir: str, saved_model_dir: str, files: list[str], num_classes: int, signature: str = EXAMPLES_SIGNATURE) -> str:
@@ -110,7 +115,7 @@ class ShardEncoder(ModelHandler):
     per worker process (after checking its fingerprint; with ``tf_threads``, TF's thread pools of
     that size first, unless TF already runs in the process, as with the in-memory runner) and
     encodes one part of a record file per call, ``batch_size`` records at a time, into
-    ``(codes, labels, ids)``."""
+    ``(codes, labels, ids, embeddings)``."""
 
     def __init__(self, saved_model_dir: str, signature: str, num_classes: int, batch_size: int, fingerprint: str,
                  tf_threads: int | None = None):  # fmt: skip
@@ -151,7 +156,7 @@ class ShardEncoder(ModelHandler):
                 reason = (str(err).splitlines() or [type(err).__name__])[0]
                 raise ValueError(f"record file {path}, records {first}-{first + len(records) - 1}: a record failed to encode: "
                                  f"{reason}") from err  # fmt: skip
-            results.append((key, tuple(np.concatenate([a[i] for a in arrays]) for i in range(3))))
+            results.append((key, tuple(np.concatenate([a[i] for a in arrays]) for i in range(4))))
         return results
 
 

@@ -76,7 +76,8 @@ def IndexBuilder(
     database is encoded as a Beam job of code shards on the pipeline's runner; the shards the
     RetrievalEvaluator wrote with a model of the same SavedModel fingerprint are read from its
     artifact instead (:func:`tfhash.components.encoding.run_shard_jobs`). Indexes are filled from the
-    shards (:func:`fill_index`) and saved, with their version lock, once every shard is in.
+    shards (:func:`fill_index`) and saved, with their version lock and the items' embeddings (the
+    second stage of a search, :mod:`tfhash.index.refine`), once every shard is in.
 
     A ``Milvus`` index goes to the Milvus at ``milvus_uri``, into the collection
     ``<collection_prefix>_v<version>[_<modality>]`` (one per model version, so the version being served
@@ -121,7 +122,7 @@ def IndexBuilder(
             try:
                 fill_index(built, shards)
                 path = index_dir(index_base_dir, version, kind, modality)
-                built.save(path, model_version=version, signature_fingerprint=fingerprint)
+                built.save(path, model_version=version, signature_fingerprint=fingerprint, embeddings=shards.embeddings())
             finally:
                 built.close()
             written[index_name(kind, modality)] = path

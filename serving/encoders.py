@@ -67,26 +67,27 @@ class Encoder(abc.ABC):
     def bits(self) -> int:
         return int(self.signatures[self.examples_signature]["outputs"][CODES][1][-1])
 
-    def encode_examples(self, serialized: list[bytes], timeout: float | None = None) -> np.ndarray:
-        """Packed codes of serialized examples that :func:`~tfhash.serving.requests.check_examples` passed."""
+    def encode_examples(self, serialized: list[bytes], timeout: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """``(packed codes, continuous codes)`` of serialized examples that
+        :func:`~tfhash.serving.requests.check_examples` passed."""
         if not serialized:
             raise invalid("no examples in the request")
-        return self._packed(self._predict(self.examples_signature, {EXAMPLES_INPUT: np.array(serialized, dtype=object)}, timeout))
+        return self._checked(self._predict(self.examples_signature, {EXAMPLES_INPUT: np.array(serialized, dtype=object)}, timeout))
 
-    def encode_features(self, features: np.ndarray, timeout: float | None = None) -> np.ndarray:
-        """Packed codes of float32 features that :func:`~tfhash.serving.requests.check_features`
+    def encode_features(self, features: np.ndarray, timeout: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """``(packed codes, continuous codes)`` of float32 features that :func:`~tfhash.serving.requests.check_features`
         passed; a shape the model does not take is refused."""
         ((name, (_, expected)),) = self.signatures[self.features_signature]["inputs"].items()
         if not shape_matches(features.shape, expected):
             raise invalid(f"features have shape {list(features.shape)}; the model takes {expected} (-1: any)")
-        return self._packed(self._predict(self.features_signature, {name: features}, timeout))
+        return self._checked(self._predict(self.features_signature, {name: features}, timeout))
 
     @staticmethod
-    def _packed(outputs: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    def _checked(outputs: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         packed, codes = outputs
         if not np.all(np.isfinite(codes)):
             raise invalid("the input encodes to NaN or infinite codes (non-finite feature values?)")
-        return np.asarray(packed, dtype=np.uint8)
+        return np.asarray(packed, dtype=np.uint8), np.asarray(codes, dtype=np.float32)
 
 
 class InProcessEncoder(Encoder):

@@ -13,7 +13,7 @@ import os
 from importlib import resources
 
 from tfhash.serving.errors import invalid, not_found, permission_denied, too_large
-from tfhash.serving.requests import Query, json_int, json_object, json_version
+from tfhash.serving.requests import Query, json_bool, json_int, json_object, json_version
 
 from tfhash.artifacts import Item
 from tfhash.data.export import image_type
@@ -22,7 +22,7 @@ __all__ = ["is_loopback_host", "page_html", "ItemImages"]
 
 
 #: The fields of a ``POST /v1/search-image`` body.
-UPLOAD_FIELDS = ("image", "k", "model_version")
+UPLOAD_FIELDS = ("image", "k", "model_version", "refine")
 #: Largest image file the page serves, or takes as a query.
 MAX_IMAGE_BYTES = 10 << 20
 def is_loopback_host(host_header: str) -> bool:
@@ -129,9 +129,10 @@ class ItemImages:
             raise invalid(str(err)) from None
 
     def upload_query(self, raw: bytes) -> Query:
-        """A ``POST /v1/search-image`` body, ``{"image": base64 of an image file, "k", "model_version"}``,
+        """A ``POST /v1/search-image`` body, ``{"image": base64 of an image file, "k", "model_version", "refine"}``,
         as the query of that image (``k`` 10 when it is left out)."""
         body = json_object(raw, UPLOAD_FIELDS)
         if "image" not in body:
             raise invalid("the body needs image: the base64 text of an image file")
-        return Query(examples=[self.query_example(body["image"])], k=json_int(body, "k", 10), model_version=json_version(body))
+        return Query(examples=[self.query_example(body["image"])], k=json_int(body, "k", 10), model_version=json_version(body),
+                     refine=json_bool(body, "refine", True))  # fmt: skip

@@ -19,13 +19,13 @@ import numpy as np
 from google.protobuf.message import DecodeError
 from tfhash.serving.errors import invalid, quoted_value
 
-__all__ = ["Limits", "DEFAULT_LIMITS", "check_features", "require_complete_parse", "decode_whole", "check_examples", "Query", "join_queries", "query_from_proto", "json_object", "json_numbers", "json_int", "json_version", "query_from_json"]
+__all__ = ["Limits", "DEFAULT_LIMITS", "check_features", "require_complete_parse", "decode_whole", "check_examples", "Query", "join_queries", "query_from_proto", "json_object", "json_numbers", "json_int", "json_bool", "json_version", "query_from_json"]
 
 
 #: Batch axis plus at most seven feature axes.
 MAX_FEATURE_DIMS = 8
 QUERY_FIELDS = ("examples", "features", "codes", "packed_codes")
-JSON_FIELDS = (*QUERY_FIELDS, "k", "radius", "model_version")
+JSON_FIELDS = (*QUERY_FIELDS, "k", "radius", "model_version", "refine")
 
 
 @dataclass(frozen=True)
@@ -122,8 +122,8 @@ class Query:
     """One search request as every front parses it, once, where it enters: exactly one of
     ``examples`` (serialized tf.Examples), ``features`` (numbers, batch first) or ``codes`` (packed
     uint8 (n, K/8) or +-1 (n, K)), checked on creation (:func:`check_examples`,
-    :func:`check_features`), and the search's ``k``, ``radius`` and pinned ``model_version`` ("":
-    any). The layers below trust the inputs; what depends on the service's limits and on the
+    :func:`check_features`), and the search's ``k``, ``radius``, pinned ``model_version`` ("":
+    any) and ``refine`` (order by the stored embeddings where the index has them). The layers below trust the inputs; what depends on the service's limits and on the
     served pair (k, radius, the batch size, the code width, the version) is checked by
     :meth:`tfhash.serving.searcher.VersionedSearcher.search`."""
 
@@ -133,6 +133,7 @@ class Query:
     k: int = 10
     radius: int | None = None
     model_version: str = ""
+    refine: bool = True
 
     def __post_init__(self):
         given = [x for x in (self.examples, self.features, self.codes) if x is not None]
@@ -155,10 +156,10 @@ class Query:
     @property
     def join_key(self) -> tuple:
         """Queries with equal keys can be answered by one call (:func:`join_queries`): the same
-        form, k, radius and pinned version, and rows of the same type and shape."""
+        form, k, radius, pinned version and refine, and rows of the same type and shape."""
         rows = getattr(self, self.form)
         layout = None if self.form == "examples" else (rows.dtype.str, rows.shape[1:])
-        return self.form, self.k, self.radius, self.model_version, layout
+        return self.form, self.k, self.radius, self.model_version, self.refine, layout
 
 
 def join_queries(queries: list[Query]) -> Query:
@@ -169,7 +170,7 @@ def join_queries(queries: list[Query]) -> Query:
         raise ValueError("only queries of one join key can be joined")
     parts = [getattr(q, first.form) for q in queries]
     joined = object.__new__(Query)  # the fields set directly: no second check of the rows
-    for name in ("examples", "features", "codes", "k", "radius", "model_version"):
+    for name in ("examples", "features", "codes", "k", "radius", "model_version", "refine"):
         object.__setattr__(joined, name, getattr(first, name))
     object.__setattr__(joined, first.form, [row for part in parts for row in part] if first.form == "examples" else np.concatenate(parts))
     return joined
@@ -210,7 +211,8 @@ def query_from_proto(request) -> Query:
     which = request.WhichOneof("query")
     if which is None:
         raise invalid("the request has no query: set examples, features or codes")
-    search = {"k": request.k, "radius": request.radius if request.HasField("radius") else None, "model_version": request.model_version}
+    search = {"k": request.k, "radius": request.radius if request.HasField("radius") else None, "model_version": request.model_version,
+              "refine": request.refine if request.HasField("refine") else True}  # fmt: skip
     if which == "examples":
         return Query(examples=list(request.examples.serialized), **search)
     if which == "features":
@@ -276,6 +278,14 @@ def json_int(body: dict, name: str, default=None):
     return value
 
 
+def json_bool(body: dict, name: str, default: bool) -> bool:
+    """An optional boolean field (``true`` / ``false`` only: numbers and strings are refused)."""
+    value = body.get(name, default)
+    if not isinstance(value, bool):
+        raise invalid(f"{name} must be true or false, got {value!r}"[:200])
+    return value
+
+
 def json_version(body: dict) -> str:
     value = body.get("model_version", "")
     if isinstance(value, bool) or not isinstance(value, (str, int)):
@@ -298,7 +308,8 @@ def query_from_json(body: dict) -> Query:
     if len(given) != 1:
         raise invalid(f"the body needs exactly one of {list(QUERY_FIELDS)}, got {given}")
     (field,) = given
-    search = {"k": json_int(body, "k", 10), "radius": json_int(body, "radius"), "model_version": json_version(body)}
+    search = {"k": json_int(body, "k", 10), "radius": json_int(body, "radius"), "model_version": json_version(body),
+              "refine": json_bool(body, "refine", True)}  # fmt: skip
     if field == "examples":
         return Query(examples=_base64_rows(body[field], field), **search)
     if field == "features":

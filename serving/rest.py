@@ -336,7 +336,7 @@ class RestFront:
             return err.http_status, _error(err.code.name, err.message)
         return 200, {
             "model_version": str(pair.version), "index_kind": pair.index.format_tag, "exact": pair.index.exact,
-            "results": [result_json(r) for r in results],
+            "refined": all(r.refined for r in results), "results": [result_json(r) for r in results],
         }  # fmt: skip
 
     def begin_stop(self) -> None:

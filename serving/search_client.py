@@ -33,15 +33,18 @@ class SearchAnswer:
     distances: list[np.ndarray]
     paths: list[list[str]]  # each neighbour's file (empty lists when the service has no items.csv)
     labels: list[list[list[str]]]  # each neighbour's class names
+    refined: bool = False  # ordered by the second stage (the index's embeddings), not by distance alone
 
 
 def search_request(examples=None, features=None, codes=None, k: int = 10, radius: int | None = None,
-                   model_version: str = "") -> search_pb2.SearchRequest:  # fmt: skip
+                   model_version: str = "", refine: bool = True) -> search_pb2.SearchRequest:  # fmt: skip
     """A ``SearchRequest`` from exactly one of serialized ``examples``, raw ``features`` (batch
     first) or ``codes`` (packed uint8 (n, K/8) or +-1 (n, K))."""
     if sum(x is not None for x in (examples, features, codes)) != 1:
         raise ValueError("pass exactly one of examples, features or codes")
     request = search_pb2.SearchRequest(k=k, model_version=str(model_version))
+    if not refine:
+        request.refine = False
     if radius is not None:
         request.radius = radius
     if examples is not None:
@@ -78,7 +81,7 @@ class SearchClient(ChannelClient):
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
     def search(self, examples=None, features=None, codes=None, k: int = 10, radius: int | None = None,
-               model_version: str = "", timeout: float | None = None) -> SearchAnswer:  # fmt: skip
+               model_version: str = "", refine: bool = True, timeout: float | None = None) -> SearchAnswer:  # fmt: skip
         """The ``k`` nearest items of every query, nearest first.
 
         Args:
@@ -93,6 +96,8 @@ class SearchClient(ChannelClient):
             radius: keep only the answers within this Hamming distance.
             model_version: the model version the answer must come from (empty: the one serving);
                 a version the service does not serve is refused (NOT_FOUND).
+            refine: order the Hamming candidates by the items' embeddings where the served index
+                stores them (the answer's ``refined`` says whether it did); False: Hamming order.
             timeout: seconds for the call (default the client's).
 
         Pass exactly one of ``examples``, ``features`` and ``codes``.
@@ -107,12 +112,13 @@ class SearchClient(ChannelClient):
             tfhash.serving.errors.ServingError: the service refused the request (its status and
                 message) or could not be reached.
         """
-        response = self._call(self._stub.Search, search_request(examples, features, codes, k, radius, model_version), timeout)
+        response = self._call(self._stub.Search, search_request(examples, features, codes, k, radius, model_version, refine), timeout)
         return SearchAnswer(response.model_version, response.index_kind, response.exact,
                             [np.asarray(r.ids, dtype=np.int64) for r in response.results],
                             [np.asarray(r.distances, dtype=np.float32) for r in response.results],
                             [list(r.paths) for r in response.results],
-                            [[list(split_labels(names)) for names in r.labels] for r in response.results])  # fmt: skip
+                            [[list(split_labels(names)) for names in r.labels] for r in response.results],
+                            response.refined)  # fmt: skip
 
     def status(self, timeout: float | None = None) -> search_pb2.StatusResponse:
         """The service's state: the model version and index kinds it serves."""

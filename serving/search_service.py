@@ -52,7 +52,8 @@ JOIN_ROWS = 64
 
 
 def response_proto(pair: ServedPair, results: list[Neighbours]):
-    response = search_pb2.SearchResponse(model_version=str(pair.version), index_kind=pair.index.format_tag, exact=pair.index.exact)
+    response = search_pb2.SearchResponse(model_version=str(pair.version), index_kind=pair.index.format_tag, exact=pair.index.exact,
+                                         refined=all(found.refined for found in results))  # fmt: skip
     for found in results:
         neighbours = response.results.add(ids=found.ids.tolist(), distances=found.distances.tolist())
         if found.items is not None:

@@ -18,12 +18,15 @@ from tfhash import storage
 from tfhash.artifacts import Item, index_dir
 from tfhash.codes import as_packed
 from tfhash.index import (
+    Embeddings,
     HashIndex,
     HashIndexError,
     IndexFormatError,
     IndexUnavailableError,
+    load_embeddings,
     load_index,
     read_manifest,
+    refined_search,
 )
 
 __all__ = ["ServedPair", "Neighbours", "VersionedSearcher"]
@@ -35,16 +38,10 @@ logger = logging.getLogger(__name__)
 UNKNOWN_ITEM = Item("", ())
 
 
-def index_search(index: HashIndex, k: int, packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(ids, distances as float32)`` of the ``k`` nearest neighbours of each packed code (every
-    index kind takes packed codes; exact kinds break ties in insertion order)."""
-    result = index.search(packed, k)
-    return result.ids, np.asarray(result.distances, dtype=np.float32)
-
-
 @dataclass(frozen=True)
 class ServedPair:
-    """A model version and the index it built; ``stamp`` is the files' state when it loaded."""
+    """A model version and the index it built (with its items' embeddings when it stores them);
+    ``stamp`` is the files' state when it loaded."""
 
     version: int
     encoder: Encoder
@@ -52,6 +49,12 @@ class ServedPair:
     index_path: str
     fingerprint: str | None
     stamp: tuple = ()
+    embeddings: Embeddings | None = None
+
+    def refines(self, query: Query) -> bool:
+        """Whether ``query`` is answered by the second stage: the index stores embeddings, the
+        query did not turn it off, and it is encoded here (codes carry no embedding)."""
+        return self.embeddings is not None and bool(query.refine) and query.form != "codes"
 
 
 @dataclass
@@ -59,6 +62,7 @@ class Neighbours:
     ids: np.ndarray
     distances: np.ndarray
     items: list[Item] | None = None  # each neighbour's file and classes, when the service knows them
+    refined: bool = False  # ordered by the second stage (tfhash.index.refine)
 
 
 class VersionedSearcher:
@@ -90,7 +94,9 @@ class VersionedSearcher:
 
     Queries: serialized examples or raw features (encoded by the pair's model), or codes already
     computed by the client (the caller then pins ``model_version`` to be sure they came from the
-    model whose index answers). Codes are binarised with sign (sign(0) = +1) and searched in Hamming
+    model whose index answers). An index version that stores its items' embeddings answers encoded
+    queries with the second stage (:mod:`tfhash.index.refine`: the Hamming candidates ordered by
+    cosine similarity of the continuous codes) unless the query turns it off. Codes are binarised with sign (sign(0) = +1) and searched in Hamming
     space, also on a ScaNN index (dot product of +-1 codes), so every index kind answers in the same
     units. A radius filters the k nearest neighbours (it never widens the search), so a request's
     cost is bounded by its queries and k whatever the radius.
@@ -222,6 +228,7 @@ class VersionedSearcher:
         manifest = read_manifest(path)
         # a flat index's codes are mapped: the processes of a service share one copy
         index = load_index(path, expected_model_version=str(version), mapped=True)
+        embeddings = load_embeddings(path, mapped=True)
         encoder = self._make_encoder(version)
         if encoder.bits != index.bits:
             raise IndexFormatError(f"{path}: the index holds {index.bits}-bit codes, model version {version} makes {encoder.bits}")
@@ -229,7 +236,7 @@ class VersionedSearcher:
         k = min(self.limits.max_k, index.ntotal)
         if k:  # build lazy structures (ScaNN) for the largest k now, not under load
             index.search(np.ones((1, index.bits), dtype=np.int8), k)
-        return ServedPair(version, encoder, index, path, fingerprint, stamp)
+        return ServedPair(version, encoder, index, path, fingerprint, stamp, embeddings)
 
     def pair_for(self, model_version: str = "") -> ServedPair:
         """The pair to answer with, checked against a pinned version ("" = any)."""
@@ -275,10 +282,14 @@ class VersionedSearcher:
         k = int(query.k)
         if k > pair.index.ntotal:
             raise invalid(f"k = {k} is larger than the {pair.index.ntotal} items in the index")
-        packed = self._packed_codes(pair, query, timeout)
+        packed, continuous = self._encoded(pair, query, timeout)
         radius = None if query.radius is None else min(int(query.radius), pair.index.bits)  # any radius >= K keeps all
         try:
-            return pair, self._neighbours(pair, packed, k, radius)
+            if pair.refines(query):
+                found, refined = refined_search(pair.index, pair.embeddings, continuous, k), True
+            else:
+                found, refined = pair.index.search(packed, k), False
+            return pair, self._neighbours(found, radius, refined)
         except HashIndexError as err:
             raise invalid(str(err)) from err
         except IndexUnavailableError as err:  # the index's store (a Milvus server) failed: retry later
@@ -286,7 +297,8 @@ class VersionedSearcher:
             raise unavailable(f"the index of model version {pair.version} did not answer (its store is unreachable); "
                               "retry later") from err  # fmt: skip
 
-    def _packed_codes(self, pair: ServedPair, query: Query, timeout: float | None) -> np.ndarray:
+    def _encoded(self, pair: ServedPair, query: Query, timeout: float | None) -> tuple[np.ndarray, np.ndarray | None]:
+        """``(packed codes, continuous codes)`` of the queries (None for the latter of codes)."""
         if query.examples is not None:
             return pair.encoder.encode_examples(query.examples, timeout)
         if query.features is not None:
@@ -298,14 +310,15 @@ class VersionedSearcher:
         if packed.shape[1] * 8 != pair.index.bits:
             raise invalid(f"codes have {packed.shape[1] * 8} bits; the index holds {pair.index.bits}-bit codes "
                           f"(packed uint8 (n, {pair.index.bits // 8}) or +-1 (n, {pair.index.bits}))")  # fmt: skip
-        return packed
+        return packed, None
 
-    def _neighbours(self, pair: ServedPair, packed: np.ndarray, k: int, radius: int | None) -> list[Neighbours]:
+    def _neighbours(self, found, radius: int | None, refined: bool) -> list[Neighbours]:
         out = []
-        for ids, distances in zip(*index_search(pair.index, k, packed), strict=True):
+        for distances, ids in zip(*found, strict=True):  # a SearchResult's order
+            distances = np.asarray(distances, dtype=np.float32)
             keep = ids >= 0 if radius is None else (ids >= 0) & (distances <= radius)
             items = None if self.items is None else [self.items.get(int(i), UNKNOWN_ITEM) for i in ids[keep]]
-            out.append(Neighbours(ids[keep], distances[keep], items))
+            out.append(Neighbours(ids[keep], distances[keep], items, refined))
         return out
 
     def status(self) -> dict:
@@ -315,4 +328,5 @@ class VersionedSearcher:
             return {"ready": False}
         return {"ready": self.ready, "model_version": str(pair.version), "index_kind": pair.index.format_tag,
                 "count": pair.index.ntotal, "bits": pair.index.bits, "signature_fingerprint": pair.fingerprint or "",
-                "encoder": pair.encoder.describe(), "index_path": f"{pair.version}/{self.kind}"}  # fmt: skip
+                "encoder": pair.encoder.describe(), "index_path": f"{pair.version}/{self.kind}",
+                "embeddings": pair.embeddings is not None}  # fmt: skip

@@ -71,20 +71,23 @@ def export_version(base_dir: str, version: int, seed: int) -> str:
     return path
 
 
-def build_index(model_dir: str, index_base_dir: str, version: int, vectors, ids, kind: str = "BFlat", **params) -> str:
-    """Encode ``vectors`` with the SavedModel and save the index as the IndexBuilder does
-    (``params``: the index type's keywords, e.g. a Milvus index's ``uri`` and ``collection``)."""
+def build_index(model_dir: str, index_base_dir: str, version: int, vectors, ids, kind: str = "BFlat", embeddings: bool = False,
+                **params) -> str:  # fmt: skip
+    """Encode ``vectors`` with the SavedModel and save the index as the IndexBuilder does, with the
+    items' embeddings when asked (``params``: the index type's keywords, e.g. a Milvus index's
+    ``uri`` and ``collection``)."""
     import tensorflow as tf
 
     from tfhash.artifacts import signature_fingerprint
-    from tfhash.index import index_factory
+    from tfhash.index import Embeddings, index_factory
 
-    packed = tf.saved_model.load(model_dir).signatures["encode_features"](features=tf.constant(vectors))["packed_codes"]
+    outputs = tf.saved_model.load(model_dir).signatures["encode_features"](features=tf.constant(vectors))
     index = index_factory(BITS, kind, **params)
     try:
-        index.add(packed.numpy(), ids)
+        index.add(outputs["packed_codes"].numpy(), ids)
         path = os.path.join(index_base_dir, str(version), kind)
-        index.save(path, model_version=str(version), signature_fingerprint=signature_fingerprint(model_dir))
+        stored = Embeddings.of(outputs["codes"].numpy(), ids) if embeddings else None
+        index.save(path, model_version=str(version), signature_fingerprint=signature_fingerprint(model_dir), embeddings=stored)
     finally:
         index.close()
     return path

@@ -380,7 +380,7 @@ def largest_request(size: int, bits: int = 64, queries: int = 256, radius: int =
     batch = clustered_packed(queries, centres, rng)
     searcher = VersionedSearcher("", "BFlat", lambda: [], lambda version: None)  # the service's search step alone
     pair = ServedPair(1, None, index, "", None)
-    ways = {"k nearest, then radius (now)": lambda: searcher._neighbours(pair, batch, k, radius),
+    ways = {"k nearest, then radius (now)": lambda: searcher._neighbours(pair.index.search(batch, k), radius, False),
             "range search, then k (before)": lambda: [r.ids[:k] for r in index.range_search(batch, radius)]}  # fmt: skip
     rows = []
     for name, search in ways.items():

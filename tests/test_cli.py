@@ -166,6 +166,27 @@ def test_index_build_search_info(tmp_path):
     unchecked = runner.invoke(main, ["index", "search", str(out), "--queries", str(tmp_path / "codes.npz"),
                                      "--expected-signature-fingerprint", "abc"])  # fmt: skip
     assert unchecked.exit_code == 2 and "records no SavedModel signature fingerprint" in unchecked.output
+    plain = runner.invoke(main, ["index", "search", str(out), "--queries", str(tmp_path / "codes.npz"), "--embeddings-array", "query_codes"])
+    assert plain.exit_code == 2 and "stores no embeddings; build it with --embeddings-array" in plain.output
+
+
+def test_index_build_and_search_with_the_second_stage(tmp_path):
+    rng = np.random.default_rng(3)
+    continuous = rng.normal(size=(400, 32)).astype(np.float32)
+    continuous[:200] = np.abs(continuous[:200])  # half of the items on one code
+    np.savez(tmp_path / "codes.npz", db_codes=np.where(continuous >= 0, 1, -1).astype(np.int8), db_values=continuous,
+             query_values=continuous[:200:20])  # fmt: skip
+    runner, out = CliRunner(), tmp_path / "idx"
+    built = runner.invoke(main, ["index", "build", str(tmp_path / "codes.npz"), "--output", str(out), "--embeddings-array", "db_values"])
+    assert built.exit_code == 0, built.output
+    assert json.loads(runner.invoke(main, ["index", "info", str(out)]).output)["embeddings"]["count"] == 400
+    found = runner.invoke(main, ["index", "search", str(out), "--queries", str(tmp_path / "codes.npz"), "--embeddings-array",
+                                 "query_values", "-k", "3", "--k-factor", "2"])  # fmt: skip
+    assert found.exit_code == 0, found.output
+    assert [json.loads(line)["ids"][0] for line in found.output.splitlines()] == list(range(0, 200, 20))  # each item first
+    bad = runner.invoke(main, ["index", "build", str(tmp_path / "codes.npz"), "--output", str(tmp_path / "bad"), "--embeddings-array", "db_codes",
+                               "--ids-array", "nothing"])  # fmt: skip
+    assert bad.exit_code == 2 and "has no array 'nothing'" in bad.output
 
 
 @pytest.mark.process

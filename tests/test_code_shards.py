@@ -46,7 +46,7 @@ def split(tmp_path_factory):
 @pytest.mark.beam
 def test_shards_hold_the_in_process_codes_in_record_order(split, tmp_path, args):
     files, model, _ = split
-    codes, labels, ids = encoding.encode_split(model, sorted(files), 3, batch_size=SMALL["batch_size"])
+    codes, labels, ids, embeddings = encoding.encode_split(model, sorted(files), 3, batch_size=SMALL["batch_size"])
     shards = encoding.encode_to_shards(model, files, 3, str(tmp_path / "shards"), args, **SMALL)
     names = [entry["name"] for entry in shards.manifest["shards"]]
     # files in sorted order: a.gz (170 records: parts of 128 and 42), b.gz (300: 128, 128, 44), c.gz (none)
@@ -58,6 +58,11 @@ def test_shards_hold_the_in_process_codes_in_record_order(split, tmp_path, args)
     packed, all_ids = shards.codes_and_ids()
     np.testing.assert_array_equal(packed, codes)
     np.testing.assert_array_equal(all_ids, ids)
+    stored = shards.embeddings()  # the second stage's rows: by id, the in-process encoder's, in 8 bits
+    order = np.argsort(ids)
+    np.testing.assert_array_equal(stored.ids, ids[order])
+    np.testing.assert_array_equal(stored.rows, embeddings[order])
+    assert stored.rows.dtype == np.int8 and np.all(np.abs(stored.rows.astype(np.int16)).max(axis=1) == 127)
     assert sorted(os.listdir(tmp_path / "shards")) == sorted([*names, MANIFEST])  # nothing else left behind
     # the streamed evaluation is the in-memory one
     expected = evaluate_retrieval(codes[:50], codes, labels[:50], labels, tie_aware=True)

@@ -31,7 +31,7 @@ def _faiss_knn(db, queries, k):
     return index.search(queries, k)
 
 
-@pytest.mark.parametrize("bits", [8, 24, 64, 128, 256])
+@pytest.mark.parametrize("bits", [8, 24, 48, 64, 96, 128, 192, 256])
 @pytest.mark.parametrize("kind", ["random", "clustered"])
 def test_knn_equals_faiss_with_ties(bits, kind):
     rng = np.random.default_rng(bits)
@@ -61,7 +61,7 @@ def test_knn_across_tiles_and_all_ties():
     assert not distances.any()
 
 
-@pytest.mark.parametrize("bits", [16, 64, 128])
+@pytest.mark.parametrize("bits", [16, 48, 64, 96, 128])
 def test_range_search_equals_faiss(bits):
     rng = np.random.default_rng(2)
     db = _clustered(rng, 2000, bits, flips=3)

@@ -439,14 +439,17 @@ def test_pipeline_artifacts_served_end_to_end(small_pipeline_run):
     from tfhash.serving.search_service import SearchServer, remote_searcher
 
     from tests.serving_fixtures import graph_mode_outputs
-    from tfhash.index import load_index
+    from tfhash.index import load_embeddings, load_index, refined_search
 
     config, summary = small_pipeline_run
     version = summary["model_version"]
     files = sorted(glob.glob(os.path.join(config.layout.data, "query", "*")))
     queries = [r.numpy() for r in tf.data.TFRecordDataset(files, compression_type="GZIP").take(16)]
-    packed = tf.saved_model.load(summary["model_dir"]).signatures["serving_default"](examples=tf.constant(queries))["packed_codes"].numpy()
+    outputs = tf.saved_model.load(summary["model_dir"]).signatures["serving_default"](examples=tf.constant(queries))
+    packed, continuous = outputs["packed_codes"].numpy(), outputs["codes"].numpy()
     expected = load_index(summary["indexes"]["BFlat"], expected_model_version=version).search(packed, 10)
+    # the IndexBuilder stored the items' embeddings: the service answers with the second stage
+    refined = refined_search(load_index(summary["indexes"]["BFlat"]), load_embeddings(summary["indexes"]["BFlat"]), continuous, 10)
 
     model_server = DevModelServer(read_models_config(os.path.join(summary["tf_serving_config"], "models.local.config"))).start()
     search_server = SearchServer(remote_searcher(model_server.address, config.name, config.layout.indexes,
@@ -458,15 +461,18 @@ def test_pipeline_artifacts_served_end_to_end(small_pipeline_run):
             np.testing.assert_array_equal(client.encode_examples(queries).packed_codes, packed)
         with SearchClient(search_server.address) as client:
             answer = client.search(examples=queries, k=10)
-        assert answer.model_version == version and answer.exact
-        np.testing.assert_array_equal(np.stack(answer.ids), expected.ids)
-        np.testing.assert_array_equal(np.stack(answer.distances), expected.distances)
+            plain = client.search(examples=queries, k=10, refine=False)
+        assert answer.model_version == version and answer.exact and answer.refined and not plain.refined
+        np.testing.assert_array_equal(np.stack(answer.ids), refined.ids)
+        np.testing.assert_array_equal(np.stack(answer.distances), refined.distances)
+        np.testing.assert_array_equal(np.stack(plain.ids), expected.ids)
+        np.testing.assert_array_equal(np.stack(plain.distances), expected.distances)
         # the same pipeline's Milvus index behind the same service: the same distances
         milvus_server = SearchServer(remote_searcher(model_server.address, config.name, config.layout.indexes, kind="Milvus",
                                                      model_base_dir=config.layout.serving)).start()  # fmt: skip
         try:
             with SearchClient(milvus_server.address) as client:
-                from_milvus = client.search(examples=queries, k=10)
+                from_milvus = client.search(examples=queries, k=10, refine=False)
         finally:
             milvus_server.stop(0)
         assert from_milvus.model_version == version and from_milvus.index_kind == "milvus-flat"

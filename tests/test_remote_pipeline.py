@@ -125,20 +125,25 @@ def test_a_search_service_answers_from_the_model_and_index_in_the_bucket(bucket,
 
     from tests.serving_fixtures import stop_cli
     from tfhash import storage
-    from tfhash.index import load_index
+    from tfhash.index import load_embeddings, load_index, refined_search
 
     run_dir = f"{bucket.root}/runs/local-runner"
     queries = query_records(exported[0], 8)
-    packed = tf.saved_model.load(local_run["model_dir"]).signatures["serving_default"](examples=tf.constant(queries))["packed_codes"]
-    expected = load_index(local_run["indexes"]["BFlat"]).search(packed.numpy(), 10)
+    outputs = tf.saved_model.load(local_run["model_dir"]).signatures["serving_default"](examples=tf.constant(queries))
+    local = local_run["indexes"]["BFlat"]
+    expected = load_index(local).search(outputs["packed_codes"].numpy(), 10)
+    refined = refined_search(load_index(local), load_embeddings(local), outputs["codes"].numpy(), 10)
     process, address = start_command(["serve", "search", "--model-base-dir", f"{run_dir}/serving/tiny-mnist", "--index-base-dir",
                                       f"{run_dir}/indexes/tiny-mnist", "--items", f"{exported[1]}/items.csv", "--port", "0"],
                                      "search service on ")  # fmt: skip
     try:
         with SearchClient(address) as client:
-            answer = client.search(examples=queries, k=10)
+            answer = client.search(examples=queries, k=10, refine=False)  # Hamming order, the local index's
+            second = client.search(examples=queries, k=10)  # the embeddings read through the same local copy
     finally:
         stop_cli(process)
+    assert second.refined and not answer.refined
+    np.testing.assert_array_equal(np.stack(second.ids), refined.ids)
     assert answer.exact and storage.isdir(f"{run_dir}/serving/tiny-mnist/{answer.model_version}")
     np.testing.assert_array_equal(np.stack(answer.ids), expected.ids)
     np.testing.assert_array_equal(np.stack(answer.distances), expected.distances)

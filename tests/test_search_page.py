@@ -36,7 +36,7 @@ def exported(tmp_path_factory):
     from tfhash.data.export import export_tfrecords
     from tfhash.data.user import load_user_dataset
     from tfhash.export import export_image_model
-    from tfhash.index import index_factory
+    from tfhash.index import Embeddings, index_factory
     from tfhash.models import build_scdh, small_cnn
 
     base = tmp_path_factory.mktemp("page")
@@ -53,11 +53,12 @@ def exported(tmp_path_factory):
     model(np.zeros((1, SIDE, SIDE, 3), np.uint8))
     export_image_model(model, str(base / "models" / "1"), [SIDE, SIDE, 3], BITS)
     packed = tf.saved_model.load(str(base / "models" / "1")).signatures["encode_pixels"](pixels=tf.constant(dataset.inputs["image"]))
-    index = index_factory(BITS, "BFlat")
-    index.add(packed["packed_codes"].numpy(), np.arange(len(dataset.labels), dtype=np.int64))
+    index, ids = index_factory(BITS, "BFlat"), np.arange(len(dataset.labels), dtype=np.int64)
+    index.add(packed["packed_codes"].numpy(), ids)
     from tfhash.artifacts import signature_fingerprint
 
-    index.save(str(base / "indexes" / "1" / "BFlat"), model_version="1", signature_fingerprint=signature_fingerprint(str(base / "models" / "1")))
+    index.save(str(base / "indexes" / "1" / "BFlat"), model_version="1", signature_fingerprint=signature_fingerprint(str(base / "models" / "1")),
+               embeddings=Embeddings.of(packed["codes"].numpy(), ids))  # fmt: skip
     return {"photos": photos, "data": data, "items": read_items(data / ITEMS_FILE), "base": base}
 
 
@@ -164,6 +165,8 @@ def test_an_upload_is_searched_as_the_service_answers_that_image(service):
     expected = request(server, "POST", "/v1/search", json.dumps({"examples": [base64.b64encode(image_query(query, service["data"])).decode()],
                                                                  "k": 5}).encode())  # fmt: skip
     assert answer == json.loads(expected[2]) and answer["model_version"] == "1" and len(answer["results"][0]["ids"]) == 5
+    own = next(i for i, item in service["items"].items() if item.path.endswith("green/2.png"))
+    assert answer["refined"] and answer["results"][0]["ids"][0] == own  # the photo's own item first: the second stage
 
 
 def test_bad_uploads_are_refused_with_a_clear_status(service):

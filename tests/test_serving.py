@@ -58,7 +58,7 @@ from tests.serving_fixtures import (
     wait_for,
 )
 from tests.tiers import starts
-from tfhash.index import load_index
+from tfhash.index import load_embeddings, load_index, refined_search
 
 MODEL = "vectors"
 
@@ -244,6 +244,52 @@ def test_search_equals_the_library_search(artifacts, search_server):
         np.testing.assert_array_equal(found, ball.ids[:50])
 
 
+@pytest.mark.server
+def test_an_index_with_embeddings_answers_encoded_queries_by_the_second_stage(artifacts, tmp_path):
+    """Every database item searched by its own features comes first (gRPC, REST); the answer is
+    the library's refined search; refine=false, and queries given as codes, answer in Hamming
+    order; a bad refine is refused."""
+    vectors, ids = artifacts["vectors"], artifacts["ids"]
+    model_dir = os.path.join(artifacts["models"], "1")
+    build_index(model_dir, str(tmp_path), 1, vectors, ids, embeddings=True)
+    searcher = in_process_searcher(artifacts["models"], str(tmp_path), limits=Limits(max_batch=64, max_k=1000))
+    server = SearchServer(searcher, rest_port=0).start()
+    index_path = os.path.join(str(tmp_path), "1", "BFlat")
+    index, stored = load_index(index_path), load_embeddings(index_path)
+    outputs = tf.saved_model.load(model_dir).signatures["encode_features"](features=tf.constant(vectors))
+    packed, continuous = outputs["packed_codes"].numpy(), outputs["codes"].numpy()
+    try:
+        with SearchClient(server.address) as client:
+            assert client.status().embeddings
+            hamming_first = []
+            for start in range(0, len(vectors), 50):
+                rows = slice(start, start + 50)
+                answer = client.search(features=vectors[rows], k=5)
+                assert answer.refined and [found[0] for found in answer.ids] == ids[rows].tolist()
+                expected = refined_search(index, stored, continuous[rows], 5)
+                np.testing.assert_array_equal(np.stack(answer.ids), expected.ids)
+                np.testing.assert_array_equal(np.stack(answer.distances), expected.distances)
+                plain = client.search(features=vectors[rows], k=5, refine=False)
+                by_codes = client.search(codes=packed[rows], k=5)
+                assert not plain.refined and not by_codes.refined
+                np.testing.assert_array_equal(np.stack(plain.ids), index.search(packed[rows], 5).ids)
+                np.testing.assert_array_equal(np.stack(by_codes.ids), np.stack(plain.ids))
+                hamming_first += [found[0] for found in plain.ids]
+            assert np.mean(np.array(hamming_first) == ids) < 0.9  # ties: Hamming order alone does not find itself first
+        port = server.rest.port
+        headers = {"Content-Type": "application/json"}
+        status, answer = rest_call(port, "POST", "/v1/search", json.dumps({"features": vectors[:3].tolist(), "k": 4}).encode(), headers)
+        assert status == 200 and answer["refined"] and [r["ids"][0] for r in answer["results"]] == ids[:3].tolist()
+        status, answer = rest_call(port, "POST", "/v1/search", json.dumps({"features": vectors[:3].tolist(), "k": 4, "refine": False}).encode(),
+                                   headers)  # fmt: skip
+        assert status == 200 and not answer["refined"]
+        status, answer = rest_call(port, "POST", "/v1/search", json.dumps({"features": vectors[:3].tolist(), "k": 4, "refine": 1}).encode(),
+                                   headers)  # fmt: skip
+        assert status == 400 and answer["error"]["message"] == "refine must be true or false, got 1"
+    finally:
+        server.stop(0)
+
+
 def test_a_request_is_checked_once_and_encoded_to_the_saved_models_packed_codes(artifacts, monkeypatch):
     """A request parsed into a Query has its features checked once (the encoder and the searcher
     trust them), and the encoder answers with the SavedModel's packed codes."""
@@ -261,7 +307,7 @@ def test_a_request_is_checked_once_and_encoded_to_the_saved_models_packed_codes(
     pair, results = searcher.search(requests.query_from_proto(request))
     assert len(calls) == 1 and [len(r.ids) for r in results] == [4] * 5
     packed, expected = reference(os.path.join(artifacts["models"], "1"), os.path.join(artifacts["indexes"], "1", "BFlat"), vectors, 4)
-    np.testing.assert_array_equal(pair.encoder.encode_features(vectors.astype(np.float32)), packed)
+    np.testing.assert_array_equal(pair.encoder.encode_features(vectors.astype(np.float32))[0], packed)
     np.testing.assert_array_equal(np.stack([r.ids for r in results]), expected.ids)
 
 

@@ -4,7 +4,8 @@ A small abstract index (add / search / save / load) with binary Hamming indexes 
 kernel, FAISS IVF and multi-hash), ScaNN, Milvus and a pure-TF Hamming top-k module behind it.
 :func:`index_factory` builds one from an index type (``BFlat``, ``BIVF1024``, ...;
 :data:`INDEX_TYPES` is the one table of them), and :func:`load_index` reopens a saved one, checked
-against its model.
+against its model. :mod:`tfhash.index.refine` is the second stage of a search: Hamming candidates
+ordered by the items' continuous embeddings, stored beside the codes.
 FAISS, ScaNN and pymilvus (the ``index`` extra) are needed only when an index of theirs is created.
 """
 
@@ -27,14 +28,24 @@ from tfhash.index.persistence import (
     save_index,
     verify_files,
 )
+from tfhash.index.refine import (
+    DEFAULT_K_FACTOR,
+    Embeddings,
+    load_embeddings,
+    quantised_rows,
+    refined_search,
+    rerank,
+)
 from tfhash.index.scann_index import ScannIndex
 
 __all__ = [
+    "DEFAULT_K_FACTOR",
     "FORMAT_VERSION",
     "INDEX_TYPES",
     "RANGE_SEARCH",
     "TRAIN",
     "BinaryIndex",
+    "Embeddings",
     "HashIndex",
     "HashIndexError",
     "IndexFormatError",
@@ -46,8 +57,12 @@ __all__ = [
     "SearchResult",
     "check_model",
     "index_factory",
+    "load_embeddings",
     "load_index",
+    "quantised_rows",
     "read_manifest",
+    "refined_search",
+    "rerank",
     "save_index",
     "verify_files",
 ]

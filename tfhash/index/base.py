@@ -360,9 +360,12 @@ class HashIndex(abc.ABC):
 
     # --- files -------------------------------------------------------------------------------
 
-    def save(self, path, model_version: str | None = None, signature_fingerprint: str | None = None) -> None:
-        """Persist atomically to the directory ``path`` with a manifest (see :mod:`.persistence`)."""
-        save_index(self, path, model_version, signature_fingerprint)
+    def save(self, path, model_version: str | None = None, signature_fingerprint: str | None = None,
+             embeddings=None) -> None:  # fmt: skip
+        """Persist atomically to the directory ``path`` with a manifest (see :mod:`.persistence`),
+        with the items' ``embeddings`` for the second stage of a search when given
+        (:mod:`tfhash.index.refine`)."""
+        save_index(self, path, model_version, signature_fingerprint, embeddings)
 
     @abc.abstractmethod
     def write_files(self, directory) -> None:

@@ -13,6 +13,7 @@ import numpy as np
 from tfhash.console import BadInput
 from tfhash.index.base import IndexUnavailableError
 from tfhash.index.factory import index_type_names
+from tfhash.index.refine import DEFAULT_K_FACTOR
 
 __all__ = ["index_group"]
 
@@ -58,15 +59,18 @@ def index_group() -> None:
 @click.option("--batch-size", default=100_000, show_default=True, type=click.IntRange(1))
 @click.option("--uri", default=None, help="Milvus index: a Milvus Lite file or a server URI (token: $TFHASH_MILVUS_TOKEN).")
 @click.option("--collection", default=None, help="Milvus index: the collection to create.")
+@click.option("--embeddings-array", default=None,
+              help="Array of the items' continuous codes in the .npz, stored for the second stage of a search (docs/indexes.md).")
 def build(codes_file, array_name, ids_array, index_type, bits, output, model_version, signature_fingerprint, batch_size,
-          uri, collection) -> None:  # fmt: skip
+          uri, collection, embeddings_array) -> None:  # fmt: skip
     """Build an index from codes in an .npz file (+-1 or packed uint8)."""
     from tqdm import tqdm
 
-    from tfhash.index import TRAIN, index_factory
+    from tfhash.index import TRAIN, Embeddings, index_factory
 
     codes = _load_array(codes_file, array_name)
     ids = _load_array(codes_file, ids_array) if ids_array else np.arange(codes.shape[0])
+    continuous = _load_array(codes_file, embeddings_array) if embeddings_array else None
     if bits is None:
         bits = codes.shape[1] * 8 if codes.dtype == np.uint8 else codes.shape[1]
     where = {key: value for key, value in (("uri", uri), ("collection", collection)) if value is not None}
@@ -76,7 +80,8 @@ def build(codes_file, array_name, ids_array, index_type, bits, output, model_ver
             index.train(codes[: max(batch_size, 100_000)])
         for start in tqdm(range(0, codes.shape[0], batch_size), desc="adding", unit="batch", file=sys.stderr):
             index.add(codes[start : start + batch_size], ids[start : start + batch_size])
-        index.save(output, model_version=model_version, signature_fingerprint=signature_fingerprint)
+        embeddings = None if continuous is None else Embeddings.of(continuous, ids)
+        index.save(output, model_version=model_version, signature_fingerprint=signature_fingerprint, embeddings=embeddings)
     click.echo(json.dumps(index.describe(), indent=2))
     index.close()
 
@@ -89,15 +94,28 @@ def build(codes_file, array_name, ids_array, index_type, bits, output, model_ver
 @click.option("--expected-model-version", default=None, help="Refuse an index built for another model version.")
 @click.option("--expected-signature-fingerprint", default=None,
               help="Refuse an index built by another SavedModel (its fingerprint: tfhash.artifacts.signature_fingerprint).")
-def search(index_dir, queries_file, array_name, k, expected_model_version, expected_signature_fingerprint) -> None:
+@click.option("--embeddings-array", default=None,
+              help="Array of the queries' continuous codes in the .npz: order the Hamming candidates by the index's stored "
+                   "embeddings (the second stage; --array is then not read).")  # fmt: skip
+@click.option("--k-factor", default=DEFAULT_K_FACTOR, show_default=True, type=click.IntRange(1),
+              help="Second stage: Hamming candidates per neighbour asked for.")
+def search(index_dir, queries_file, array_name, k, expected_model_version, expected_signature_fingerprint, embeddings_array,
+           k_factor) -> None:  # fmt: skip
     """k nearest ids and distances for each query (JSON lines on stdout); INDEX_DIR: a folder or a URI."""
-    from tfhash.index import load_index
+    from tfhash.index import HashIndexError, load_embeddings, load_index, refined_search
 
     with _reported():
         index = load_index(index_dir, expected_model_version=expected_model_version,
                            expected_signature_fingerprint=expected_signature_fingerprint)  # fmt: skip
         try:
-            result = index.search(_load_array(queries_file, array_name), k)
+            if embeddings_array is None:
+                result = index.search(_load_array(queries_file, array_name), k)
+            else:
+                stored = load_embeddings(index_dir)
+                if stored is None:
+                    raise HashIndexError(f"{index_dir} stores no embeddings; build it with --embeddings-array, or search "
+                                         "without --embeddings-array (Hamming order)")  # fmt: skip
+                result = refined_search(index, stored, _load_array(queries_file, embeddings_array), k, k_factor)
         finally:
             index.close()
     for row_ids, row_distances in zip(result.ids, result.distances, strict=True):

@@ -420,13 +420,15 @@ class MilvusIndex(HashIndex):
 
     # --- files ---------------------------------------------------------------------------------
 
-    def save(self, path, model_version: str | None = None, signature_fingerprint: str | None = None) -> None:
+    def save(self, path, model_version: str | None = None, signature_fingerprint: str | None = None,
+             embeddings=None) -> None:  # fmt: skip
         """Lock the collection to the model (a lock row in :data:`LOCKS_COLLECTION`), then write
-        the index directory ``path`` that points at it."""
+        the index directory ``path`` that points at it (with the items' ``embeddings`` in it when
+        given: the second stage of a search reads them there, not from Milvus)."""
         self._write_lock({"model": {"version": model_version, "signature_fingerprint": signature_fingerprint},
                           "bits": self.bits, "count": self._count, "tfhash_version": __version__,
                           "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})  # fmt: skip
-        super().save(path, model_version, signature_fingerprint)
+        super().save(path, model_version, signature_fingerprint, embeddings)
 
     def write_files(self, directory) -> None:
         """No data files: the manifest's params name the URI and the collection."""

@@ -42,7 +42,8 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def save_index(index, path, model_version: str | None = None, signature_fingerprint: str | None = None) -> Path | str:
+def save_index(index, path, model_version: str | None = None, signature_fingerprint: str | None = None,
+               embeddings=None) -> Path | str:  # fmt: skip
     """Write ``index`` to the directory ``path`` atomically: its data files plus ``manifest.json``.
 
     ``path`` may be a URI of remote storage (``gs://bucket/indexes/3/BFlat``): the index is then
@@ -64,14 +65,22 @@ def save_index(index, path, model_version: str | None = None, signature_fingerpr
 
     The field ``kind`` holds the index's format tag (``<format family>-<method>``), which names the
     class that reads the directory.
+
+    ``embeddings`` (:class:`tfhash.index.refine.Embeddings`, one per item): written beside the codes
+    for the second stage of a search, named and checksummed by the manifest like them, and described
+    under its field ``embeddings``.
     """
+    if embeddings is not None:
+        embeddings.check_covers(index)
     if storage.is_uri(path):
-        return _upload_index(index, path, model_version, signature_fingerprint)
+        return _upload_index(index, path, model_version, signature_fingerprint, embeddings)
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
         index.write_files(staging)
+        if embeddings is not None:
+            embeddings.write(staging)
         files = {
             p.relative_to(staging).as_posix(): _sha256(p) for p in sorted(staging.rglob("*")) if p.is_file()
         }
@@ -85,6 +94,7 @@ def save_index(index, path, model_version: str | None = None, signature_fingerpr
             "params": index.params(),
             "model": {"version": model_version, "signature_fingerprint": signature_fingerprint},
             "files": files,
+            **({} if embeddings is None else {"embeddings": embeddings.describe()}),
             "tfhash_version": __version__,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
@@ -102,11 +112,11 @@ def save_index(index, path, model_version: str | None = None, signature_fingerpr
     return target
 
 
-def _upload_index(index, uri: str, model_version: str | None, signature_fingerprint: str | None) -> str:
+def _upload_index(index, uri: str, model_version: str | None, signature_fingerprint: str | None, embeddings) -> str:
     """:func:`save_index` to remote storage: staged locally, uploaded with the manifest last; files
     of a replaced index that the new one does not name are removed after."""
     with tempfile.TemporaryDirectory(prefix="tfhash-index-upload-") as local:
-        staged = save_index(index, os.path.join(local, "index"), model_version, signature_fingerprint)
+        staged = save_index(index, os.path.join(local, "index"), model_version, signature_fingerprint, embeddings)
         before = {name for name, _, _ in storage.files_under(uri)}
         storage.remove(storage.join(uri, MANIFEST))
         storage.copy_tree(staged, uri, last=MANIFEST)
