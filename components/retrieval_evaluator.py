@@ -64,7 +64,8 @@ def retrieval_metrics(saved_model_dir: str, examples_uri: str, num_classes: int,
     from tfhash.metrics import evaluate_retrieval_sharded
 
     def direction(query_signature: str, database_signature: str):
-        queries = encode_split(saved_model_dir, split_files(examples_uri, query_split), num_classes, signature=query_signature)
+        # packed codes, labels and ids (the embeddings serve the second stage of a search, not these metrics)
+        queries = encode_split(saved_model_dir, split_files(examples_uri, query_split), num_classes, signature=query_signature)[:3]
         shards = database[database_signature]
         report = evaluate_retrieval_sharded(queries[0], queries[1], shards.codes_and_labels, top_r=top_r, tie_aware=top_r is None,
                                             precision_at=[min(1000, len(shards))])  # fmt: skip
