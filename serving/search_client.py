@@ -81,7 +81,7 @@ class SearchClient(ChannelClient):
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
     def search(self, examples=None, features=None, codes=None, k: int = 10, radius: int | None = None,
-               model_version: str = "", refine: bool = True, timeout: float | None = None) -> SearchAnswer:  # fmt: skip
+               model_version: str = "", timeout: float | None = None, *, refine: bool = True) -> SearchAnswer:  # fmt: skip
         """The ``k`` nearest items of every query, nearest first.
 
         Args:
@@ -96,9 +96,10 @@ class SearchClient(ChannelClient):
             radius: keep only the answers within this Hamming distance.
             model_version: the model version the answer must come from (empty: the one serving);
                 a version the service does not serve is refused (NOT_FOUND).
-            refine: order the Hamming candidates by the items' embeddings where the served index
-                stores them (the answer's ``refined`` says whether it did); False: Hamming order.
             timeout: seconds for the call (default the client's).
+            refine: (keyword only) order the Hamming candidates by the items' embeddings where the
+                served index stores them (the answer's ``refined`` says whether it did); False:
+                Hamming order.
 
         Pass exactly one of ``examples``, ``features`` and ``codes``.
 

@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import gc
 import http.client
+import inspect
 import json
 import logging
 import os
@@ -248,7 +249,10 @@ def test_search_equals_the_library_search(artifacts, search_server):
 def test_an_index_with_embeddings_answers_encoded_queries_by_the_second_stage(artifacts, tmp_path):
     """Every database item searched by its own features comes first (gRPC, REST); the answer is
     the library's refined search; refine=false, and queries given as codes, answer in Hamming
-    order; a bad refine is refused."""
+    order; a bad refine is refused. ``refine`` came after ``timeout``, keyword only, so a caller
+    passing ``timeout`` by position still does."""
+    parameters = inspect.signature(SearchClient.search).parameters
+    assert list(parameters).index("timeout") == 7 and parameters["refine"].kind is inspect.Parameter.KEYWORD_ONLY
     vectors, ids = artifacts["vectors"], artifacts["ids"]
     model_dir = os.path.join(artifacts["models"], "1")
     build_index(model_dir, str(tmp_path), 1, vectors, ids, embeddings=True)
