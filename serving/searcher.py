@@ -228,7 +228,7 @@ class VersionedSearcher:
         manifest = read_manifest(path)
         # a flat index's codes are mapped: the processes of a service share one copy
         index = load_index(path, expected_model_version=str(version), mapped=True)
-        embeddings = load_embeddings(path, mapped=True)
+        embeddings = load_embeddings(path, mapped=True, manifest=manifest)  # its files verified by load_index
         encoder = self._make_encoder(version)
         if encoder.bits != index.bits:
             raise IndexFormatError(f"{path}: the index holds {index.bits}-bit codes, model version {version} makes {encoder.bits}")

@@ -18,6 +18,7 @@ from tfhash.index import (
     quantised_rows,
     refined_search,
 )
+from tfhash.index import refine as refine_module
 
 BITS = 32
 
@@ -92,7 +93,7 @@ def test_an_approximate_index_orders_its_own_candidates_and_k_is_checked():
         refined_search(one, Embeddings.of(values[:2], ids[:2]), values[:1], 3)
 
 
-def test_embeddings_are_stored_checksummed_and_refused_when_they_do_not_match(tmp_path):
+def test_embeddings_are_stored_checksummed_and_refused_when_they_do_not_match(tmp_path, monkeypatch):
     values = collapsed(200)
     ids = np.arange(200, dtype=np.int64) + 10
     index = flat_index(values, ids)
@@ -105,6 +106,9 @@ def test_embeddings_are_stored_checksummed_and_refused_when_they_do_not_match(tm
     assert {"embeddings.npy", "embedding_ids.npy"} <= set(manifest["files"])
     loaded = load_embeddings(path, mapped=True)
     np.testing.assert_array_equal(loaded.rows, stored.rows)
+    with monkeypatch.context() as patched:  # given the manifest load_index has verified, nothing is hashed again
+        patched.setattr(refine_module, "verify_files", lambda *args: pytest.fail("the embeddings were hashed a second time"))
+        np.testing.assert_array_equal(load_embeddings(path, manifest=manifest).rows, stored.rows)
     np.testing.assert_array_equal(refined_search(load_index(path), loaded, values, 3).ids,
                                   refined_search(index, stored, values, 3).ids)  # fmt: skip
     index.save(tmp_path / "plain", model_version="1")

@@ -223,24 +223,31 @@ def refined_search(index: HashIndex, embeddings: Embeddings, continuous, k: int,
     return rerank(per_query, queries, embeddings, k)
 
 
-def load_embeddings(path, mapped: bool = False) -> Embeddings | None:
+def load_embeddings(path, mapped: bool = False, *, manifest: dict | None = None) -> Embeddings | None:
     """The embeddings stored in the index version directory ``path`` (None when it has none), after
     their checksums; their count must match the manifest's.
+
+    Args:
+        mapped: map the files instead of reading them into memory (as :func:`tfhash.index.load_index`).
+        manifest: the manifest of ``path`` that :func:`tfhash.index.load_index` has just read and
+            verified every named file of: given, the files are not hashed a second time.
 
     Raises:
         IndexFormatError: a manifest that names embeddings whose files are missing, corrupt or of
             another count than recorded.
     """
     if storage.is_uri(path):
-        return on_local_copy(path, lambda local: load_embeddings(local, mapped))
-    manifest = read_manifest(path)
+        return on_local_copy(path, lambda local: load_embeddings(local, mapped, manifest=manifest))
+    verified = manifest is not None
+    manifest = manifest if verified else read_manifest(path)
     described = manifest.get(MANIFEST_FIELD)
     if described is None:
         return None
     files = {name: manifest["files"].get(name) for name in (EMBEDDINGS_FILE, EMBEDDING_IDS_FILE)}
     if None in files.values():
         raise IndexFormatError(f"{path}: the manifest describes embeddings but does not name their files")
-    verify_files(path, {"files": files})
+    if not verified:
+        verify_files(path, {"files": files})
     embeddings = Embeddings.read(path, mapped)
     if embeddings.ntotal != described.get("count") or embeddings.ntotal != manifest["count"]:
         raise IndexFormatError(f"{path}: {embeddings.ntotal} embeddings; the manifest records {described.get('count')} "
