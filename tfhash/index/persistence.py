@@ -68,7 +68,7 @@ def save_index(index, path, model_version: str | None = None, signature_fingerpr
 
     ``embeddings`` (:class:`tfhash.index.refine.Embeddings`, one per item): written beside the codes
     for the second stage of a search, named and checksummed by the manifest like them, and described
-    under its field ``embeddings``.
+    by the fields they give (:meth:`~tfhash.index.refine.Embeddings.manifest_fields`).
     """
     if embeddings is not None:
         embeddings.check_covers(index)
@@ -94,7 +94,7 @@ def save_index(index, path, model_version: str | None = None, signature_fingerpr
             "params": index.params(),
             "model": {"version": model_version, "signature_fingerprint": signature_fingerprint},
             "files": files,
-            **({} if embeddings is None else {"embeddings": embeddings.describe()}),
+            **({} if embeddings is None else embeddings.manifest_fields()),
             "tfhash_version": __version__,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }

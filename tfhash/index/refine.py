@@ -129,9 +129,10 @@ class Embeddings:
         np.save(os.path.join(directory, EMBEDDINGS_FILE), self.rows, allow_pickle=False)
         np.save(os.path.join(directory, EMBEDDING_IDS_FILE), self.ids, allow_pickle=False)
 
-    def describe(self) -> dict:
-        """The manifest's :data:`MANIFEST_FIELD`."""
-        return {"count": self.ntotal, "dim": self.dim, "dtype": "int8", "scaled": f"largest magnitude {SCALE}"}
+    def manifest_fields(self) -> dict:
+        """What an index version's manifest records of these embeddings: its :data:`MANIFEST_FIELD`
+        (their files are named and checksummed with the others)."""
+        return {MANIFEST_FIELD: {"count": self.ntotal, "dim": self.dim, "dtype": "int8", "scaled": f"largest magnitude {SCALE}"}}
 
     @classmethod
     def read(cls, directory, mapped: bool = False) -> Embeddings:
