@@ -31,7 +31,9 @@ KIND = "tfhash-code-shards"
 MANIFEST = "manifest.json"
 #: Records per shard: one shard is the most a worker holds (records in, codes and labels out).
 PART_RECORDS = 16384
-_ARRAYS = ("codes", "labels", "ids", "embeddings")
+#: A shard's arrays and their types, in the order :meth:`CodeShards.read` returns them.
+_DTYPES = {"codes": np.uint8, "labels": np.uint8, "ids": np.int64, "embeddings": np.int8}
+_ARRAYS = tuple(_DTYPES)
 _EPOCH = (1980, 1, 1, 0, 0, 0)  # the zip members' date: a shard's bytes depend on its arrays only
 #: Manifest fields a reader needs.
 REQUIRED_FIELDS = ("signature", "signature_fingerprint", "num_classes", "code_bytes", "count", "sources", "shards")
@@ -58,8 +60,8 @@ def write_shard(directory: str, source: int, part: int, codes: np.ndarray, label
         raise CodeShardsError(f"shard {shard_name(source, part)}: {len(codes)} codes, {len(labels)} labels, {len(ids)} ids, "
                               f"{len(embeddings)} embeddings")  # fmt: skip
     buffer = io.BytesIO()
-    arrays = {"codes": np.ascontiguousarray(codes, np.uint8), "labels": np.ascontiguousarray(labels, np.uint8),
-              "ids": np.ascontiguousarray(ids, np.int64), "embeddings": np.ascontiguousarray(embeddings, np.int8)}  # fmt: skip
+    given = dict(zip(_ARRAYS, (codes, labels, ids, embeddings), strict=True))
+    arrays = {name: np.ascontiguousarray(array, _DTYPES[name]) for name, array in given.items()}
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:  # np.savez's layout, with a fixed date
         for key, array in arrays.items():
             with archive.open(zipfile.ZipInfo(f"{key}.npy", date_time=_EPOCH), "w") as handle:
@@ -193,12 +195,30 @@ class CodeShards:
             raise CodeShardsError(f"{path}: checksum mismatch: the shard is corrupt or was replaced; encode the split again")
         with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
             found = tuple(arrays[name] for name in _ARRAYS)
-        shapes = {"codes": (entry["count"], self.manifest["code_bytes"]), "labels": (entry["count"], self.manifest["num_classes"]),
-                  "ids": (entry["count"],), "embeddings": (entry["count"], self.manifest["code_bytes"] * 8)}  # fmt: skip
+        shapes = self._shapes(entry["count"])
         for name, array in zip(_ARRAYS, found, strict=True):
             if array.shape != shapes[name]:
                 raise CodeShardsError(f"{path}: {name} of shape {array.shape}, the manifest says {shapes[name]}")
         return found
+
+    def _shapes(self, count: int) -> dict[str, tuple]:
+        """The shape of each of :data:`_ARRAYS` for ``count`` records."""
+        code_bytes = self.manifest["code_bytes"]
+        return {"codes": (count, code_bytes), "labels": (count, self.manifest["num_classes"]), "ids": (count,),
+                "embeddings": (count, code_bytes * 8)}  # fmt: skip
+
+    def _gathered(self, *names: str) -> list[np.ndarray]:
+        """The arrays ``names`` (of :data:`_ARRAYS`) of every record, in record order, filled shard
+        by shard (one shard in memory beside them)."""
+        shapes, columns = self._shapes(self.count), [_ARRAYS.index(name) for name in names]
+        out = [np.empty(shapes[name], _DTYPES[name]) for name in names]
+        start = 0
+        for entry in self.manifest["shards"]:
+            found = self._read(entry)
+            for array, column in zip(out, columns, strict=True):
+                array[start : start + entry["count"]] = found[column]
+            start += entry["count"]
+        return out
 
     def verify(self) -> None:
         """Read every shard and check it (:meth:`read`) without keeping it.
@@ -220,22 +240,11 @@ class CodeShards:
 
     def codes_and_ids(self) -> tuple[np.ndarray, np.ndarray]:
         """Every packed code and id, in record order (what an in-memory index keeps)."""
-        codes = np.empty((self.count, self.manifest["code_bytes"]), np.uint8)
-        ids = np.empty(self.count, np.int64)
-        start = 0
-        for shard_codes, _, shard_ids in self:
-            codes[start:start + len(shard_ids)], ids[start:start + len(shard_ids)] = shard_codes, shard_ids
-            start += len(shard_ids)
+        codes, ids = self._gathered("codes", "ids")
         return codes, ids
 
     def embeddings(self) -> Embeddings:
         """Every item's embedding with its id (:class:`tfhash.index.refine.Embeddings`), for the
         second stage of the index built from these shards."""
-        rows = np.empty((self.count, self.manifest["code_bytes"] * 8), np.int8)
-        ids = np.empty(self.count, np.int64)
-        start = 0
-        for entry in self.manifest["shards"]:
-            _, _, shard_ids, shard_rows = self._read(entry)
-            rows[start:start + len(shard_ids)], ids[start:start + len(shard_ids)] = shard_rows, shard_ids
-            start += len(shard_ids)
+        rows, ids = self._gathered("embeddings", "ids")
         return Embeddings(rows, ids)
