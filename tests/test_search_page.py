@@ -242,6 +242,16 @@ def test_the_page_in_a_browser_shows_the_services_answer(service, tmp_path):
         labels = {int(f.get_attribute("data-id")): service["items"][int(f.get_attribute("data-id"))].labels for f in figures}
         wrong = {int(f.get_attribute("data-id")) for f in figures if "wrong" in (f.get_attribute("class") or "")}
         assert wrong == {i for i, names in labels.items() if "red" not in names}
+        # the second stage by default: the item first; unticked, the service's Hamming order
+        assert int(figures[0].get_attribute("data-id")) == item_id
+        assert "ordered by the embeddings" in driver.find_element(By.ID, "status").text
+        driver.find_element(By.ID, "refine").click()
+        driver.find_element(By.ID, "search").click()
+        WebDriverWait(driver, 60).until(lambda d: "in Hamming order" in d.find_element(By.ID, "status").text)
+        shown = [int(f.get_attribute("data-id")) for f in driver.find_elements(By.CSS_SELECTOR, "#results figure")]
+        upload = base64.b64encode((photos / service["items"][item_id].path).read_bytes()).decode()
+        _, _, expected = request(server, "POST", "/v1/search-image", json.dumps({"image": upload, "k": 6, "refine": False}).encode())
+        assert shown == json.loads(expected)["results"][0]["ids"] and not json.loads(expected)["refined"]
         screenshots = os.environ.get("TFHASH_SCREENSHOTS")
         if screenshots:
             driver.save_screenshot(os.path.join(screenshots, "search_page.png"))
