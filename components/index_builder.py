@@ -59,6 +59,7 @@ def IndexBuilder(
     index_base_dir: Parameter[str],
     data_dir: Parameter[str],
     kinds: Parameter[str] = "BFlat",
+    embeddings: Parameter[int] = 1,
     database_split: Parameter[str] = "database",
     modalities: Parameter[str] = "",
     milvus_uri: Parameter[str] = "",
@@ -76,8 +77,9 @@ def IndexBuilder(
     database is encoded as a Beam job of code shards on the pipeline's runner; the shards the
     RetrievalEvaluator wrote with a model of the same SavedModel fingerprint are read from its
     artifact instead (:func:`tfhash.components.encoding.run_shard_jobs`). Indexes are filled from the
-    shards (:func:`fill_index`) and saved, with their version lock and the items' embeddings (the
-    second stage of a search, :mod:`tfhash.index.refine`), once every shard is in.
+    shards (:func:`fill_index`) and saved, with their version lock and, unless ``embeddings`` is 0,
+    the items' embeddings (the second stage of a search, :mod:`tfhash.index.refine`), once every
+    shard is in.
 
     A ``Milvus`` index goes to the Milvus at ``milvus_uri``, into the collection
     ``<collection_prefix>_v<version>[_<modality>]`` (one per model version, so the version being served
@@ -112,6 +114,7 @@ def IndexBuilder(
 
     jobs = [job(modality) for modality in database_modalities]
     for modality, shards in zip(database_modalities, run_shard_jobs(beam_pipeline, jobs), strict=True):
+        stored = shards.embeddings() if embeddings else None
         for kind in [k.strip() for k in kinds.split(",") if k.strip()]:
             placement = {}
             if parse_index_type(kind)[0].cls is MilvusIndex:
@@ -122,7 +125,7 @@ def IndexBuilder(
             try:
                 fill_index(built, shards)
                 path = index_dir(index_base_dir, version, kind, modality)
-                built.save(path, model_version=version, signature_fingerprint=fingerprint, embeddings=shards.embeddings())
+                built.save(path, model_version=version, signature_fingerprint=fingerprint, embeddings=stored)
             finally:
                 built.close()
             written[index_name(kind, modality)] = path

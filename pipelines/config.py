@@ -128,6 +128,8 @@ class PipelineConfig:
                                        "version's)")
     index_kinds: list[str] = config_key(lambda: ["BFlat"], "the indexes built for the pushed model (`BFlat`, `BIVF<n>`, "
                                  "`BMultiHash<n>`, `ScaNN`, `ScaNNBrute`, `Milvus`)")
+    index_embeddings: bool = config_key(True, "store each item's 8-bit embedding beside its codes, for the second stage of a "
+                                        "search (8 bytes per code byte); false: the service answers in Hamming order only")
     milvus_uri: str | None = config_key(None, "the Milvus of the `Milvus` index: a server URI or a Milvus Lite file (null: a "
                                  "file in run_dir)")
     jcch_anchors: int | None = config_key(None, "anchors of the JCCH coefficients computed in Transform (null: off)")
@@ -172,6 +174,8 @@ class PipelineConfig:
             raise ValueError(f'index_kinds must be a list of index type names, e.g. ["BFlat", "Milvus"], got {self.index_kinds!r}')
         for kind in self.index_kinds:
             parse_index_type(kind)  # an unknown or misspelt type fails here, before any training
+        if not isinstance(self.index_embeddings, bool):
+            raise ValueError(f"index_embeddings must be true or false, got {self.index_embeddings!r}")
         if self.milvus_uri is not None and (not isinstance(self.milvus_uri, str) or not self.milvus_uri.strip()):
             raise ValueError(f"milvus_uri must be a Milvus server address such as http://milvus:19530 or a Milvus Lite "
                              f"file such as runs/milvus.db (or absent: the run's own Lite file), got {self.milvus_uri!r}")  # fmt: skip

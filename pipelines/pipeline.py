@@ -115,6 +115,7 @@ def create_pipeline(config: PipelineConfig, metadata_connection=None) -> tfx.dsl
         index_base_dir=where.indexes,
         data_dir=data,
         kinds=",".join(config.index_kinds),
+        embeddings=int(config.index_embeddings),
         modalities=cross_modal,
         milvus_uri=config.milvus,
         collection_prefix=config.name,

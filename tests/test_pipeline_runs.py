@@ -20,17 +20,18 @@ CONFIGS = Path(__file__).resolve().parents[1] / "pipelines" / "configs"
 @pytest.mark.process
 def test_cross_modal_wiki_pipeline_and_search(tmp_path):
     """JCCH on Wiki through the whole pipeline: both directions evaluated, one index per database
-    modality, per-modality signatures; the search service answers image -> text like the library."""
+    modality, per-modality signatures; the search service answers image -> text like the library.
+    ``index_embeddings: false``: the indexes store no embeddings, so the answers are in Hamming order."""
     import numpy as np
     import tensorflow as tf
     from tfhash.pipelines.runner import run_local
     from tfhash.serving.search_client import SearchClient
     from tfhash.serving.search_service import SearchServer, in_process_searcher
 
-    from tfhash.index import load_index
+    from tfhash.index import load_embeddings, load_index
 
     config = small_config(tmp_path, name="tiny-wiki", dataset="wiki", limit=200, modalities=["image", "text"],
-                          map_threshold=0.0, training={"method": "jcch", "bits": 16, "backbone": "mlp",
+                          map_threshold=0.0, index_embeddings=False, training={"method": "jcch", "bits": 16, "backbone": "mlp",
                                                        "hidden": {"image": [64], "text": [32, 16]},
                                                        "epochs": 2, "batch_size": 64,
                                                        "input_map": {"image": "rbf", "text": "standardise"}})  # fmt: skip
@@ -59,9 +60,10 @@ def test_cross_modal_wiki_pipeline_and_search(tmp_path):
                                               query_modality="image")).start()  # fmt: skip
     try:
         with SearchClient(server.address) as client:
-            answer = client.search(examples=queries, k=5, refine=False)  # Hamming order: the cross-modal index's own
+            answer = client.search(examples=queries, k=5)
     finally:
         server.stop(0)
+    assert not answer.refined and all(load_embeddings(path) is None for path in summary["indexes"].values())
     np.testing.assert_array_equal(np.stack(answer.ids), expected.ids)
 
 
