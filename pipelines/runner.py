@@ -4,11 +4,13 @@ recorded of it."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import fcntl
 import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 from tfhash.pipelines.config import PipelineConfig
@@ -37,7 +39,43 @@ from tfhash.artifacts import (
     read_items,
 )
 
-__all__ = ["export_data", "run_local", "run_outputs", "summarise", "example_query", "compile_kubeflow"]
+__all__ = ["RunDirectoryInUse", "run_lock", "export_data", "run_local", "run_outputs", "summarise", "example_query",
+           "compile_kubeflow"]  # fmt: skip
+
+
+class RunDirectoryInUse(ValueError):
+    """Another ``tfhash pipeline run`` on this machine holds the run directory."""
+
+
+@contextlib.contextmanager
+def run_lock(layout: RunLayout) -> Iterator[None]:
+    """Hold ``layout``'s run directory for one run at a time on this machine: an exclusive lock on
+    the file beside its ML Metadata (``metadata.sqlite.lock``, local for a remote run directory too).
+    The operating system releases it when the process ends, however it ends, so a killed run leaves
+    no stale lock. Two machines sharing one remote run directory are not kept apart by it.
+
+    Raises:
+        RunDirectoryInUse: the lock is held; the message names the holder (its pid and start time).
+    """
+    path = layout.metadata + ".lock"
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "a process that has not yet said which"
+            raise RunDirectoryInUse(f"{layout.run_dir} is in use by another `tfhash pipeline run` ({holder}); wait for it to end, "
+                                    "or give this run another run_dir") from None  # fmt: skip
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        handle.flush()
+        try:
+            yield
+        finally:
+            handle.truncate(0)
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def export_data(config: PipelineConfig, log=print) -> dict:
@@ -57,14 +95,24 @@ def export_data(config: PipelineConfig, log=print) -> dict:
 def run_local(config: PipelineConfig, log=print, after_push: Callable[[RunLayout], dict] | None = None) -> dict:
     """Export the data if needed, run the pipeline with LocalDagRunner, write and return the
     summary. When the run pushed a model version, ``after_push(layout)`` (e.g. the command line's
-    TF Serving config writer) runs and its entries join the summary."""
-    from tfx import v1 as tfx
+    TF Serving config writer) runs and its entries join the summary. The run holds its run
+    directory (:func:`run_lock`): a second run started on it meanwhile is refused.
 
+    Raises:
+        RunDirectoryInUse: another run on this machine holds the run directory.
+    """
     start = time.perf_counter()
     if config.uses_milvus:  # an unreachable Milvus (or a Lite file another process holds) fails now, not after training
         from tfhash.index.milvus import check_reachable
 
         check_reachable(config.milvus)
+    with run_lock(config.layout):  # two runs on one run directory would interleave their metadata and versions
+        return _run_local(config, log, after_push, start)
+
+
+def _run_local(config: PipelineConfig, log, after_push, start: float) -> dict:
+    from tfx import v1 as tfx
+
     model_inputs(export_data(config, log), config.inputs)  # the inputs are in the data, or fail now
     where = config.layout
     connection = tfx.orchestration.metadata.sqlite_metadata_connection_config(where.metadata)

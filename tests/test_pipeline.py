@@ -296,6 +296,37 @@ def test_trainer_targets_carry_label_coefficients():
     assert float(with_coefficients["u"][0, 0]) == 2.0
 
 
+@pytest.mark.process
+def test_a_second_run_on_one_run_directory_is_refused_until_the_first_ends(tmp_path):
+    """``tfhash pipeline run`` holds its run directory: a second run on it exits 2 naming the
+    holder, before any work; the lock goes with the holding process, even killed (no stale lock)."""
+    import signal
+    import subprocess
+    import sys
+
+    from tfhash.pipelines.runner import RunDirectoryInUse, run_lock
+
+    config = small_config(tmp_path)
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom tfhash.pipelines.config import PipelineConfig\n"
+                               "from tfhash.pipelines.runner import run_lock\nwith run_lock(PipelineConfig.load(sys.argv[1]).layout):\n"
+                               "    print('held', flush=True)\n    time.sleep(600)\n", str(tmp_path / "config.json")],
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(RunDirectoryInUse, match=rf"{config.layout.run_dir} is in use by another `tfhash pipeline run` \(pid {holder.pid}, started"):
+            with run_lock(config.layout):
+                pass
+        command = subprocess.run([sys.executable, "-m", "tfhash.cli", "pipeline", "run", "--config", str(tmp_path / "config.json")],
+                                 capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert command.returncode == 2 and f"pid {holder.pid}" in command.stderr and "another run_dir" in command.stderr
+        assert not os.path.exists(config.layout.data)  # refused before exporting anything
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    with run_lock(config.layout):  # free again once the holder is gone
+        pass
+
+
 def test_config_errors_are_clear(tmp_path):
     path = tmp_path / "bad.json"
     path.write_text(json.dumps({"name": "x", "trainig": {}}))
