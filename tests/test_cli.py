@@ -189,6 +189,45 @@ def test_index_build_and_search_with_the_second_stage(tmp_path):
     assert bad.exit_code == 2 and "has no array 'nothing'" in bad.output
 
 
+def test_index_verify_checks_every_index_of_a_version_and_its_model_lock(tmp_path):
+    """``tfhash index verify``: every index of a version directory verified (one JSON line each),
+    a flipped byte named with its file and exit 2, and with --model-dir the lock to that model."""
+    import shutil
+
+    import tensorflow as tf
+
+    from tfhash.artifacts import signature_fingerprint
+
+    module = tf.Module()
+    module.f = tf.function(lambda x: x + 1.0, input_signature=[tf.TensorSpec([None], tf.float32)])
+    tf.saved_model.save(module, str(tmp_path / "models" / "4"))
+    shutil.copytree(tmp_path / "models" / "4", tmp_path / "models" / "5")
+    fingerprint = signature_fingerprint(str(tmp_path / "models" / "4"))
+    rng = np.random.default_rng(5)
+    np.savez(tmp_path / "codes.npz", db_codes=rng.choice(np.array([-1, 1], np.int8), size=(300, 32)))
+    runner, version = CliRunner(), tmp_path / "indexes" / "4"
+    for kind in ("BFlat", "BFlat-text"):
+        built = runner.invoke(main, ["index", "build", str(tmp_path / "codes.npz"), "--output", str(version / kind), "--model-version", "4",
+                                     "--signature-fingerprint", fingerprint])  # fmt: skip
+        assert built.exit_code == 0, built.output
+    good = runner.invoke(main, ["index", "verify", str(version), "--model-dir", str(tmp_path / "models" / "4")])
+    assert good.exit_code == 0, good.output
+    lines = [json.loads(line) for line in good.output.splitlines()]
+    assert [(line["index"].rsplit("/", 1)[1], line["ok"], line["count"]) for line in lines] == [("BFlat", True, 300), ("BFlat-text", True, 300)]
+    other = runner.invoke(main, ["index", "verify", str(version / "BFlat"), "--model-dir", str(tmp_path / "models" / "5")])
+    assert other.exit_code == 2 and "model version" in json.loads(other.output.splitlines()[0])["error"]
+    codes = version / "BFlat-text" / "codes.npy"
+    data = bytearray(codes.read_bytes())
+    data[-1] ^= 0x01  # one flipped bit in the last code
+    codes.write_bytes(bytes(data))
+    damaged = runner.invoke(main, ["index", "verify", str(version)])
+    assert damaged.exit_code == 2 and "1 of 2 indexes" in damaged.output
+    first, second = (json.loads(line) for line in damaged.output.splitlines()[:2])
+    assert first["ok"] and not second["ok"] and "checksum mismatch for codes.npy" in second["error"]
+    missing = runner.invoke(main, ["index", "verify", str(tmp_path / "nowhere")])
+    assert missing.exit_code == 2 and "no such directory" in missing.output
+
+
 @pytest.mark.process
 def test_index_build_and_search_in_milvus(tmp_path):
     import pymilvus  # noqa: F401  # imported here first: its log handler keeps the stderr of its first import, which CliRunner closes

@@ -1,4 +1,4 @@
-"""``tfhash index build|search|info``."""
+"""``tfhash index build|search|info|verify``."""
 
 from __future__ import annotations
 
@@ -132,3 +132,44 @@ def info(index_dir) -> None:
         manifest = read_manifest(index_dir)
         verify_files(index_dir, manifest)
     click.echo(json.dumps(manifest, indent=2))
+
+
+@index_group.command("verify")
+@click.argument("path")
+@click.option("--model-dir", default=None,
+              help="A SavedModel version folder (<model base>/<version>): each index must be locked to it, its version and "
+                   "signature fingerprint.")  # fmt: skip
+def verify(path, model_dir) -> None:
+    """Verify an index directory, or every index of a version directory (<index base>/<version>/):
+    its manifest and every file's checksum (the codes, ids and embeddings), and with --model-dir its
+    lock to that model. One JSON line per index; exits 2 when any fails. PATH: a folder or a URI."""
+    import os
+
+    from tfhash import storage
+    from tfhash.artifacts import signature_fingerprint
+    from tfhash.index import read_manifest, verify_files
+    from tfhash.index.persistence import MANIFEST, check_model
+    from tfhash.index.refine import MANIFEST_FIELD
+
+    if not storage.isdir(path):
+        raise BadInput(f"{path}: no such directory; pass an index directory or a version directory of indexes")
+    folders = [path] if storage.isfile(storage.join(path, MANIFEST)) else \
+        [storage.join(path, name) for name in sorted(storage.listdir(path)) if storage.isdir(storage.join(path, name))]  # fmt: skip
+    if not folders:
+        raise BadInput(f"{path}: neither an index ({MANIFEST}) nor a folder of indexes")
+    with _reported():
+        expected = (None, None) if model_dir is None else (os.path.basename(model_dir.rstrip("/")), signature_fingerprint(model_dir))
+    failed = 0
+    for folder in folders:
+        try:
+            manifest = read_manifest(folder)
+            verify_files(folder, manifest)
+            check_model(folder, manifest, *expected)
+        except ValueError as err:  # IndexFormatError: named with its reason
+            failed += 1
+            click.echo(json.dumps({"index": folder, "ok": False, "error": str(err)}))
+            continue
+        click.echo(json.dumps({"index": folder, "ok": True, "kind": manifest["kind"], "count": manifest["count"],
+                               "model_version": manifest["model"].get("version"), "embeddings": MANIFEST_FIELD in manifest}))  # fmt: skip
+    if failed:
+        raise BadInput(f"{failed} of {len(folders)} indexes under {path} failed verification (the lines above say why)")
