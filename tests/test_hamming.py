@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tfhash.codes import hamming_distances
-from tfhash.hamming import TILE, code_words, knn_search, range_search, set_threads
+from tfhash.hamming import TILE, code_words, knn_search, knn_ties_search, range_search, set_threads
 from tfhash.index import index_factory
 
 
@@ -77,6 +77,34 @@ def test_range_search_equals_faiss(bits):
                 order = np.lexsort((p, d))
                 np.testing.assert_array_equal(distances[offsets[i] : offsets[i + 1]], d[order])
                 np.testing.assert_array_equal(positions[offsets[i] : offsets[i + 1]], p[order])
+
+
+@pytest.mark.parametrize("bits", [16, 48, 64, 96, 128])
+def test_knn_with_ties_is_the_knn_and_every_item_tied_with_the_kth(bits):
+    """One pass (:func:`knn_ties_search`) against FAISS's k-NN distances and a range search to each
+    query's k-th: the same rows, nearest first, ties in database order, on one thread or split in
+    parts; large tie groups grow the candidate buffer past its first size."""
+    rng = np.random.default_rng(4)
+    db = np.concatenate([_clustered(rng, 5000, bits, centres=3, flips=1), _random(rng, 3000, bits)])
+    queries = np.concatenate([db[:3], db[-2:], _random(rng, 2, bits)])
+    index = faiss.IndexBinaryFlat(bits)
+    index.add(db)
+    for k in (1, 10, 700):
+        kth = _faiss_knn(db, queries, k)[0][:, k - 1]
+        for threads in (1, 2):
+            offsets, distances, positions = knn_ties_search(queries, db, k, threads=threads)
+            for i in range(len(queries)):
+                limits, d, p = index.range_search(queries[i : i + 1], int(kth[i]) + 1)  # FAISS: d < radius
+                order = np.lexsort((p, d))
+                np.testing.assert_array_equal(distances[offsets[i] : offsets[i + 1]], d[order])
+                np.testing.assert_array_equal(positions[offsets[i] : offsets[i + 1]], p[order])
+    repeated = np.concatenate([db, np.repeat(db[:1], 500, axis=0)])  # a tie group larger than the first buffer (2k + 64)
+    for threads in (1, 2):
+        offsets, distances, positions = knn_ties_search(db[:1], repeated, 1, threads=threads)
+        np.testing.assert_array_equal(positions, np.flatnonzero((repeated == db[0]).all(axis=1)))
+        assert offsets[1] > 500 and not distances.any()
+    with pytest.raises(ValueError, match=r"k must be an integer in 1\.\.8000"):
+        knn_ties_search(queries, db, 8001)
 
 
 def test_word_views_and_distances():

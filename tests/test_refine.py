@@ -148,6 +148,11 @@ def test_bad_queries_and_settings_are_refused_by_name():
         refined_search(index, Embeddings.of(values[:49], ids[:49]), values[:1], 50)
     with pytest.raises(HashIndexError, match="must be a 2-D array of numbers"):
         quantised_rows(np.zeros(5))
+    approximate = index_factory(BITS, "BIVF2")
+    approximate.train(sign_codes(values))
+    approximate.add(sign_codes(values), ids)
+    with pytest.raises(HashIndexError, match="'ivf' is approximate: it cannot say which items tie with the k-th"):
+        approximate.search_with_ties(sign_codes(values[:1]), 3)
     zero = quantised_rows(np.zeros((1, 4)))
     assert zero.dtype == np.int8 and not zero.any()  # a zero row stays zero (no division by zero)
     np.testing.assert_array_equal(quantised_rows([[0.5, -1.0, 0.25]]), [[64, -127, 32]])  # the largest magnitude to 127

@@ -9,13 +9,17 @@ batch over numba's threads (docs/design.md s.10).
 
 from __future__ import annotations
 
+import functools
+import os
+from concurrent.futures import ThreadPoolExecutor
+
 import numba
 import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-__all__ = ["popcount", "code_words", "set_threads", "knn_search", "range_search"]
+__all__ = ["popcount", "code_words", "set_threads", "knn_search", "knn_ties_search", "range_search"]
 
 #: Items one vectorised loop checks against the threshold before any of them is examined; a block
 #: with some is checked again in sub-blocks of :data:`SUB_BLOCK`, and only those are examined item
@@ -233,6 +237,56 @@ def _select(k, bits, cand_d, cand_p, size, hist, out_d, out_p):  # pragma: no co
 
 
 @numba.njit(cache=True, nogil=True)
+def _ties_part(query, db_flat, words, start, stop, k, bits):  # pragma: no cover - compiled
+    """Rows ``start..stop``'s candidates for the items within ``query``'s k-th smallest distance
+    among them, every tie at it included: ``(distances, positions)`` in row order, a superset (the
+    threshold falls as rows are read: the merge keeps those within the final one). As
+    :func:`_scan`, but an item at the threshold is always kept, so the buffer grows with the ties."""
+    hist = np.zeros(bits + 1, np.int64)
+    threshold, below, size = bits, 0, 0  # below: kept items nearer than the threshold
+    cand_d = np.empty(2 * k + 64, np.int32)
+    cand_p = np.empty(2 * k + 64, np.int64)
+    distances = np.empty(SUB_BLOCK, np.int32)
+    for block in range(start, stop, BLOCK):
+        end = min(block + BLOCK, stop)
+        if _count_within(query, db_flat, words, block, end, threshold) == 0:
+            continue
+        for sub in range(block, end, SUB_BLOCK):
+            sub_end = min(sub + SUB_BLOCK, end)
+            if _count_within(query, db_flat, words, sub, sub_end, threshold) == 0:
+                continue
+            _block_distances(query, db_flat, words, sub, sub_end, distances)
+            for j in range(sub_end - sub):
+                d = distances[j]
+                if d > threshold:
+                    continue
+                if size == cand_d.shape[0]:  # drop what the threshold has passed; grow when ties fill it
+                    kept = 0
+                    for r in range(size):
+                        if cand_d[r] <= threshold:
+                            cand_d[kept] = cand_d[r]
+                            cand_p[kept] = cand_p[r]
+                            kept += 1
+                    size = kept
+                    if size > cand_d.shape[0] // 2:
+                        grown_d = np.empty(2 * cand_d.shape[0], np.int32)
+                        grown_p = np.empty(2 * cand_d.shape[0], np.int64)
+                        grown_d[:size] = cand_d[:size]
+                        grown_p[:size] = cand_p[:size]
+                        cand_d, cand_p = grown_d, grown_p
+                cand_d[size] = d
+                cand_p[size] = sub + j
+                size += 1
+                hist[d] += 1
+                if d < threshold:
+                    below += 1
+                    while below >= k:  # k items nearer than the threshold: it falls
+                        threshold -= 1
+                        below -= hist[threshold]
+    return cand_d[:size], cand_p[:size]
+
+
+@numba.njit(cache=True, nogil=True)
 def _knn_task(query_words, db_flat, n, k, bits, group, groups, part, parts, cand_d, cand_p, sizes):  # pragma: no cover - compiled
     """One task: the queries ``group, group + groups, ...`` over database part ``part`` of
     ``parts``, tile by tile; their candidates go to ``cand_*[i, part]``, their count to ``sizes``."""
@@ -425,6 +479,59 @@ def knn_search(query_packed: np.ndarray, db_packed: np.ndarray, k: int, threads:
     else:
         _knn_parallel(query_words, db_flat, n, int(k), bits, groups, parts, cand_d, cand_p, sizes, distances, positions)
     return distances, positions
+
+
+@functools.cache
+def _pool(threads: int) -> ThreadPoolExecutor:
+    """The threads :func:`knn_ties_search` reads its parts on, kept: starting threads for every
+    query would cost more than the scan."""
+    return ThreadPoolExecutor(threads, thread_name_prefix="tfhash-hamming")
+
+
+os.register_at_fork(after_in_child=_pool.cache_clear)  # a forked child has none of its parent's threads
+
+
+def knn_ties_search(query_packed: np.ndarray, db_packed: np.ndarray, k: int, threads: int | None = None):
+    """Every database row within each query's k-th smallest Hamming distance, the ties at it
+    included, in one pass over the codes: what :func:`knn_search` returns and every row tied with
+    its k-th (the candidates of :func:`tfhash.index.refine.refined_search`). As in
+    :func:`knn_search`, a threshold from a histogram skips the rows beyond it; the database is read
+    in ``threads`` parts on as many threads (the kernel releases the GIL), whose candidates are
+    merged in part order. ``threads`` as in :func:`knn_search`.
+
+    Returns:
+        ``(offsets, distances, positions)`` as :func:`range_search`: query i's rows are
+        ``offsets[i]:offsets[i + 1]``, nearest first, ties in database order.
+    """
+    bits = np.shape(db_packed)[-1] * 8
+    query_words, db_words = _words(query_packed, db_packed, bits)
+    n = db_words.shape[0]
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= n:
+        raise ValueError(f"k must be an integer in 1..{n} (the database rows), got {k!r}")
+    if query_words.shape[0] == 0:
+        return np.zeros(1, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int64)
+    threads = int(threads or _settings["threads"] or numba.get_num_threads())
+    parts = max(1, min(threads, n // BLOCK))
+    bounds = [(n * p // parts, n * (p + 1) // parts) for p in range(parts)]
+    db_flat, words = db_words.reshape(-1), db_words.shape[1]
+
+    def part(task):
+        i, (start, stop) = task
+        return _ties_part(query_words[i], db_flat, words, start, stop, int(k), bits)
+
+    tasks = [(i, bound) for i in range(query_words.shape[0]) for bound in bounds]
+    found = [part(task) for task in tasks] if len(tasks) == 1 or threads == 1 else list(_pool(threads).map(part, tasks))
+    offsets, all_d, all_p = [0], [], []
+    for i in range(query_words.shape[0]):
+        d = np.concatenate([found[i * parts + p][0] for p in range(parts)])
+        p_ = np.concatenate([found[i * parts + p][1] for p in range(parts)])
+        kth = np.partition(d, k - 1)[k - 1]
+        keep = np.flatnonzero(d <= kth)
+        order = keep[np.argsort(d[keep], kind="stable")]
+        all_d.append(d[order])
+        all_p.append(p_[order])
+        offsets.append(offsets[-1] + order.size)
+    return np.array(offsets, np.int64), np.concatenate(all_d).astype(np.int32), np.concatenate(all_p).astype(np.int64)
 
 
 def range_search(query_packed: np.ndarray, db_packed: np.ndarray, radius: int, threads: int | None = None):

@@ -334,6 +334,24 @@ class HashIndex(abc.ABC):
         rows = self._read_rows(queries, "queries")
         return self._search(rows, validate_k(k, self.ntotal))
 
+    def search_with_ties(self, queries, k: int) -> list[SearchResult]:
+        """Each query's ``k`` nearest and every item tied with its k-th, one result per query,
+        nearest first, ties in insertion order: the candidates of the second stage of a search
+        (:func:`tfhash.index.refine.refined_search`). For an exact index with
+        :data:`RANGE_SEARCH` (``BFlat`` finds them in one pass, :func:`tfhash.hamming.knn_ties_search`).
+
+        Raises:
+            HashIndexError: an approximate index, or one without range search; bad queries or k.
+        """
+        self._require(RANGE_SEARCH)
+        if not self.exact:
+            raise HashIndexError(f"{type(self).__name__} {self.method!r} is approximate: it cannot say which items tie with the k-th")
+        rows = self._read_rows(queries, "queries")
+        return self._search_with_ties(rows, validate_k(k, self.ntotal))
+
+    def _search_with_ties(self, rows: np.ndarray, k: int) -> list[SearchResult]:
+        raise NotImplementedError(f"{type(self).__name__} is exact with {RANGE_SEARCH} but does not implement _search_with_ties")
+
     def train(self, codes) -> None:
         """Train the search structure on ``codes`` (capability :data:`TRAIN`)."""
         self._require(TRAIN)

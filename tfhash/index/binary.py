@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 
-from tfhash.hamming import knn_search, range_search
+from tfhash.hamming import knn_search, knn_ties_search, range_search
 from tfhash.index.base import (
     PACKED,
     RANGE_SEARCH,
@@ -142,6 +142,12 @@ class BinaryIndex(InProcessIndex):
             return SearchResult(distances, self._ids[positions])
         distances, positions = self._faiss.search(rows, k)
         return SearchResult(distances.astype(np.int32), ids_at(self._ids, positions))
+
+    def _search_with_ties(self, rows: np.ndarray, k: int) -> list[SearchResult]:
+        """One pass of the compiled kernel (``flat``, the one exact method)."""
+        offsets, distances, positions = knn_ties_search(rows, self._rows, k)
+        return [SearchResult(distances[offsets[i] : offsets[i + 1]], self._ids[positions[offsets[i] : offsets[i + 1]]])
+                for i in range(rows.shape[0])]  # fmt: skip
 
     def _range_search(self, rows: np.ndarray, radius: int) -> list[SearchResult]:
         """Sorted by distance then insertion order: the "hash lookup" mode of the papers. Exact

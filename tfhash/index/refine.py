@@ -5,7 +5,7 @@ items (an exact index returns them in insertion order). Keeping each item's cont
 hash head's output before the sign, 8 bits a value) in the index version lets a search order the
 Hamming candidates by cosine similarity, as FAISS's ``IndexRefine`` re-ranks vectors. Candidates:
 the ``k_factor * k`` Hamming nearest and, from an exact index with range search, every item tied
-with the k-th. The answer keeps the Hamming distances. :func:`tfhash.index.save_index` stores the
+with the last of them (:meth:`~tfhash.index.base.HashIndex.search_with_ties`). The answer keeps the Hamming distances. :func:`tfhash.index.save_index` stores the
 embeddings checksummed beside the codes; :func:`load_embeddings` reads them back.
 """
 
@@ -34,7 +34,7 @@ __all__ = ["DEFAULT_K_FACTOR", "EMBEDDINGS_FILE", "EMBEDDING_IDS_FILE", "Embeddi
 
 #: How many Hamming candidates per neighbour asked for the second stage orders by default: 1, the
 #: k nearest and every item tied with the k-th, so it re-orders what Hamming order returns and
-#: admits nothing farther (chosen on validation rows: benchmarks/results/second_stage.md).
+#: admits nothing farther (chosen on validation rows: benchmarks/results/second_stage_mnist.md and second_stage_cifar10.md).
 DEFAULT_K_FACTOR = 1
 #: The index version's files of the embeddings: int8 rows, and their int64 ids (ascending).
 EMBEDDINGS_FILE, EMBEDDING_IDS_FILE = "embeddings.npy", "embedding_ids.npy"
@@ -211,17 +211,9 @@ def refined_search(index: HashIndex, embeddings: Embeddings, continuous, k: int,
         raise HashIndexError(f"queries have {queries.shape[1]} values per row; the index holds {index.bits}-bit codes")
     codes = sign_codes(np.asarray(continuous))  # of the values, not of their 8 bits: a small value may round to 0
     pool = min(index.ntotal, k * int(k_factor))
-    found = index.search(codes, pool)
-    if not (index.exact and index.supports(RANGE_SEARCH)):
-        return rerank(found, queries, embeddings, k)
-    kth = found.distances[:, k - 1]
-    tied = kth == found.distances[:, pool - 1]  # the pool may cut the items tied with the k-th
-    if not np.any(tied) or pool == index.ntotal:
-        return rerank(found, queries, embeddings, k)
-    per_query = list(zip(*found, strict=True))
-    for i in np.flatnonzero(tied):
-        per_query[i] = tuple(index.range_search(codes[i : i + 1], int(kth[i]))[0])
-    return rerank(per_query, queries, embeddings, k)
+    if index.exact and index.supports(RANGE_SEARCH):  # the pool and every item tied with its last
+        return rerank(index.search_with_ties(codes, pool), queries, embeddings, k)
+    return rerank(index.search(codes, pool), queries, embeddings, k)
 
 
 def load_embeddings(path, mapped: bool = False, *, manifest: dict | None = None) -> Embeddings | None:
