@@ -340,8 +340,10 @@ def test_a_search_server_binds_and_runs_nothing_until_it_starts(artifacts):
     address), which leaves nothing running; a server never started stops quietly."""
     from tfhash.serving.grpc_server import BindError
 
+    lingering = {t for t in threading.enumerate() if t.name.startswith("tfhash-search")}  # an earlier test's, still ending
+
     def front_threads():
-        return [t.name for t in threading.enumerate() if t.name.startswith("tfhash-search")]
+        return [t.name for t in threading.enumerate() if t.name.startswith("tfhash-search") and t not in lingering]
 
     searcher = in_process_searcher(artifacts["models"], artifacts["indexes"])
     taken = socket.create_server(("127.0.0.1", 0))
