@@ -1,6 +1,9 @@
 """The second stage of a search (:mod:`tfhash.index.refine`) against Hamming order alone.
 
-On MNIST's protocol (1,000 queries, the other 69,000 as database, 5,000 of them training SCDH):
+On the standard protocol of ``--dataset`` (1,000 queries, the rest as database, 5,000 of it training):
+MNIST through SCDH on the small CNN (:func:`tfhash.quickstart.train_scdh_mnist`), CIFAR-10 through
+the recommended recipe for photos (:data:`tfhash.recipes.RECOMMENDED_PHOTOS`, encoded with mirrors as
+its exported model encodes, :func:`tfhash.tuning.photos.fit_photos`):
 
 * mAP@all and mAP@1000 of Hamming order (insertion order within a tie, what an exact index
   answers; and tie-aware, the number the project reports) and of the second stage
@@ -14,9 +17,10 @@ On MNIST's protocol (1,000 queries, the other 69,000 as database, 5,000 of them 
   repeated, so each query meets the real ties, and clustered synthetic codes), Hamming k-NN and the
   second stage timed in one run, and the extra bytes the embeddings add to an index version.
 
-    python -m benchmarks.second_stage --bits 48 --epochs 30 --seed 0 [--codes runs/mnist-codes.npz]
+    python -m benchmarks.second_stage --dataset mnist --bits 48 --epochs 30 --seed 0 [--codes runs/mnist-codes.npz]
+    python -m benchmarks.second_stage --dataset cifar10 --bits 48 --seed 0 [--codes runs/cifar10-codes.npz]
 
-Results: ``benchmarks/results/second_stage.{json,md}``.
+Results: ``benchmarks/results/second_stage_<dataset>.{json,md}``.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import argparse
 import os
 import tempfile
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -105,16 +110,51 @@ def chosen_factor(rows: list[dict], depth: int = 1000) -> int:
     return min(keep, key=lambda r: (-r[f"mAP@{depth}"], r["k_factor"]))["k_factor"]
 
 
-def model_codes(model, dataset, seed: int) -> dict:
-    """Continuous codes of every part, and of 1,000 database images and of their perturbed copies."""
+def trained_mnist(bits: int, epochs: int | None, seed: int):
+    """SCDH on MNIST's 5,000 training images (30 epochs unless ``epochs``): ``(encode, dataset,
+    what was trained)``."""
+    from tfhash.data import load_mnist
+    from tfhash.quickstart import train_scdh_mnist
+
+    epochs = 30 if epochs is None else epochs
+    model = train_scdh_mnist(bits=bits, epochs=epochs, seed=seed)["model"]
+    return model.continuous_codes, load_mnist(None, seed=seed), f"SCDH on the small CNN, {epochs} epochs"
+
+
+def trained_cifar10(bits: int, epochs: int | None, seed: int):
+    """The recommended recipe for photos on CIFAR-10's 5,000 training images (its own epochs unless
+    ``epochs``); codes averaged with the mirror's when the recipe encodes so: ``(encode, dataset,
+    what was trained)``."""
+    from tfhash.data import load_cifar10
+    from tfhash.recipes import RECOMMENDED_PHOTOS
+    from tfhash.tuning.photos import fit_photos
+
+    spec = replace(RECOMMENDED_PHOTOS, bits=bits, seed=seed)
+    dataset = load_cifar10(None, seed=seed)
+    x, y = dataset.part("train")
+    model = fit_photos(spec, x["image"], y, epochs=epochs, verbose=2)
+    encode = model.continuous_codes
+    if spec.encode_mirrored:
+        encode = lambda images: (model.continuous_codes(images) + model.continuous_codes(images[:, :, ::-1])) / 2  # noqa: E731
+    return encode, dataset, (f"tfhash.recipes.RECOMMENDED_PHOTOS ({spec.backbone} at {spec.image_size} px above "
+                             f"{spec.fine_tuning.trunk_cache.cut}, "
+                             f"{spec.epochs if epochs is None else epochs} epochs{', encoded with mirrors' if spec.encode_mirrored else ''})")  # fmt: skip
+
+
+TRAINED = {"mnist": trained_mnist, "cifar10": trained_cifar10}
+
+
+def model_codes(encode, dataset, seed: int) -> dict:
+    """Continuous codes (``encode``: images -> codes) of every part, and of 1,000 database images
+    and of their perturbed copies."""
     out = {}
     for part in ("train", "query", "database"):
         x, y = dataset.part(part)
-        out[f"{part}_codes"], out[f"{part}_labels"] = model.continuous_codes(x["image"]), y
+        out[f"{part}_codes"], out[f"{part}_labels"] = encode(x["image"]), y
     picked = np.sort(np.random.default_rng(seed).choice(len(out["database_labels"]), 1000, replace=False))
     images = dataset.part("database")[0]["image"][picked]
-    out["picked"], out["own image"] = picked, model.continuous_codes(images)
-    out.update({kind: model.continuous_codes(perturbed(images, kind)) for kind in PERTURBATIONS})
+    out["picked"], out["own image"] = picked, encode(images)
+    out.update({kind: encode(perturbed(images, kind)) for kind in PERTURBATIONS})
     return out
 
 
@@ -170,29 +210,28 @@ def cost(database: np.ndarray, queries: np.ndarray, k: int, k_factor: int, label
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--dataset", choices=sorted(TRAINED), default="mnist")
     parser.add_argument("--bits", type=int, default=48)
-    parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--epochs", type=int, default=None, help="default: MNIST 30, CIFAR-10 the recipe's")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--factors", type=int, nargs="+", default=[1, 10], help="the k_factor values measured")
     parser.add_argument("--million", type=int, default=1_000_000, help="items of the cost rows (about)")
     parser.add_argument("--timed-queries", type=int, default=200)
     parser.add_argument("--codes", default=None, help="an .npz of the trained model's codes, reused (written when missing)")
     args = parser.parse_args(argv)
-    from tfhash.data import load_mnist
-    from tfhash.quickstart import train_scdh_mnist
-
     start = time.perf_counter()
-    settings = np.array([args.bits, args.epochs, args.seed])
+    settings = np.array([args.dataset, args.bits, args.epochs, args.seed], dtype=str)
     if args.codes and os.path.exists(args.codes):
         with np.load(args.codes, allow_pickle=False) as stored:
             found = {key: stored[key] for key in stored.files}
         if not np.array_equal(found.pop("settings"), settings):
             raise SystemExit(f"{args.codes} holds the codes of other settings; remove it or pass another path")
+        trained = str(found.pop("trained"))
     else:
-        trained = train_scdh_mnist(bits=args.bits, epochs=args.epochs, seed=args.seed)
-        found = model_codes(trained["model"], load_mnist(None, seed=args.seed), args.seed)
+        encode, dataset, trained = TRAINED[args.dataset](args.bits, args.epochs, args.seed)
+        found = model_codes(encode, dataset, args.seed)
         if args.codes:
-            np.savez(args.codes, settings=settings, **found)
+            np.savez(args.codes, settings=settings, trained=np.array(trained), **found)
     # validation: 500 training images as queries against the other 4,500 (never the query set)
     held = np.random.default_rng(args.seed).permutation(len(found["train_labels"]))
     val_q, val_db = held[:500], held[500:]
@@ -213,14 +252,14 @@ def main(argv=None) -> None:
     centres = rng.normal(size=(args.million // 100, args.bits)).astype(np.float32)
     noise = lambda n: rng.normal(0, 0.5, (n, args.bits)).astype(np.float32)  # noqa: E731
     clustered = centres[rng.integers(0, len(centres), args.million)] + noise(args.million)
-    costs = [cost(np.tile(db_cont, (repeats, 1)), q_cont, 10, factor, f"MNIST database x {repeats}"),
+    costs = [cost(np.tile(db_cont, (repeats, 1)), q_cont, 10, factor, f"{args.dataset} database x {repeats}"),
              cost(clustered, clustered[rng.integers(0, args.million, args.timed_queries)] + noise(args.timed_queries), 10, factor,
                   f"clustered: {len(centres)} centres + N(0, 0.5)")]  # fmt: skip
     cost_columns = list(costs[0])
     print(markdown_table(costs, cost_columns))
     markdown = "\n\n".join([
-        f"# The second stage: Hamming candidates ordered by the items' embeddings\n\nMNIST, SCDH {args.bits} bits, "
-        f"{args.epochs} epochs, seed {args.seed}; {len(found['query_labels'])} queries, {len(db_cont)} database items. "
+        f"# The second stage: Hamming candidates ordered by the items' embeddings ({args.dataset})\n\n{args.dataset}, "
+        f"{trained}, {args.bits} bits, seed {args.seed}; {len(found['query_labels'])} queries, {len(db_cont)} database items. "
         f"A query (of the first {len(q_cont)}) meets on average {mean_ties:.0f} database items tied at its smallest "
         "Hamming distance. `python -m benchmarks.second_stage` wrote this page.",
         "## Validation (500 training images against the other 4,500), where k_factor is chosen\n\n"
@@ -228,11 +267,11 @@ def main(argv=None) -> None:
         + f"\n\nChosen: **k_factor {factor}**, the highest mAP@1000 among the settings that lower neither mAP"
         + (" (here every row is equal: the model ranks its own training images perfectly, so the rule's tie-break, "
            "the smaller factor, decided)." if len({(r["mAP@all"], r["mAP@1000"]) for r in validation[2:]}) == 1 else "."),
-        "## Test protocol (1,000 queries against 69,000)\n\n" + markdown_table(test, rank_columns),
+        f"## Test protocol ({len(found['query_labels']):,} queries against {len(db_cont):,})\n\n" + markdown_table(test, rank_columns),
         "## Found first (1,000 database images, searched among the whole database, k = 1)\n\n" + markdown_table(first, list(first[0])),
         f"## Cost of a single query (k = 10, k_factor {factor})\n\n" + markdown_table(costs, cost_columns),
     ])  # fmt: skip
-    write_results("second_stage", {"settings": vars(args), "validation": validation, "chosen_k_factor": factor, "test": test,
+    write_results(f"second_stage_{args.dataset}", {"settings": vars(args), "trained": trained, "validation": validation, "chosen_k_factor": factor, "test": test,
                                    "found_first": first, "mean_ties_at_smallest_distance": mean_ties, "cost": costs,
                                    "seconds": round(time.perf_counter() - start, 1)}, markdown)  # fmt: skip
     print(environment()["cpu"])
