@@ -435,6 +435,12 @@ def _words(query_packed: np.ndarray, db_packed: np.ndarray, bits: int) -> tuple[
     return code_words(query_packed), code_words(db_packed)
 
 
+def _check_k(k, n: int) -> None:
+    """Refuse a ``k`` that is not an integer in 1..``n`` (the database rows)."""
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= n:
+        raise ValueError(f"k must be an integer in 1..{n} (the database rows), got {k!r}")
+
+
 def knn_search(query_packed: np.ndarray, db_packed: np.ndarray, k: int, threads: int | None = None):
     """Exact Hamming k-NN of packed ``uint8`` codes.
 
@@ -460,8 +466,7 @@ def knn_search(query_packed: np.ndarray, db_packed: np.ndarray, k: int, threads:
     """
     bits = np.shape(db_packed)[-1] * 8
     query_words, db_words = _words(query_packed, db_packed, bits)
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= db_words.shape[0]:
-        raise ValueError(f"k must be an integer in 1..{db_words.shape[0]} (the database rows), got {k!r}")
+    _check_k(k, db_words.shape[0])
     m = query_words.shape[0]
     distances = np.empty((m, k), np.int32)
     positions = np.empty((m, k), np.int64)
@@ -506,8 +511,7 @@ def knn_ties_search(query_packed: np.ndarray, db_packed: np.ndarray, k: int, thr
     bits = np.shape(db_packed)[-1] * 8
     query_words, db_words = _words(query_packed, db_packed, bits)
     n = db_words.shape[0]
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= n:
-        raise ValueError(f"k must be an integer in 1..{n} (the database rows), got {k!r}")
+    _check_k(k, n)
     if query_words.shape[0] == 0:
         return np.zeros(1, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int64)
     threads = int(threads or _settings["threads"] or numba.get_num_threads())
