@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -45,6 +46,35 @@ def exported_image_root(items_file: str) -> str | None:
     return root if isinstance(root, str) and os.path.isdir(root) else None
 
 
+def access_options(command):
+    """The options of who may ask a service (:class:`tfhash.serving.access.Access`), given to
+    ``command`` as one ``access`` argument."""
+    options = [
+        click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False), help="The server's certificate chain (PEM): every port speaks TLS only."),
+        click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), help="The certificate's private key (PEM)."),
+        click.option("--client-ca", type=click.Path(exists=True, dir_okay=False),
+                     help="With TLS: accept only clients with a certificate this CA (PEM) signed."),
+        click.option("--token-file", type=click.Path(exists=True, dir_okay=False),
+                     help="Every request must carry 'authorization: Bearer <the file's token>' (health and readiness excepted)."),
+        click.option("--allow-insecure", is_flag=True,
+                     help="Bind beyond loopback without TLS or a token (refused otherwise): only on a network you trust."),
+    ]  # fmt: skip
+
+    @functools.wraps(command)
+    def with_access(tls_cert, tls_key, client_ca, token_file, allow_insecure, **kwargs):
+        from tfhash.serving.access import Access
+
+        try:
+            access = Access(tls_cert=tls_cert, tls_key=tls_key, client_ca=client_ca, token_file=token_file, allow_insecure=allow_insecure)
+        except ValueError as err:
+            raise click.UsageError(str(err)) from err
+        return command(access=access, **kwargs)
+
+    for option in reversed(options):
+        with_access = option(with_access)
+    return with_access
+
+
 @serve_group.command("config")
 @click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False), help="A pipeline config: serve what its Pusher wrote.")
 @click.option("--base-path", help="A TF Serving model base directory (instead of --config).")
@@ -81,13 +111,16 @@ def config_(config_path, base_path, model_name, index_base_dir, output, num_vers
 @click.option("--poll-seconds", default=1.0, show_default=True, type=click.FloatRange(0.1))
 @click.option("--config-poll-seconds", default=10.0, show_default=True, type=click.FloatRange(0),
               help="Re-read --model-config-file when it changes, looking this often (0: read once).")
+@click.option("--reload-api", is_flag=True,
+              help="Answer HandleReloadConfigRequest (off by default: any client could replace the models served).")
 @click.option("--allowed-model-root", type=click.Path(file_okay=False),
-              help="HandleReloadConfigRequest may only name base paths under this folder (default: any).")
+              help="With --reload-api: HandleReloadConfigRequest may only name base paths under this folder (default: any).")
 @click.option("--max-request-mb", default=64, show_default=True, type=click.IntRange(1))
 @click.option("--grace-seconds", default=10.0, show_default=True, type=click.FloatRange(0),
               help="On SIGTERM / Ctrl-C, how long in-flight requests may take to finish.")
-def model(model_config_file, model_name, model_base_path, host, port, poll_seconds, config_poll_seconds, allowed_model_root,
-          max_request_mb, grace_seconds) -> None:  # fmt: skip
+@access_options
+def model(model_config_file, model_name, model_base_path, host, port, poll_seconds, config_poll_seconds, reload_api, allowed_model_root,
+          max_request_mb, grace_seconds, access) -> None:  # fmt: skip
     """Run the development model server (TF Serving's gRPC API, in process) until Ctrl-C / SIGTERM.
 
     A stand-in for tensorflow_model_server where it cannot run; use the official server in production.
@@ -97,6 +130,8 @@ def model(model_config_file, model_name, model_base_path, host, port, poll_secon
     from tfhash.serving.grpc_server import EXIT_SECONDS, run_until_signal
     from tfhash.serving.model_server import DevModelServer
 
+    if allowed_model_root and not reload_api:
+        raise click.UsageError("--allowed-model-root confines the reload API: pass --reload-api too")
     if model_config_file:
         try:
             server_config = read_models_config(model_config_file)
@@ -109,7 +144,9 @@ def model(model_config_file, model_name, model_base_path, host, port, poll_secon
     try:
         server = DevModelServer(server_config, host=host, port=port, poll_seconds=poll_seconds, max_message_bytes=max_request_mb << 20,
                                 config_file=model_config_file, config_poll_seconds=config_poll_seconds,
-                                allowed_root=allowed_model_root)  # fmt: skip
+                                allowed_root=allowed_model_root, reload_api=reload_api, access=access)  # fmt: skip
+    except ValueError as err:
+        raise BadInput(str(err)) from err
     except (OSError, ServingError) as err:
         raise click.ClickException(str(err)) from err
     run_until_signal(server, grace_seconds, exit_within=EXIT_SECONDS, on_started=lambda s: click.echo(
@@ -154,10 +191,16 @@ def model(model_config_file, model_name, model_base_path, host, port, poll_secon
                    "standard library's), or auto: uvloop where it is installed.")
 @click.option("--grace-seconds", default=10.0, show_default=True, type=click.FloatRange(0),
               help="On SIGTERM / Ctrl-C, how long in-flight requests may take to finish.")
+@access_options
+@click.option("--model-server-ca", type=click.Path(exists=True, dir_okay=False),
+              help="Speak TLS to --model-server, trusting this CA (PEM).")
+@click.option("--model-server-token-file", type=click.Path(exists=True, dir_okay=False),
+              help="Send this file's bearer token to --model-server.")
 def search(config_path, index_base_dir, model_base_dir, model_server, model_name, kind, query_modality, items_file, image_root, host,
            port, rest_port, max_k, max_batch, max_request_mb, poll_seconds, search_threads, processes, tf_threads,
-           rest_timeout, event_loop, grace_seconds) -> None:  # fmt: skip
+           rest_timeout, event_loop, grace_seconds, access, model_server_ca, model_server_token_file) -> None:  # fmt: skip
     """Run the search service until Ctrl-C / SIGTERM (then drain in-flight requests)."""
+    from tfhash.serving.access import ClientCredentials
     from tfhash.serving.event_loop import new_event_loop
     from tfhash.serving.grpc_server import EXIT_SECONDS, BindError, run_until_signal
     from tfhash.serving.processes import ProcessFront, SearchOptions, ServiceFailed, build_server
@@ -181,6 +224,8 @@ def search(config_path, index_base_dir, model_base_dir, model_server, model_name
         image_root = exported_image_root(items_file)
     if not index_base_dir or not (model_base_dir or model_server):
         raise click.UsageError("pass --config, or --index-base-dir with --model-base-dir and/or --model-server")
+    if (model_server_ca or model_server_token_file) and not model_server:
+        raise click.UsageError("--model-server-ca and --model-server-token-file are for --model-server")
     if model_server and not model_name:
         raise click.UsageError("--model-server needs --model-name")
     try:
@@ -191,7 +236,8 @@ def search(config_path, index_base_dir, model_base_dir, model_server, model_name
                             model_name=model_name, query_modality=query_modality, items_file=items_file, image_root=image_root,
                             host=host, port=port, rest_port=rest_port, max_k=max_k, max_batch=max_batch,
                             max_request_mb=max_request_mb, poll_seconds=poll_seconds, search_threads=search_threads,
-                            tf_threads=tf_threads, rest_timeout=rest_timeout, event_loop=event_loop)  # fmt: skip
+                            tf_threads=tf_threads, rest_timeout=rest_timeout, event_loop=event_loop, access=access,
+                            model_server_credentials=ClientCredentials(ca_file=model_server_ca, token_file=model_server_token_file))  # fmt: skip
     try:
         server = ProcessFront(options, processes, grace_seconds) if processes > 1 else build_server(options)
     except ValueError as err:
@@ -204,7 +250,9 @@ def search(config_path, index_base_dir, model_base_dir, model_server, model_name
                    + ("; serving model version " + ", ".join(sorted(set(status["process_versions"]))) if status["ready"]
                       else "; waiting for a model version with its index")
                    + (f"; answers name files and classes from {items_file}" if items else "")
-                   + (f"; search page on http://{host}:{server.rest_port}/ (images under {image_root})" if image_root else ""), err=True)  # fmt: skip
+                   + (f"; search page on {'https' if access.tls else 'http'}://{host}:{server.rest_port}/ (images under {image_root})"
+                      if image_root else "")
+                   + ("; TLS" if access.tls else "") + ("; requests need the bearer token" if access.token_file else ""), err=True)  # fmt: skip
 
     try:
         run_until_signal(server, grace_seconds, on_started=started, exit_within=EXIT_SECONDS)

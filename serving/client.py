@@ -55,13 +55,14 @@ class EncodedBatch:
 
 class ModelClient(ChannelClient):
     """One model on one server. ``version`` / ``version_label`` pin the version of every call
-    (neither: the server's newest). ``timeout`` is the default deadline in seconds."""
+    (neither: the server's newest). ``timeout`` is the default deadline in seconds. ``credentials``:
+    :class:`~tfhash.serving.access.ClientCredentials` of a server with TLS or a token."""
 
     def __init__(self, target: str, model_name: str, version: int | None = None, version_label: str | None = None,
-                 timeout: float = 10.0, channel: grpc.Channel | None = None):  # fmt: skip
+                 timeout: float = 10.0, channel: grpc.Channel | None = None, credentials=None):  # fmt: skip
         if version is not None and version_label is not None:
             raise ValueError("pin either version or version_label, not both")
-        super().__init__(target, timeout, channel, options=[("grpc.max_receive_message_length", 64 << 20)])
+        super().__init__(target, timeout, channel, options=[("grpc.max_receive_message_length", 64 << 20)], credentials=credentials)
         self.model_name, self.version, self.version_label = model_name, version, version_label
         self._predict = prediction_service_pb2_grpc.PredictionServiceStub(self._channel)
         self._models = model_service_pb2_grpc.ModelServiceStub(self._channel)

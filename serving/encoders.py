@@ -110,11 +110,12 @@ class InProcessEncoder(Encoder):
 
 
 class RemoteEncoder(Encoder):
-    """Version ``version`` of ``model_name`` on a TF Serving endpoint (every call pins it)."""
+    """Version ``version`` of ``model_name`` on a TF Serving endpoint (every call pins it);
+    ``credentials``: :class:`~tfhash.serving.access.ClientCredentials` of a server that asks for them."""
 
     def __init__(self, target: str, model_name: str, version: int, timeout: float = 10.0, channel=None,
-                 query_modality: str | None = None):  # fmt: skip
-        self.client = ModelClient(target, model_name, version=int(version), timeout=timeout, channel=channel)
+                 query_modality: str | None = None, credentials=None):  # fmt: skip
+        self.client = ModelClient(target, model_name, version=int(version), timeout=timeout, channel=channel, credentials=credentials)
         self.version = int(version)
         signature_defs, _ = self.client.signature_defs()
         self.signatures = {name: describe_signature(s) for name, s in signature_defs.items()}
@@ -126,6 +127,9 @@ class RemoteEncoder(Encoder):
         except ServingError as err:
             if err.code == grpc.StatusCode.NOT_FOUND:  # TF Serving unloaded the version this pair needs
                 raise unavailable(f"TF Serving no longer serves version {self.version}: {err.message}") from err
+            if err.code == grpc.StatusCode.UNAVAILABLE:  # down or restarting: codes are still searched
+                raise unavailable(f"the model server {self.client.target} cannot encode the query ({err.message}); queries of "
+                                  "codes are still answered") from err  # fmt: skip
             raise
         if version != self.version:  # a pinned request answered by another version: never use it
             raise unavailable(f"TF Serving answered with version {version}, expected {self.version}")

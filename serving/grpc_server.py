@@ -15,6 +15,7 @@ import time
 from concurrent import futures
 
 import grpc
+from tfhash.serving.access import ServerAccess
 from tfhash.serving.requests import decode_whole
 
 __all__ = ["LOOPBACK", "EXIT_SECONDS", "SETTLE_SECONDS", "grpc_address", "BindError", "add_port", "GrpcServer", "run_until_signal"]
@@ -59,10 +60,12 @@ class _Handlers(grpc.ServerInterceptor):
     define): the request bytes are decoded here instead of in grpcio, so that bytes that are no
     message of the method's type get INVALID_ARGUMENT (grpcio itself answers INTERNAL "Exception
     deserializing request!"), bytes the parser reads only in part included
-    (:func:`tfhash.serving.requests.decode_whole`); and the handler passes the stop gate."""
+    (:func:`tfhash.serving.requests.decode_whole`); and the handler passes the stop gate. With a
+    token (:class:`~tfhash.serving.access.ServerAccess`), a call without it is refused
+    UNAUTHENTICATED before its bytes are read."""
 
-    def __init__(self, gate: _Gate):
-        self.gate = gate
+    def __init__(self, gate: _Gate, access: ServerAccess):
+        self.gate, self.access = gate, access
 
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
@@ -78,6 +81,9 @@ class _Handlers(grpc.ServerInterceptor):
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the request bytes are not a valid request message of {method}")
 
         def passed(behaviour, raw, context, *args, **kwargs):
+            refusal = self.access.grpc_refusal(method, context.invocation_metadata())
+            if refusal is not None:
+                context.abort(grpc.StatusCode.UNAUTHENTICATED, refusal)
             if gated and not gate.enter():
                 context.abort(grpc.StatusCode.UNAVAILABLE, "the server is shutting down; retry on another replica")
             try:
@@ -103,16 +109,16 @@ class BindError(OSError):
     servers' ``start`` (and the development model server's constructor), nothing left running."""
 
 
-def add_port(server, host: str, port: int) -> int:
-    """Add the insecure port ``host:port`` (0: any free port) to gRPC ``server`` (sync or aio);
-    returns the bound port.
+def add_port(server, host: str, port: int, credentials: grpc.ServerCredentials | None = None) -> int:
+    """Add the port ``host:port`` (0: any free port) to gRPC ``server`` (sync or aio), TLS with
+    ``credentials`` (:class:`tfhash.serving.access.ServerAccess`), else plaintext; returns the bound port.
 
     Raises:
         BindError: naming the address.
     """
     address = grpc_address(host, port)
     try:
-        bound = server.add_insecure_port(address)
+        bound = server.add_insecure_port(address) if credentials is None else server.add_secure_port(address, credentials)
     except RuntimeError as err:  # grpcio >= 1.50 raises instead of returning 0
         raise BindError(f"cannot bind {address}: {err}") from err
     if bound == 0:
@@ -130,10 +136,12 @@ class GrpcServer:
 
     ``reuse_port``: join a port that the caller's parent holds for its own processes
     (:mod:`tfhash.serving.processes`); off by default, so that a port in use is an error.
+    ``access``: TLS and the token (:class:`~tfhash.serving.access.ServerAccess`; default plaintext, none).
     """
 
     def __init__(self, host: str = LOOPBACK, port: int = 0, max_workers: int = 8, max_message_bytes: int = 16 << 20,
-                 max_concurrent_rpcs: int | None = None, reuse_port: bool = False):  # fmt: skip
+                 max_concurrent_rpcs: int | None = None, reuse_port: bool = False, access: ServerAccess | None = None):  # fmt: skip
+        access = access or ServerAccess()
         options = [
             ("grpc.max_receive_message_length", int(max_message_bytes)),
             ("grpc.max_send_message_length", -1),
@@ -141,8 +149,8 @@ class GrpcServer:
         ]
         self._gate = _Gate()
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=options,
-                                  interceptors=[_Handlers(self._gate)], maximum_concurrent_rpcs=max_concurrent_rpcs)  # fmt: skip
-        self.port = add_port(self.server, host, port)
+                                  interceptors=[_Handlers(self._gate, access)], maximum_concurrent_rpcs=max_concurrent_rpcs)  # fmt: skip
+        self.port = add_port(self.server, host, port, access.grpc_credentials)
 
     def start(self) -> None:
         self.server.start()

@@ -25,12 +25,14 @@ from tensorflow_serving.apis import (
     prediction_service_pb2_grpc,
     status_pb2,
 )
+from tfhash.serving.access import Access
 from tfhash.serving.deployment import read_models_config
 from tfhash.serving.errors import (
     ServingError,
     answers_errors,
     invalid,
     not_found,
+    permission_denied,
     quoted_value,
     too_large,
 )
@@ -352,8 +354,10 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
 
 
 class ModelServicer(model_service_pb2_grpc.ModelServiceServicer):
-    def __init__(self, registry: ModelRegistry, allowed_root: str | None = None):
-        self.registry, self.allowed_root = registry, allowed_root
+    """``GetModelStatus``, and ``HandleReloadConfigRequest`` only with ``reload_api`` (else PERMISSION_DENIED)."""
+
+    def __init__(self, registry: ModelRegistry, allowed_root: str | None = None, reload_api: bool = False):
+        self.registry, self.allowed_root, self.reload_api = registry, allowed_root, reload_api
 
     @answers_errors
     def GetModelStatus(self, request, context):
@@ -361,6 +365,9 @@ class ModelServicer(model_service_pb2_grpc.ModelServiceServicer):
 
     @answers_errors
     def HandleReloadConfigRequest(self, request, context):
+        if not self.reload_api:
+            raise permission_denied("this server's config reload API is off: start it with --reload-api to let clients replace "
+                                    "its models (and --allowed-model-root to confine them)")  # fmt: skip
         self.registry.reload_config(request.config, self.allowed_root)
         return model_management_pb2.ReloadConfigResponse(status=status_pb2.StatusProto(error_code=0))
 
@@ -387,24 +394,29 @@ class DevModelServer:
     Where it is stricter than TF Serving, to bound what one request can cost: a request tensor must
     carry all its values (the short form that repeats the last value for the rest of a large shape is
     refused) and no tensor may hold more than ``max_message_bytes``, both checked before anything is
-    allocated; with ``allowed_root``, ``HandleReloadConfigRequest`` refuses base paths outside it
-    (PERMISSION_DENIED).
+    allocated; ``HandleReloadConfigRequest`` is refused (PERMISSION_DENIED) unless ``reload_api``,
+    and with ``allowed_root`` it refuses base paths outside it. ``access``: TLS and a bearer token
+    as the search service's (:class:`~tfhash.serving.access.Access`); a ``host`` beyond loopback is
+    refused without them unless ``access.allow_insecure``.
 
     ``start()`` loads what is there before it returns, so a client can call it at once.
     """
 
     def __init__(self, server_config, host: str = LOOPBACK, port: int = 0, poll_seconds: float = 1.0,
                  max_workers: int = 8, max_message_bytes: int = 64 << 20, config_file: str | None = None,
-                 config_poll_seconds: float = 0.0, allowed_root: str | None = None):  # fmt: skip
+                 config_poll_seconds: float = 0.0, allowed_root: str | None = None, reload_api: bool = False,
+                 access: Access | None = None):  # fmt: skip
+        access = access or Access()
+        access.check_bind(host)
         self.registry = ModelRegistry(server_config)
         self.poll_seconds, self.host = float(poll_seconds), host
         self._config_file, self._config_poll_seconds = config_file, float(config_poll_seconds)
         self._config_stamp = tree_stamp(config_file) if config_file else ()
-        self._grpc = GrpcServer(host, port, max_workers, max_message_bytes)
+        self._grpc = GrpcServer(host, port, max_workers, max_message_bytes, access=access.load())
         self.port = self._grpc.port
         prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
             PredictionServicer(self.registry, max_message_bytes), self._grpc.server)  # fmt: skip
-        model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelServicer(self.registry, allowed_root), self._grpc.server)
+        model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelServicer(self.registry, allowed_root, reload_api), self._grpc.server)
         self._stop = threading.Event()
         self._poller = threading.Thread(target=self._poll_loop, name="tfhash-model-poll", daemon=True)
 

@@ -18,9 +18,10 @@ import tempfile
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from tfhash.serving.access import Access, ClientCredentials
 from tfhash.serving.grpc_server import (
     EXIT_SECONDS,
     LOOPBACK,
@@ -48,7 +49,9 @@ EXIT_MARGIN_SECONDS = 5.0
 class SearchOptions:
     """Everything one process of ``tfhash serve search`` is built from, given by keyword (plain
     values: it travels to child processes as JSON). The fields are the command's options, under
-    the same names."""
+    the same names; ``access`` holds ``--tls-cert``, ``--tls-key``, ``--client-ca``, ``--token-file``
+    and ``--allow-insecure``, ``model_server_credentials`` ``--model-server-ca`` and
+    ``--model-server-token-file``."""
 
     index_base_dir: str
     kind: str = "BFlat"
@@ -69,12 +72,22 @@ class SearchOptions:
     tf_threads: int = 0
     rest_timeout: float = 10.0
     event_loop: str = "auto"
+    access: Access = field(default_factory=Access)
+    model_server_credentials: ClientCredentials = field(default_factory=ClientCredentials)
+
+    @classmethod
+    def from_json(cls, fields: dict) -> SearchOptions:
+        """The options of :func:`dataclasses.asdict`'s plain values (a child process's)."""
+        return cls(**{**fields, "access": Access(**fields.get("access", {})),
+                      "model_server_credentials": ClientCredentials(**fields.get("model_server_credentials", {}))})  # fmt: skip
 
 
 def build_server(options: SearchOptions, siblings: SharedStatus | None = None, reuse_port: bool = False,
                  rest_sockets: list | None = None) -> SearchServer:  # fmt: skip
     """The search server of one process (not bound, not started: :meth:`SearchServer.start` does
-    both); the thread settings apply to this process. Raises ValueError for an unreadable items file."""
+    both); the thread settings apply to this process. Raises ValueError for an unreadable items
+    file, certificate or token file, or a bind address beyond loopback without TLS and a token
+    (:meth:`tfhash.serving.access.Access.check_bind`)."""
     # imported here: the supervising parent of several processes never loads TensorFlow or FAISS
     from tfhash.serving.requests import Limits
     from tfhash.serving.search_service import (
@@ -96,7 +109,8 @@ def build_server(options: SearchOptions, siblings: SharedStatus | None = None, r
     limits = Limits(max_batch=options.max_batch, max_k=options.max_k)
     if options.model_server:
         searcher = remote_searcher(options.model_server, options.model_name, options.index_base_dir, options.kind, limits, options.model_base_dir,
-                                   query_modality=options.query_modality, items=items)  # fmt: skip
+                                   query_modality=options.query_modality, items=items,
+                                   credentials=options.model_server_credentials)  # fmt: skip
     else:
         searcher = in_process_searcher(options.model_base_dir, options.index_base_dir, options.kind, limits, options.query_modality, items)
     rest_options = {"header_timeout": options.rest_timeout, "body_timeout": options.rest_timeout}
@@ -109,15 +123,20 @@ def build_server(options: SearchOptions, siblings: SharedStatus | None = None, r
     return SearchServer(searcher, host=options.host, port=options.port, rest_port=options.rest_port, poll_seconds=options.poll_seconds,
                         max_message_bytes=options.max_request_mb << 20, rest_options=rest_options, siblings=siblings,
                         reuse_port=reuse_port, rest_sockets=rest_sockets, search_threads=options.search_threads,
-                        event_loop=options.event_loop)  # fmt: skip
+                        event_loop=options.event_loop, access=options.access)  # fmt: skip
 
 
 def reserve_port(host: str, port: int) -> socket.socket:
     """A socket bound to ``host:port`` (0: a free port) that its own processes may join: bound
-    without ``SO_REUSEPORT`` (BindError if anything holds the port), then marked reusable."""
+    without ``SO_REUSEPORT`` (BindError if anything holds the port), then marked reusable.
+
+    ``SO_REUSEADDR`` is set, as gRPC and Tornado set it on their sockets: a service restarted after
+    a crash binds its port at once instead of waiting out the old connections' TIME_WAIT (60 s on
+    Linux); a port with a listener is still refused."""
     family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     except OSError as err:
@@ -216,7 +235,8 @@ class ProcessFront:
             :func:`~tfhash.serving.grpc_server.run_until_signal` stops the service.
 
     Raises:
-        ValueError: too few processes, a host name instead of an address.
+        ValueError: too few processes, a host name instead of an address, access settings the
+            children would refuse (checked here, before any process starts).
     """
 
     def __init__(self, options: SearchOptions, processes: int, grace: float = 10.0, max_restarts: int = 5,
@@ -227,6 +247,8 @@ class ProcessFront:
             ipaddress.ip_address(options.host)
         except ValueError as err:
             raise ValueError(f"--processes above 1 needs a numeric bind address (e.g. 127.0.0.1 or 0.0.0.0), got {options.host!r}") from err
+        options.access.check_bind(options.host)
+        options.access.load()
         self.processes, self.grace = int(processes), float(grace)
         self.max_restarts, self.restart_window = int(max_restarts), float(restart_window)
         self.host, self.port, self.rest_port = options.host, options.port, options.rest_port  # the bound ports once started
@@ -398,7 +420,7 @@ def child_main(argument: str) -> None:
     # as the CLI logs (the service's own events at INFO), each line naming the process's slot
     logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s search[{child['slot']}] %(name)s %(levelname)s: %(message)s")
     logging.getLogger("tfhash.serving").setLevel(logging.INFO)
-    options = SearchOptions(**child["options"])
+    options = SearchOptions.from_json(child["options"])
     sockets = []
     for fd in child["rest_fds"]:
         sock = socket.socket(fileno=fd)

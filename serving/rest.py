@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 import tornado.httpserver
 import tornado.netutil
 import tornado.web
+from tfhash.serving.access import ServerAccess
 from tfhash.serving.errors import ServingError, internal_error, permission_denied
 from tfhash.serving.grpc_server import BindError
 from tfhash.serving.page import ItemImages, is_loopback_host, page_html
@@ -68,8 +69,14 @@ class _Handler(tornado.web.RequestHandler):
         self.front = front
 
     def prepare(self) -> None:
-        """What every route refuses: a long target (414), large headers (431), query parameters (400)."""
+        """What every route refuses: a missing or wrong token (401, before anything else), a long
+        target (414), large headers (431), query parameters (400)."""
         request, front = self.request, self.front
+        refusal = front.access.rest_refusal(request.path, request.headers.get("Authorization"))
+        if refusal is not None:
+            self.set_header("WWW-Authenticate", 'Bearer realm="tfhash"')
+            self.answer(401, _error("UNAUTHENTICATED", refusal))
+            return
         header_bytes = len(request.method) + len(request.uri) + len(request.version) + sum(
             len(name) + len(value) + 4 for name, value in request.headers.get_all())  # fmt: skip
         if len(request.uri) > front.max_uri_bytes:
@@ -280,14 +287,18 @@ class RestFront:
 
     ``search``: the service's path from a parsed query to its answer; ``status``: what
     ``/v1/status`` and ``/readyz`` report; ``sockets``: listening sockets to accept from instead of
-    binding (a service's processes share the one their parent opened).
+    binding (a service's processes share the one their parent opened); ``access``: HTTPS with its
+    SSL context, and its token, checked first on every route but :data:`~tfhash.serving.access.OPEN_REST_PATHS`
+    (401 with ``WWW-Authenticate: Bearer``).
     """
 
     def __init__(self, search: Callable[[Query, float], Awaitable[tuple[ServedPair, list[Neighbours]]]], host: str, port: int,
                  status: Callable[[], dict], max_body_bytes: int = 8 << 20, max_concurrent: int = 64, header_timeout: float = 10.0,
                  body_timeout: float = 10.0, max_header_bytes: int = 64 << 10, search_timeout: float = 30.0,
-                 max_uri_bytes: int = 8 << 10, sockets: list | None = None, images: ItemImages | None = None):  # fmt: skip
+                 max_uri_bytes: int = 8 << 10, sockets: list | None = None, images: ItemImages | None = None,
+                 access: ServerAccess | None = None):  # fmt: skip
         self.search, self.status, self.images = search, status, images
+        self.access = access or ServerAccess()
         self.max_body_bytes, self.max_concurrent = int(max_body_bytes), int(max_concurrent)
         self.max_header_bytes, self.max_uri_bytes = int(max_header_bytes), int(max_uri_bytes)
         self.search_timeout = float(search_timeout)
@@ -300,7 +311,8 @@ class RestFront:
         self.loopback = is_loopback_host(host)
         # Tornado reads headers up to 4x the limit, so that the handler can answer 431 (and 414)
         self._server_options = dict(max_header_size=4 * self.max_header_bytes, idle_connection_timeout=float(header_timeout),
-                                    body_timeout=float(body_timeout), max_body_size=self.max_body_bytes)  # fmt: skip
+                                    body_timeout=float(body_timeout), max_body_size=self.max_body_bytes,
+                                    ssl_options=self.access.ssl_context)  # fmt: skip
         self._http: tornado.httpserver.HTTPServer | None = None
 
     def _application(self) -> tornado.web.Application:

@@ -16,6 +16,7 @@ import grpc
 import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tfhash.serving import search_pb2, search_pb2_grpc
+from tfhash.serving.access import ClientCredentials
 from tfhash.serving.channel import ChannelClient
 from tfhash.serving.search_service import SERVICE_NAME
 
@@ -73,10 +74,16 @@ class SearchClient(ChannelClient):
     ``own_connection``: open a connection of this client's own. By default gRPC lets the channels
     of one process to one address share a connection, and a service of several processes
     (``--processes``) spreads connections, not requests, over its processes.
+
+    ``credentials``: for a service started with TLS or a token (docs/serving.md, "Beyond loopback")::
+
+        SearchClient("search.example:8600", credentials=ClientCredentials(ca_file="ca.pem", token_file="token"))
     """
 
-    def __init__(self, target: str, timeout: float = 10.0, channel: grpc.Channel | None = None, own_connection: bool = False):
-        super().__init__(target, timeout, channel, options=[("grpc.use_local_subchannel_pool", 1)] if own_connection else ())
+    def __init__(self, target: str, timeout: float = 10.0, channel: grpc.Channel | None = None, own_connection: bool = False,
+                 credentials: ClientCredentials | None = None):  # fmt: skip
+        super().__init__(target, timeout, channel, options=[("grpc.use_local_subchannel_pool", 1)] if own_connection else (),
+                         credentials=credentials)  # fmt: skip
         self._stub = search_pb2_grpc.HashSearchStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
 

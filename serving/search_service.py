@@ -14,6 +14,7 @@ import time
 import grpc
 from grpc_health.v1 import health_pb2
 from tfhash.serving import search_pb2
+from tfhash.serving.access import Access, ClientCredentials
 from tfhash.serving.batching import Coalescer
 from tfhash.serving.client import ModelClient
 from tfhash.serving.encoders import InProcessEncoder, RemoteEncoder
@@ -94,13 +95,15 @@ def in_process_searcher(model_base_dir: str, index_base_dir: str, kind: str = "B
 
 def remote_searcher(target: str, model_name: str, index_base_dir: str, kind: str = "BFlat", limits: Limits = DEFAULT_LIMITS,
                     model_base_dir: str | None = None, timeout: float = 10.0, query_modality: str | None = None,
-                    items: dict | None = None):  # fmt: skip
+                    items: dict | None = None, credentials: ClientCredentials | None = None):  # fmt: skip
     """Encode through TF Serving at ``target``; a version counts once TF Serving reports it
     AVAILABLE (keep the paired version loaded there: :mod:`tfhash.serving.deployment` pins the
     paired versions in ``models.config``). With ``model_base_dir`` (the folder TF Serving watches,
-    if visible from here) the SavedModel fingerprint is checked against the index manifest too."""
-    channel = grpc.insecure_channel(target, options=[("grpc.max_receive_message_length", 64 << 20)])
-    status_client = ModelClient(target, model_name, timeout=timeout, channel=channel)
+    if visible from here) the SavedModel fingerprint is checked against the index manifest too.
+    ``credentials``: TLS and the token of a model server that asks for them."""
+    credentials = credentials or ClientCredentials()
+    channel = credentials.channel(target, [("grpc.max_receive_message_length", 64 << 20)])
+    status_client = ModelClient(target, model_name, timeout=timeout, channel=channel, credentials=credentials)
 
     def available() -> list[int] | None:
         try:
@@ -114,7 +117,8 @@ def remote_searcher(target: str, model_name: str, index_base_dir: str, kind: str
     def model_dir(version: int) -> str | None:
         return model_version_dir(model_base_dir, version) if model_base_dir else None
 
-    return VersionedSearcher(index_base_dir, kind, available, lambda v: RemoteEncoder(target, model_name, v, timeout, channel, query_modality),
+    return VersionedSearcher(index_base_dir, kind, available,
+                             lambda v: RemoteEncoder(target, model_name, v, timeout, channel, query_modality, credentials),
                              model_dir, limits, items=items)  # fmt: skip
 
 
@@ -158,13 +162,20 @@ class SearchServer:
     the threads of each index search (FAISS's and the exact kernel's), set on the thread that
     makes the joined calls (FAISS's OpenMP setting holds for the thread that sets it only); None
     leaves them as they are. ``event_loop``: which loop serves (:func:`~tfhash.serving.event_loop.new_event_loop`).
+
+    ``access``: TLS and the bearer token of both fronts (:class:`~tfhash.serving.access.Access`;
+    the files are read here). A ``host`` other than loopback is refused without TLS and a token
+    unless ``access.allow_insecure`` (ValueError, as for files that do not load).
     """
 
     def __init__(self, searcher: VersionedSearcher, host: str = LOOPBACK, port: int = 0, rest_port: int | None = None,
                  poll_seconds: float = 2.0, max_message_bytes: int = 8 << 20, max_concurrent_rpcs: int | None = 128,
                  rest_options: dict | None = None, siblings: SharedStatus | None = None, reuse_port: bool = False,
                  rest_sockets: list | None = None, join_rows: int = JOIN_ROWS, search_threads: int | None = None,
-                 event_loop: str = "auto"):  # fmt: skip
+                 event_loop: str = "auto", access: Access | None = None):  # fmt: skip
+        access = access or Access()
+        access.check_bind(host)
+        self.access = access.load()
         self.searcher, self.host, self.poll_seconds, self.siblings = searcher, host, float(poll_seconds), siblings
         self.port = int(port)  # the bound port once started
         # what start binds
@@ -196,7 +207,7 @@ class SearchServer:
                 from tfhash.serving.rest import RestFront
 
                 self.rest = RestFront(self.search, self.host, self._rest_port or 0, max_body_bytes=self._max_message_bytes,
-                                      sockets=self._rest_sockets, status=self.status, **self._rest_options)  # fmt: skip
+                                      sockets=self._rest_sockets, status=self.status, access=self.access, **self._rest_options)  # fmt: skip
         except BaseException:
             self._close_loop()
             raise
@@ -215,7 +226,7 @@ class SearchServer:
     async def _bind(self, host, port, max_message_bytes, max_concurrent_rpcs, reuse_port):
         options = [("grpc.max_receive_message_length", int(max_message_bytes)), ("grpc.max_send_message_length", -1),
                    ("grpc.so_reuseport", int(reuse_port))]  # fmt: skip
-        server = grpc.aio.server(options=options, maximum_concurrent_rpcs=max_concurrent_rpcs)
+        server = grpc.aio.server(options=options, maximum_concurrent_rpcs=max_concurrent_rpcs, interceptors=self.access.grpc_interceptors())
         unary = lambda behaviour, response: grpc.unary_unary_rpc_method_handler(behaviour, None, response.SerializeToString)  # noqa: E731
         server.add_generic_rpc_handlers((
             grpc.method_handlers_generic_handler(SERVICE_NAME, {
@@ -225,7 +236,7 @@ class SearchServer:
                 "Check": unary(self._check_rpc, health_pb2.HealthCheckResponse),
                 "Watch": grpc.unary_stream_rpc_method_handler(self._watch_rpc, None, health_pb2.HealthCheckResponse.SerializeToString)}),
         ))  # fmt: skip
-        return server, add_port(server, host, port)
+        return server, add_port(server, host, port, self.access.grpc_credentials)
 
     @property
     def address(self) -> str:

@@ -98,7 +98,7 @@ def serving_stack(root: str, poll: float = 0.5, rest_timeout: float = 1.0, proce
     write_deployment(models, MODEL, os.path.dirname(config), index_base_dir=indexes)
     limits = Limits(max_batch=64, max_k=1000)
     model_server = DevModelServer(read_models_config(config), poll_seconds=poll, max_message_bytes=4 << 20, config_file=config,
-                                  config_poll_seconds=poll, allowed_root=models).start()  # fmt: skip
+                                  config_poll_seconds=poll, allowed_root=models, reload_api=True).start()  # fmt: skip
     limit_args = ["--max-batch", "64", "--max-k", "1000", "--max-request-mb", "1"]
     in_process = search_service(["--model-base-dir", models, "--index-base-dir", indexes, "--rest-port", "0", "--rest-timeout",
                                  str(rest_timeout), *limit_args], lambda: in_process_searcher(models, indexes, limits=limits),

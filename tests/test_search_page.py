@@ -259,6 +259,44 @@ def test_the_page_in_a_browser_shows_the_services_answer(service, tmp_path):
         driver.quit()
 
 
+@pytest.mark.process
+@pytest.mark.server
+@browser.SKIP
+def test_the_page_asks_for_the_token_of_a_service_that_needs_one(exported, tmp_path):
+    """A service with --token-file: the page's HTML loads without it, the first search answers 401
+    and the page shows the token field; with the token, the answer and its images (fetched with the
+    token) are shown."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+    from tfhash.serving.access import Access
+    from tfhash.serving.processes import SearchOptions, build_server
+
+    token = tmp_path / "token"
+    token.write_text("page-test-token-0123456789\n")
+    base = exported["base"]
+    server = build_server(SearchOptions(index_base_dir=str(base / "indexes"), model_base_dir=str(base / "models"), items_file=str(exported["data"] / ITEMS_FILE),
+                                     image_root=str(exported["photos"]), rest_port=0, poll_seconds=60, access=Access(token_file=str(token))))  # fmt: skip
+    server.start()
+    driver = browser.chromium(tmp_path / "profile")
+    try:
+        assert request(server, "GET", "/v1/items/0/image")[0] == 401
+        driver.get(f"http://localhost:{server.rest.port}/")
+        assert not driver.find_element(By.ID, "token-field").is_displayed()
+        driver.find_element(By.ID, "item-id").send_keys("0")
+        driver.find_element(By.ID, "search").click()
+        WebDriverWait(driver, 60).until(lambda d: "needs a token" in d.find_element(By.ID, "status").text)
+        assert driver.find_element(By.ID, "token-field").is_displayed() and not driver.find_elements(By.CSS_SELECTOR, "#results figure")
+        driver.find_element(By.ID, "token").send_keys("page-test-token-0123456789")
+        driver.find_element(By.ID, "search").click()
+        WebDriverWait(driver, 60).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#results figure")) == 10)
+        WebDriverWait(driver, 30).until(lambda d: all(d.execute_script("return arguments[0].complete && arguments[0].naturalWidth > 0", img)
+                                                      for img in d.find_elements(By.CSS_SELECTOR, "#results img")))  # fmt: skip
+        assert "model version 1" in driver.find_element(By.ID, "status").text
+    finally:
+        driver.quit()
+        server.stop(0)
+
+
 def test_the_command_refuses_an_image_root_without_items(exported, tmp_path):
     from click.testing import CliRunner
 

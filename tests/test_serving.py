@@ -6,7 +6,6 @@ scenarios: test_serving_robustness.py)."""
 from __future__ import annotations
 
 import base64
-import dataclasses
 import functools
 import gc
 import http.client
@@ -360,19 +359,6 @@ def test_a_search_server_binds_and_runs_nothing_until_it_starts(artifacts):
         taken.close()
     SearchServer(searcher, poll_seconds=60).stop(0)
     assert front_threads() == []
-
-
-def test_every_option_of_the_search_command_reaches_the_server_by_its_name():
-    """``tfhash serve search``'s options are the fields of SearchOptions, which takes keywords only
-    (besides the command's own --config, --processes and --grace-seconds)."""
-    from tfhash.serving.cli import search
-    from tfhash.serving.processes import SearchOptions
-
-    command = {parameter.name for parameter in search.params} - {"config_path", "processes", "grace_seconds"}
-    assert command == {field.name for field in dataclasses.fields(SearchOptions)}
-    with pytest.raises(TypeError):
-        SearchOptions("indexes", "BFlat")  # noqa - positional values are refused
-    assert SearchOptions(index_base_dir="indexes").kind == "BFlat"
 
 
 @pytest.mark.server
