@@ -12,6 +12,7 @@ in the local cache folder (:func:`cache_dir`). This module imports no other tfha
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -20,7 +21,7 @@ import shutil
 import tempfile
 import uuid
 
-__all__ = ["is_uri", "check_scheme", "join", "resolve", "parent", "basename", "isdir", "isfile", "listdir", "glob", "makedirs", "remove",
+__all__ = ["NO_SPACE", "space_reported", "is_uri", "check_scheme", "join", "resolve", "parent", "basename", "isdir", "isfile", "listdir", "glob", "makedirs", "remove",
            "rmtree", "read_bytes", "read_text", "read_json", "write_bytes", "write_text", "write_json", "files_under",
            "copy_tree", "local_copy", "cache_dir", "key_of"]  # fmt: skip
 
@@ -211,6 +212,32 @@ def read_json(path):
     return json.loads(read_text(path))
 
 
+#: The errors of a write that found no room: the disk full, a quota, the file-size limit.
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+#: How NumPy reports a short write of an array to a file (an OSError without errno).
+_SHORT_WRITE = re.compile(r"^\d+ requested and \d+ written$")
+
+
+@contextlib.contextmanager
+def space_reported(path, what: str):
+    """Turn a write that found no room (:data:`NO_SPACE`) into an OSError of the same errno that
+    names ``what``, the ``path``, the space left on its filesystem and the fix (the caller removes
+    what it staged; nothing is left where a reader looks)."""
+    try:
+        yield
+    except OSError as err:
+        if err.errno not in NO_SPACE and not (err.errno is None and _SHORT_WRITE.match(str(err))):
+            raise
+        code = err.errno or errno.ENOSPC
+        folder = os.path.abspath(str(path))
+        while not os.path.isdir(folder) and os.path.dirname(folder) != folder:
+            folder = os.path.dirname(folder)
+        free = shutil.disk_usage(folder).free
+        raise OSError(code, f"no room to write {what} {path}: {os.strerror(code)} ({free / 2**20:.1f} MiB free on its "
+                                 "filesystem); nothing was put in place, the version before stays. Free space (or raise the "
+                                 "file-size limit) and write it again") from err  # fmt: skip
+
+
 def write_bytes(path, data: bytes) -> None:
     """Write a whole file so that a reader sees the old one or the new one, never a part: a local
     file under a temporary sibling name renamed into place; an object in one upload. Its folder is
@@ -223,7 +250,7 @@ def write_bytes(path, data: bytes) -> None:
     os.makedirs(folder, exist_ok=True)
     staging = os.path.join(folder, f".{os.path.basename(path)}.tmp-{uuid.uuid4().hex}")
     try:
-        with open(staging, "wb") as handle:
+        with space_reported(path, "the file"), open(staging, "wb") as handle:
             handle.write(data)
         os.replace(staging, path)
     except BaseException:

@@ -142,11 +142,11 @@ def info(index_dir) -> None:
 def verify(path, model_dir) -> None:
     """Verify an index directory, or every index of a version directory (<index base>/<version>/):
     its manifest and every file's checksum (the codes, ids and embeddings), and with --model-dir its
-    lock to that model. One JSON line per index; exits 2 when any fails. PATH: a folder or a URI."""
+    lock to that model, whose variables must read back whole (their checksums). One JSON line per index; exits 2 when any fails. PATH: a folder or a URI."""
     import os
 
     from tfhash import storage
-    from tfhash.artifacts import signature_fingerprint
+    from tfhash.artifacts import verify_saved_model
     from tfhash.index import read_manifest, verify_files
     from tfhash.index.persistence import MANIFEST, check_model
     from tfhash.index.refine import MANIFEST_FIELD
@@ -158,7 +158,7 @@ def verify(path, model_dir) -> None:
     if not folders:
         raise BadInput(f"{path}: neither an index ({MANIFEST}) nor a folder of indexes")
     with _reported():
-        expected = (None, None) if model_dir is None else (os.path.basename(model_dir.rstrip("/")), signature_fingerprint(model_dir))
+        expected = (None, None) if model_dir is None else (os.path.basename(model_dir.rstrip("/")), verify_saved_model(model_dir))
     failed = 0
     for folder in folders:
         try:

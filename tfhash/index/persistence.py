@@ -78,9 +78,10 @@ def save_index(index, path, model_version: str | None = None, signature_fingerpr
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
-        index.write_files(staging)
-        if embeddings is not None:
-            embeddings.write(staging)
+        with storage.space_reported(target, "the index"):
+            index.write_files(staging)
+            if embeddings is not None:
+                embeddings.write(staging)
         files = {
             p.relative_to(staging).as_posix(): _sha256(p) for p in sorted(staging.rglob("*")) if p.is_file()
         }
@@ -98,7 +99,8 @@ def save_index(index, path, model_version: str | None = None, signature_fingerpr
             "tfhash_version": __version__,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
-        (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
+        with storage.space_reported(target, "the index"):
+            (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
         if target.exists():
             retired = target.with_name(f".{target.name}.old-{os.getpid()}-{time.time_ns()}")
             os.rename(target, retired)

@@ -1,0 +1,511 @@
+"""Faults a deployment meets, measured: the fault campaign.
+
+    python -m tests.faults [--trials 10] [--seed 0] [--name faults]
+
+Every row runs real processes of the ``tfhash`` command on loopback, under load from client
+threads (each on a connection of its own) whose every answer is compared with the library's own
+search; a row counts what was answered wrongly and what was lost.
+
+* **search_child_killed**: SIGKILL of one of the two serving processes of ``tfhash serve search
+  --processes 2``: the failed requests and their codes, the time until the supervisor's new
+  process serves (the service reports every process ready), the rate after against before.
+* **parent_killed**: SIGKILL of the supervising parent: the time until every child has exited and
+  the port can be bound again, and a new service serving on it.
+* **model_server_killed**: SIGKILL of ``tfhash serve model`` while a search service encodes through
+  it: code queries keep being answered; feature queries fail UNAVAILABLE naming the model server;
+  both are answered again once a model server returns on the port.
+* **full_disk_index** / **full_disk_push**: an index version saved, and a model pushed by TFX's own
+  Pusher executor, onto a filesystem too small for it (a tmpfs the campaign mounts; without the
+  privilege, a file-size limit in a child process) while a service serves the version before:
+  the error, what is left where a service looks, the service's answers.
+* **damaged_version**: a newer version published with a flipped byte in its index codes, a
+  truncated SavedModel variables file, no index manifest, or an index naming another model
+  version: the service keeps the version before, ``tfhash index verify`` exits 2 naming the reason.
+
+Writes ``benchmarks/results/<name>.{json,md}``; ``tests/test_faults.py`` runs one trial of each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+
+import numpy as np
+from tfhash.serving.processes import start_command
+
+from benchmarks.common import markdown_table, write_results
+from tests.serving_fixtures import database, push_version, reference, wait_for
+
+MODEL = "vectors"
+#: Client threads of the load (each with a connection of its own).
+CLIENTS = 6
+
+
+class Load:
+    """Client threads searching ``address`` without pause, each on its own connection; every
+    outcome is recorded as (start, end, kind, status, right) where ``right`` says whether an
+    answer equals ``expected[kind]`` (None for a failure). ``kinds``: the query kinds the threads
+    take in turn, ``features`` and ``codes``."""
+
+    def __init__(self, address: str, queries: dict, expected, kinds=("features",), clients: int = CLIENTS):
+        self.address, self.queries, self.expected = address, queries, expected
+        self.outcomes: list[tuple[float, float, str, str, bool | None, str]] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, args=(kinds[i % len(kinds)],), daemon=True) for i in range(clients)]
+
+    def _run(self, kind: str) -> None:
+        from tfhash.serving.errors import ServingError
+        from tfhash.serving.search_client import SearchClient
+
+        with SearchClient(self.address, timeout=10, own_connection=True) as client:
+            while not self._stop.is_set():
+                started = time.monotonic()
+                try:
+                    answer = client.search(**{kind: self.queries[kind]}, k=10)
+                    outcome = ("OK", np.array_equal(np.stack(answer.ids), self.expected.ids), "")
+                except ServingError as err:
+                    outcome = (err.code.name, None, err.message)
+                    time.sleep(0.01)  # a refused client retries, as a client would, without spinning
+                self.outcomes.append((started, time.monotonic(), kind, *outcome))
+
+    def __enter__(self) -> Load:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(30)
+
+    def between(self, start: float, end: float, kind: str | None = None) -> list:
+        return [o for o in self.outcomes if start <= o[0] < end and (kind is None or o[2] == kind)]
+
+    def wrong(self) -> int:
+        return sum(o[4] is False for o in self.outcomes)
+
+
+def rate(outcomes: list, seconds: float) -> float:
+    return round(sum(o[3] == "OK" for o in outcomes) / seconds, 1)
+
+
+@contextlib.contextmanager
+def fixture_versions(root: str):
+    """Version 1 of the fixture model and its index under ``root``; yields the folders, the
+    queries (8 feature rows and their packed codes) and the library's answer."""
+    models, indexes = os.path.join(root, "models"), os.path.join(root, "indexes")
+    vectors, ids = database()
+    push_version(models, indexes, 1, 0, vectors, ids)
+    packed, expected = reference(os.path.join(models, "1"), os.path.join(indexes, "1", "BFlat"), vectors[:8], 10)
+    yield {"models": models, "indexes": indexes, "vectors": vectors, "ids": ids, "expected": expected,
+           "queries": {"features": vectors[:8], "codes": packed}}  # fmt: skip
+
+
+def _search_command(setup: dict, *extra: str) -> list[str]:
+    return ["serve", "search", "--index-base-dir", setup["indexes"], "--poll-seconds", "0.5", "--grace-seconds", "1", *extra]
+
+
+def _children(pid: int) -> list[int]:
+    import psutil
+
+    return [child.pid for child in psutil.Process(pid).children()]
+
+
+def _status(address: str) -> dict:
+    from tfhash.serving.search_client import SearchClient
+
+    try:
+        with SearchClient(address, timeout=2, own_connection=True) as client:
+            status = client.status()
+        return {"ready": status.ready, "processes_ready": status.processes_ready, "version": status.model_version}
+    except Exception:  # noqa: BLE001 - not answering yet
+        return {"ready": False, "processes_ready": 0, "version": ""}
+
+
+def _port_free(port: int) -> bool:
+    """Whether a server could bind ``port`` now (with ``SO_REUSEADDR``, as servers bind: the
+    clients' connections in TIME_WAIT do not hold it)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def _kill(process) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(process if isinstance(process, int) else process.pid, signal.SIGKILL)
+
+
+def _end(process) -> None:
+    """Stop a :func:`start_command` process that the trial may have killed."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def search_child_killed(setup: dict, rng: random.Random, load_seconds: float = 1.5) -> dict:
+    """One trial: SIGKILL one of the two processes of a service under load."""
+    process, address = start_command(_search_command(setup, "--model-base-dir", setup["models"], "--port", "0", "--processes", "2"),
+                                     "search service on ")  # fmt: skip
+    try:
+        with Load(address, setup["queries"], setup["expected"]) as load:
+            time.sleep(load_seconds)
+            victim = rng.choice(_children(process.pid))
+            killed = time.monotonic()
+            _kill(victim)
+            wait_for(lambda: victim not in _children(process.pid) or not _status(address)["processes_ready"] == 2, 10)
+            recovered = wait_for(lambda: _status(address)["processes_ready"] == 2 and victim not in _children(process.pid), 120)
+            back = time.monotonic()
+            time.sleep(load_seconds)
+            end = time.monotonic()
+        during = load.between(killed, back)
+        return {"failed": sum(o[3] != "OK" for o in during), "failure_codes": dict(Counter(o[3] for o in load.outcomes if o[3] != "OK")),
+                "wrong": load.wrong(), "answered": sum(o[3] == "OK" for o in load.outcomes), "recovered": recovered,
+                "restart_s": round(back - killed, 2), "rate_before": rate(load.between(killed - load_seconds, killed), load_seconds),
+                "rate_during": rate(during, max(back - killed, 1e-3)), "rate_after": rate(load.between(back, end), end - back),
+                "service_alive": process.poll() is None}  # fmt: skip
+    finally:
+        _end(process)
+
+
+def parent_killed(setup: dict, rng: random.Random) -> dict:
+    """One trial: SIGKILL the supervising parent of a two-process service under load; then a new
+    service on the same port."""
+    process, address = start_command(_search_command(setup, "--model-base-dir", setup["models"], "--port", "0", "--processes", "2"),
+                                     "search service on ")  # fmt: skip
+    port, children = int(address.rsplit(":", 1)[1]), _children(process.pid)
+    with Load(address, setup["queries"], setup["expected"]) as load:
+        time.sleep(0.5 + rng.random())
+        killed = time.monotonic()
+        _kill(process)
+        process.wait()
+        import psutil
+
+        exited = wait_for(lambda: not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in children), 60)
+        children_exit_s = time.monotonic() - killed
+        freed = wait_for(lambda: _port_free(port), 60)
+        port_free_s = time.monotonic() - killed
+    again, _ = start_command(_search_command(setup, "--model-base-dir", setup["models"], "--port", str(port), "--processes", "2"),
+                             "search service on ")  # fmt: skip
+    try:
+        with Load(address, setup["queries"], setup["expected"]) as after:
+            time.sleep(1.0)
+        serves_again = sum(o[3] == "OK" for o in after.outcomes) > 0 and after.wrong() == 0
+    finally:
+        _end(again)
+    return {"children_exited": exited, "children_exit_s": round(children_exit_s, 2), "port_freed": freed, "port_free_s": round(port_free_s, 2),
+            "wrong": load.wrong() + after.wrong(), "failure_codes": dict(Counter(o[3] for o in load.outcomes if o[3] != "OK")),
+            "new_service_serves": serves_again}  # fmt: skip
+
+
+def model_server_killed(setup: dict, rng: random.Random, outage_seconds: float = 2.0) -> dict:
+    """One trial: SIGKILL the model server a search service encodes through, under load of code and
+    feature queries; then a model server on the same port again."""
+    from tfhash.serving.deployment import write_deployment
+
+    tfs = os.path.join(os.path.dirname(setup["models"]), "tfs")
+    if not os.path.isdir(tfs):
+        write_deployment(setup["models"], MODEL, tfs, index_base_dir=setup["indexes"])
+    model_args = ["serve", "model", "--model-config-file", os.path.join(tfs, "models.local.config"), "--poll-seconds", "0.5"]
+    model, model_address = start_command([*model_args, "--port", "0"], "development model server on ")
+    port = int(model_address.rsplit(":", 1)[1])
+    search, address = start_command(_search_command(setup, "--model-server", model_address, "--model-name", MODEL, "--port", "0"),
+                                    "search service on ")  # fmt: skip
+    model_again = None
+    try:
+        with Load(address, setup["queries"], setup["expected"], kinds=("features", "codes")) as load:
+            time.sleep(0.5 + rng.random())
+            killed = time.monotonic()
+            _kill(model)
+            model.wait()
+            time.sleep(outage_seconds)
+            restarted = time.monotonic()
+            model_again, _ = start_command([*model_args, "--port", str(port)], "development model server on ")
+            features_back = wait_for(lambda: any(o[2] == "features" and o[3] == "OK" and o[0] > restarted for o in load.outcomes), 60)
+            back = time.monotonic()
+            time.sleep(0.5)
+        outage = load.between(killed + 0.2, restarted)  # a request sent just before the kill may have been answered
+        messages = {o[5] for o in outage if o[2] == "features" and o[3] != "OK"}
+        return {"codes_answered_in_outage": sum(o[3] == "OK" for o in outage if o[2] == "codes"),
+                "codes_failed_in_outage": sum(o[3] != "OK" for o in outage if o[2] == "codes"),
+                "features_answered_in_outage": sum(o[3] == "OK" for o in outage if o[2] == "features"),
+                "features_failure_codes": dict(Counter(o[3] for o in outage if o[2] == "features" and o[3] != "OK")),
+                "features_messages_name_the_model_server": bool(messages) and all(model_address in m for m in messages),
+                "a_message": sorted(messages)[0][:160] if messages else "",
+                "features_back": features_back, "features_back_s": round(back - restarted, 2), "wrong": load.wrong()}  # fmt: skip
+    finally:
+        _end(search)
+        _end(model)
+        if model_again is not None:
+            _end(model_again)
+
+
+@contextlib.contextmanager
+def small_filesystem(folder: str, size_bytes: int):
+    """A tmpfs of ``size_bytes`` mounted at ``folder`` (yields "tmpfs"), or, without the privilege
+    to mount, the folder as it is (yields None: the caller limits file sizes instead)."""
+    os.makedirs(folder, exist_ok=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", folder], capture_output=True).returncode == 0
+    try:
+        yield "tmpfs" if mounted else None
+    finally:
+        if mounted:
+            subprocess.run(["umount", "-l", folder], check=False)
+
+
+#: Run in a child process: save an index (or push a model) with the file-size limit of argv[2]
+#: bytes (0: none), print the error as JSON. SIGXFSZ is ignored so that a write over the limit
+#: fails with EFBIG instead of killing the process.
+_CHILD = r"""
+import json, resource, signal, sys
+limit, what, args = int(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+if limit:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+try:
+    if what == "index":
+        import numpy as np
+        from tfhash.index import index_factory, save_index
+        index = index_factory(64, "BFlat")
+        index.add(np.random.default_rng(0).integers(0, 256, (args["count"], 8), dtype=np.uint8), np.arange(args["count"]))
+        save_index(index, args["path"], model_version=args["version"])
+    else:
+        from tests.faults import push_with_tfx
+        push_with_tfx(args["model"], args["base"], args["pushed"])
+    print(json.dumps({"error": None}))
+except Exception as err:  # OSError from tfhash; TensorFlow's file errors from TFX's Pusher
+    print(json.dumps({"error": str(err), "errno": getattr(err, "errno", None), "type": type(err).__name__}))
+"""
+
+
+def _in_child(limit: int, what: str, **args) -> dict:
+    result = subprocess.run([sys.executable, "-c", _CHILD, str(limit), what, json.dumps(args)], capture_output=True, text=True,
+                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}, timeout=600)  # fmt: skip
+    lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
+    if result.returncode != 0 or not lines:
+        raise RuntimeError(f"the child failed (exit {result.returncode}):\n{result.stderr[-3000:]}")
+    return json.loads(lines[-1])
+
+
+def push_with_tfx(model_dir: str, base_directory: str, pushed_uri: str) -> None:
+    """Push the SavedModel ``model_dir`` to ``base_directory`` with TFX's own Pusher executor (a
+    blessed model, a filesystem destination), as the pipeline's Pusher does."""
+    from tfx.components.pusher import executor
+    from tfx.proto import pusher_pb2
+    from tfx.types import standard_artifacts
+    from tfx.utils import proto_utils
+
+    model, blessing, pushed = standard_artifacts.Model(), standard_artifacts.ModelBlessing(), standard_artifacts.PushedModel()
+    model.uri, pushed.uri = os.path.dirname(model_dir), pushed_uri  # the Pusher reads <model uri>/Format-Serving
+    blessing.uri = tempfile.mkdtemp()
+    open(os.path.join(blessing.uri, "BLESSED"), "w").close()
+    blessing.set_int_custom_property("blessed", 1)
+    destination = pusher_pb2.PushDestination(filesystem=pusher_pb2.PushDestination.Filesystem(base_directory=base_directory))
+    executor.Executor().Do({"model": [model], "model_blessing": [blessing]}, {"pushed_model": [pushed]},
+                           {"push_destination": proto_utils.proto_to_json(destination)})  # fmt: skip
+
+
+def _visible_versions(folder: str) -> list[str]:
+    """What a service listing ``folder`` would take for versions (names of digits)."""
+    return sorted(name for name in os.listdir(folder) if name.isdigit()) if os.path.isdir(folder) else []
+
+
+def _leftovers(folder: str) -> list[str]:
+    """Hidden staging entries (``.<name>.tmp-...``) anywhere under ``folder``."""
+    return sorted(os.path.relpath(os.path.join(d, n), folder) for d, dirs, files in os.walk(folder) for n in dirs + files if n.startswith("."))
+
+
+def full_disk(setup: dict, root: str, what: str) -> dict:
+    """One trial: an index version (``what="index"``) or a model push (``"push"``) onto a filesystem
+    too small for it, while a service serves version 1 from it."""
+    from tfhash.index import load_index
+
+    disk = os.path.join(root, f"disk-{what}-{time.time_ns()}")
+    with small_filesystem(disk, 2 << 20) as kind:
+        models, indexes = os.path.join(disk, "models"), os.path.join(disk, "indexes")
+        shutil.copytree(os.path.join(setup["models"], "1"), os.path.join(models, "1"))
+        shutil.copytree(os.path.join(setup["indexes"], "1"), os.path.join(indexes, "1"))
+        limit = 0 if kind else 1 << 20
+        process, address = start_command(["serve", "search", "--index-base-dir", indexes, "--model-base-dir", models, "--port", "0",
+                                          "--poll-seconds", "0.5", "--grace-seconds", "1"], "search service on ")  # fmt: skip
+        try:
+            with Load(address, setup["queries"], setup["expected"]) as load:
+                time.sleep(0.5)
+                if what == "index":
+                    path = os.path.join(indexes, "2", "BFlat")
+                    result = _in_child(limit, "index", count=400_000, path=path, version="2")
+                    left = {"version_2_index_exists": os.path.isdir(path), "version_2_index_loads": _loads(load_index, path)}
+                else:
+                    bigger = os.path.join(root, "bigger-model", "Format-Serving")
+                    if not os.path.isdir(bigger):
+                        shutil.copytree(os.path.join(setup["models"], "1"), bigger)
+                        with open(os.path.join(bigger, "variables", "padding.bin"), "wb") as file:  # a model larger than the disk
+                            file.write(os.urandom(3 << 20))
+                    result = _in_child(limit, "push", model=bigger, base=models, pushed=os.path.join(root, f"pushed-{time.time_ns()}"))
+                    partial = [v for v in _visible_versions(models) if v != "1"]
+                    left = {"partial_model_versions": len(partial),
+                            "partial_has_saved_model_pb": any(os.path.isfile(os.path.join(models, v, "saved_model.pb")) for v in partial)}  # fmt: skip
+                time.sleep(1.5)  # a few looks of the service at the folders
+                status = _status(address)
+            left["hidden_leftovers"] = _leftovers(disk)
+        finally:
+            _end(process)
+    return {"filesystem": kind or f"file-size limit {limit >> 20} MiB", "error": result.get("error"),
+            "errno": errno.errorcode.get(result.get("errno"), result.get("errno")), **left,
+            "serving_version": status["version"], "answered": sum(o[3] == "OK" for o in load.outcomes),
+            "failed": sum(o[3] != "OK" for o in load.outcomes), "wrong": load.wrong()}  # fmt: skip
+
+
+#: The damages of :func:`damaged_version`: what is done to version 2 once it is published.
+DAMAGES = ("flipped byte in index codes", "truncated SavedModel variables", "missing index manifest", "index names another model version")
+
+
+def _damage(models: str, indexes: str, damage: str, rng: random.Random) -> None:
+    index = os.path.join(indexes, "2", "BFlat")
+    if damage == DAMAGES[0]:
+        path = os.path.join(index, "codes.npy")
+        with open(path, "r+b") as file:
+            size = os.path.getsize(path)
+            file.seek(rng.randrange(128, size))  # past the .npy header: a code's byte
+            byte = file.read(1)
+            file.seek(-1, os.SEEK_CUR)
+            file.write(bytes([byte[0] ^ (1 << rng.randrange(8))]))
+    elif damage == DAMAGES[1]:
+        variables = os.path.join(models, "2", "variables")
+        path = max((os.path.join(variables, n) for n in os.listdir(variables) if n.startswith("variables.data")), key=os.path.getsize)
+        os.truncate(path, os.path.getsize(path) // 2)
+    elif damage == DAMAGES[2]:
+        os.remove(os.path.join(index, "manifest.json"))
+    else:
+        path = os.path.join(index, "manifest.json")
+        with open(path) as file:
+            manifest = json.load(file)
+        manifest["model"]["version"] = "7"
+        with open(path, "w") as file:
+            json.dump(manifest, file)
+
+
+def damaged_version(setup: dict, root: str, damage: str, rng: random.Random, watch_seconds: float = 2.0) -> dict:
+    """One trial: version 2 (another model: its answers differ) published whole, then damaged on
+    disk before the service looks, while the service serves version 1 under load."""
+    here = os.path.join(root, f"damaged-{time.time_ns()}")
+    models, indexes, staged = os.path.join(here, "models"), os.path.join(here, "indexes"), os.path.join(here, "staged")
+    shutil.copytree(os.path.join(setup["models"], "1"), os.path.join(models, "1"))
+    shutil.copytree(os.path.join(setup["indexes"], "1"), os.path.join(indexes, "1"))
+    push_version(os.path.join(staged, "models"), os.path.join(staged, "indexes"), 2, 1, setup["vectors"], setup["ids"])
+    process, address = start_command(["serve", "search", "--index-base-dir", indexes, "--model-base-dir", models, "--port", "0",
+                                      "--poll-seconds", "0.3", "--grace-seconds", "1"], "search service on ")  # fmt: skip
+    try:
+        with Load(address, setup["queries"], setup["expected"]) as load:
+            time.sleep(0.5)
+            # published, then damaged at once (the service looks every 0.3 s; a look between the two
+            # would serve the whole version 2, which is right and which the answers would show)
+            os.rename(os.path.join(staged, "models", "2"), os.path.join(models, "2"))
+            os.rename(os.path.join(staged, "indexes", "2"), os.path.join(indexes, "2"))
+            _damage(models, indexes, damage, rng)
+            time.sleep(watch_seconds)
+            status = _status(address)
+        verify = subprocess.run([sys.executable, "-m", "tfhash.cli", "index", "verify", os.path.join(indexes, "2"), "--model-dir",
+                                 os.path.join(models, "2")], capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})  # fmt: skip
+        reason = next((json.loads(line).get("error", "") for line in verify.stdout.splitlines() if line.startswith("{")), "") \
+            or verify.stderr.strip().splitlines()[-1]  # fmt: skip
+        logged = "".join(process.log)
+    finally:
+        _end(process)
+    versions = Counter(o[3] for o in load.outcomes)
+    return {"damage": damage, "serving_version": status["version"], "answered": versions.get("OK", 0),
+            "failed": sum(n for code, n in versions.items() if code != "OK"), "wrong": load.wrong(),
+            "verify_exit": verify.returncode, "verify_reason": reason[:200],
+            "service_logged_the_refusal": "version 2" in logged or "/2/" in logged}  # fmt: skip
+
+
+def _loads(load, path) -> bool:
+    try:
+        load(path)
+        return True
+    except Exception:  # noqa: BLE001 - any refusal counts as not loading
+        return False
+
+
+def _pooled(trials: list[dict]) -> dict:
+    """The trials of one row in one: counts summed, times as min-max, flags all-true, the rest as seen."""
+    pooled: dict = {}
+    for key in trials[0]:
+        values = [t[key] for t in trials]
+        if all(isinstance(v, bool) for v in values):
+            pooled[key] = f"{sum(values)}/{len(values)}"
+        elif key.endswith("_s") or key.startswith("rate_"):
+            pooled[key] = f"{min(values):g}-{max(values):g}"
+        elif all(isinstance(v, int) for v in values):
+            pooled[key] = sum(values)
+        elif all(isinstance(v, dict) for v in values):
+            pooled[key] = dict(sum((Counter(v) for v in values), Counter()))
+        else:
+            pooled[key] = sorted({json.dumps(v) for v in values})[0] if len({json.dumps(v) for v in values}) == 1 else [str(v)[:80] for v in values][:3]
+    return pooled
+
+
+def campaign(root: str, trials: int, seed: int) -> list[dict]:
+    """Every row, ``trials`` times (the damaged versions: ``trials`` spread over the four damages;
+    the full disks: once each, they are deterministic)."""
+    rng = random.Random(seed)
+    rows = []
+    with fixture_versions(root) as setup:
+        for fault, run, count in (("SIGKILL of one of two search processes under load", lambda: search_child_killed(setup, rng), trials),
+                                  ("SIGKILL of the supervising parent under load", lambda: parent_killed(setup, rng), trials),
+                                  ("SIGKILL of the model server under load", lambda: model_server_killed(setup, rng), trials),
+                                  ("disk full while an index version is saved", lambda: full_disk(setup, root, "index"), 1),
+                                  ("disk full while TFX's Pusher pushes a model", lambda: full_disk(setup, root, "push"), 1)):  # fmt: skip
+            started = time.monotonic()
+            results = [run() for _ in range(count)]
+            rows.append({"fault": fault, "trials": count, "seconds": round(time.monotonic() - started, 1), **_pooled(results)})
+            print(json.dumps(rows[-1]), flush=True)
+        for damage in DAMAGES:
+            count = max(1, trials // len(DAMAGES))
+            started = time.monotonic()
+            results = [damaged_version(setup, root, damage, rng) for _ in range(count)]
+            rows.append({"fault": f"damaged version: {damage}", "trials": count, "seconds": round(time.monotonic() - started, 1), **_pooled(results)})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trials", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--name", default="faults")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="tfhash-faults-") as root:
+        rows = campaign(root, args.trials, args.seed)
+    seconds = round(time.monotonic() - started, 1)
+    table = markdown_table([{"fault": r["fault"], "trials": r["trials"], "answered wrongly": r.get("wrong", 0),
+                             "observed": "; ".join(f"{k} {v}" for k, v in r.items() if k not in ("fault", "trials", "wrong"))} for r in rows],
+                           ["fault", "trials", "answered wrongly", "observed"])  # fmt: skip
+    write_results(args.name, {"settings": {"trials": args.trials, "seed": args.seed, "clients": CLIENTS, "seconds": seconds}, "rows": rows},
+                  f"# Fault campaign\n\n`python -m tests.faults --trials {args.trials} --seed {args.seed}`: {seconds} s, "
+                  f"{CLIENTS} client threads.\n\n{table}\n")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
