@@ -42,6 +42,7 @@ import numpy as np
 import psutil
 from tfhash.serving.event_loop import EVENT_LOOPS
 
+from benchmarks.certificates import make_certificates
 from benchmarks.common import checkout_commit, clustered_packed, markdown_table, write_results
 
 DIM, K = 32, 10
@@ -61,15 +62,15 @@ def export_model(path: str, bits: int, seed: int) -> None:
 
 
 def start_service(model_base: str, index_base: str, kind: str, search_threads: int, processes: int = 1, tf_threads: int = 0,
-                  baseline: tuple[str, str] | None = None, event_loop: str = "auto"):  # fmt: skip
+                  baseline: tuple[str, str] | None = None, event_loop: str = "auto", access_args: list[str] = ()):  # fmt: skip
     """``tfhash serve search`` as its own process(es) (in-process encoder, ``--event-loop
-    event_loop``); returns (the started process, address). ``baseline`` ``(checkout, front)``: the
-    command of that checkout's own ``.venv`` with ``--front front`` instead (its other options at
-    their defaults)."""
+    event_loop``, and ``access_args``: TLS and the token); returns (the started process, address).
+    ``baseline`` ``(checkout, front)``: the command of that checkout's own ``.venv`` with ``--front
+    front`` instead (its other options at their defaults)."""
     from tfhash.serving.processes import start_command
 
     args = ["serve", "search", "--model-base-dir", model_base, "--index-base-dir", index_base, "--kind", kind, "--port", "0",
-            "--search-threads", str(search_threads), "--processes", str(processes), "--tf-threads", str(tf_threads)]  # fmt: skip
+            "--search-threads", str(search_threads), "--processes", str(processes), "--tf-threads", str(tf_threads), *access_args]  # fmt: skip
     if baseline is None:
         return start_command([*args, "--event-loop", event_loop], "search service on ")
     checkout, front = baseline
@@ -105,16 +106,35 @@ def server_memory(server) -> dict:
 SEARCH_METHOD = "/tfhash.serving.HashSearch/Search"
 
 
-def load_process(address: str, clients: int, first_slot: int, requests: list[bytes], k: int, conn) -> None:
+def secure_channel(address: str, secure: dict | None, aio: bool = False, options=()):
+    """A channel to ``address``: plaintext, or (``secure``: ``{"ca": PEM file, "token": str}``) TLS
+    trusting that CA; the calls carry :func:`call_metadata`."""
+    import grpc
+
+    module = grpc.aio if aio else grpc
+    if secure is None:
+        return module.insecure_channel(address, options=list(options))
+    with open(secure["ca"], "rb") as file:
+        return module.secure_channel(address, grpc.ssl_channel_credentials(file.read()), options=list(options))
+
+
+def call_metadata(secure: dict | None) -> tuple:
+    return (("authorization", f"Bearer {secure['token']}"),) if secure else ()
+
+
+def load_process(address: str, clients: int, first_slot: int, requests: list[bytes], k: int, conn, secure: dict | None = None) -> None:
     """One Python load-generator process: ``clients`` asyncio clients (numbered from ``first_slot``),
     each with its own gRPC channel, sending pre-serialized requests back to back. Answers are parsed
     and checked once per client after its warm-up and otherwise left as bytes, so the generator
     spends little CPU. Sends "ready" after the warm-up, receives the ``(start, stop)`` wall-clock
     times of the measured span, and sends back the latency in ms of each request answered within
-    the span and the errors; or, if anything fails, the error's text."""
+    the span and the errors; or, if anything fails, the error's text. ``secure``: TLS and the token
+    (:func:`secure_channel`)."""
     import asyncio
 
     import grpc
+
+    metadata = call_metadata(secure)
 
     async def main() -> None:
         warm, go, window, latencies = asyncio.Event(), asyncio.Event(), [], []
@@ -124,10 +144,10 @@ def load_process(address: str, clients: int, first_slot: int, requests: list[byt
             errors = 0
             # a connection of its own, as separate clients have (gRPC otherwise shares one connection
             # between the channels of a process to one address)
-            async with grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
+            async with secure_channel(address, secure, aio=True, options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
                 call = channel.unary_unary(SEARCH_METHOD)  # bytes in and out
                 for i in range(5):  # warm-up: connection, first calls
-                    answer = await call(requests[(slot + i) % len(requests)], timeout=30)
+                    answer = await call(requests[(slot + i) % len(requests)], timeout=30, metadata=metadata)
                 check_answer(answer, address, k)
                 warmed[0] += 1
                 if warmed[0] == clients:
@@ -140,7 +160,7 @@ def load_process(address: str, clients: int, first_slot: int, requests: list[byt
                     request, i = requests[i % len(requests)], i + 1
                     begin = time.perf_counter()
                     try:
-                        await call(request, timeout=30)
+                        await call(request, timeout=30, metadata=metadata)
                     except grpc.aio.AioRpcError:
                         errors += 1
                         continue
@@ -174,16 +194,15 @@ def check_answer(answer: bytes, address: str, k: int) -> None:
         raise RuntimeError(f"unexpected answer from {address}: {found}")
 
 
-def check_answers(address: str, requests: list[bytes], expected) -> None:
+def check_answers(address: str, requests: list[bytes], expected, secure: dict | None = None) -> None:
     """Each of ``requests`` (one code each) must be answered with ``expected``'s row (the library's
     search): the ids and distances, in order."""
-    import grpc
     from tfhash.serving import search_pb2
 
-    with grpc.insecure_channel(address) as channel:
+    with secure_channel(address, secure) as channel:
         search = channel.unary_unary(SEARCH_METHOD, response_deserializer=search_pb2.SearchResponse.FromString)
         for row, request in enumerate(requests):
-            answer = search(request, timeout=30)
+            answer = search(request, timeout=30, metadata=call_metadata(secure))
             if len(answer.results) != 1 or answer.model_version != "1":
                 raise RuntimeError(f"{address} answered request {row} with {len(answer.results)} results of version {answer.model_version!r}")
             found = answer.results[0]
@@ -196,8 +215,8 @@ class PythonLoad:
     """The Python load generator: ``clients`` spread over ``processes`` :func:`load_process`
     processes. A context manager: entered, its clients are connected and warmed up."""
 
-    def __init__(self, address: str, clients: int, requests: list[bytes], processes: int = 2):
-        self.args = address, clients, requests
+    def __init__(self, address: str, clients: int, requests: list[bytes], processes: int = 2, secure: dict | None = None):
+        self.args, self.secure = (address, clients, requests), secure
         self.shares = [clients // processes + (i < clients % processes) for i in range(min(processes, clients))]
         self.pipes, self.workers = [], []
 
@@ -209,7 +228,8 @@ class PythonLoad:
         try:
             for number, share in enumerate(self.shares):
                 ours, theirs = context.Pipe()
-                worker = context.Process(target=load_process, args=(address, share, sum(self.shares[:number]), requests, K, theirs), daemon=True)
+                worker = context.Process(target=load_process, args=(address, share, sum(self.shares[:number]), requests, K, theirs, self.secure),
+                                         daemon=True)  # fmt: skip
                 worker.start()
                 theirs.close()  # the child's end: a child that dies then reads as end of file here
                 self.pipes.append(ours)
@@ -325,13 +345,16 @@ def loadgen_binary() -> str:
     return native.build(os.path.join(native.HERE, "loadgen.cc"))
 
 
-def run_level(address: str, clients: int, seconds: float, requests: list[bytes], server=None, processes: int = 2, generator: str = "python") -> dict:
+def run_level(address: str, clients: int, seconds: float, requests: list[bytes], server=None, processes: int = 2, generator: str = "python",
+              secure: dict | None = None) -> dict:  # fmt: skip
     """``clients`` closed-loop clients of the ``generator`` (``python``: :class:`PythonLoad` over
     ``processes`` processes; ``cpp``: :class:`CppLoad`), sending requests back to back for
     ``seconds``; latencies in ms. With ``server`` (as :func:`family` takes it), also the CPU seconds per
     request, from the OS, of the server (its processes and their children) and of the load generator's
-    processes, over the span."""
-    with LOAD_GENERATORS[generator](address, clients, requests, processes) as load:
+    processes, over the span. ``secure``: TLS and the token (Python clients only)."""
+    if secure is not None and generator != "python":
+        raise ValueError("the compiled load generator speaks plaintext only: run --access tls with --load-generators python")
+    with LOAD_GENERATORS[generator](address, clients, requests, processes, *([secure] if secure else [])) as load:
         start = time.time() + 0.5
         load.go(start, start + seconds)
         sides = server or [], load.processes  # the server's CPU and the load generator's
@@ -413,6 +436,8 @@ def main() -> None:
                         help="this checkout's service with each of these --event-loop values (front aio+<loop>)")
     parser.add_argument("--baseline", default=None, help="a checkout of an earlier commit, with its .venv, whose service runs beside this one's")
     parser.add_argument("--baseline-front", default="compiled", help="the baseline service's --front")
+    parser.add_argument("--access", nargs="+", default=["plain"], choices=["plain", "tls"],
+                        help="plain: loopback without credentials; tls: TLS with a token (certificates made for the run); each a service")
     parser.add_argument("--name", default="serving")
     args = parser.parse_args()
 
@@ -437,6 +462,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as work:
         model_base, index_base = os.path.join(work, "models"), os.path.join(work, "indexes")
         export_model(os.path.join(model_base, "1"), args.bits, args.seed)
+        pki = make_certificates(os.path.join(work, "pki"))
+        with open(pki["token"]) as file:
+            accesses = {"plain": ([], None), "tls": (["--tls-cert", pki["server"], "--tls-key", pki["server_key"], "--token-file", pki["token"]],
+                                                     {"ca": pki["ca"], "token": file.read().strip()})}  # fmt: skip
         fingerprint = signature_fingerprint(os.path.join(model_base, "1"))
         for kind in args.kinds:
             build_start = time.perf_counter()
@@ -450,33 +479,35 @@ def main() -> None:
             # this shared machine then falls on all of them, not on one
             services = []
             try:
-                for number, ((front, (baseline, loop)), processes) in enumerate(itertools.product(fronts, args.processes)):
+                for number, ((front, (baseline, loop)), processes, access) in enumerate(itertools.product(fronts, args.processes, args.access)):
                     # a copy of the index each: a service's mapped codes are then shared by its own processes only
                     own_index = os.path.join(work, f"indexes-{number}")
                     shutil.copytree(os.path.join(index_base, "1", kind), os.path.join(own_index, "1", kind))
-                    started, address = start_service(model_base, own_index, kind, args.search_threads, processes, args.tf_threads, baseline, loop)
-                    services.append(({"front": front, "processes": processes}, started, address, psutil.Process(started.pid)))
-                    check_answers(address, requests["codes"][:CHECKED], expected)
+                    access_args, secure = accesses[access]
+                    started, address = start_service(model_base, own_index, kind, args.search_threads, processes, args.tf_threads, baseline, loop,
+                                                      access_args)  # fmt: skip
+                    services.append(({"front": front, "processes": processes, "access": access}, started, address, psutil.Process(started.pid), secure))
+                    check_answers(address, requests["codes"][:CHECKED], expected, secure)
                 for mode, clients in itertools.product(args.modes, args.clients):
                     turns = list(itertools.product(services, args.load_generators))
                     runs = [[] for _ in turns]
                     for _ in range(args.repeats):
-                        for runs_of, ((_, _, address, server), generator) in zip(runs, turns, strict=True):
-                            runs_of.append(run_level(address, clients, args.seconds, requests[mode], server, args.load_processes, generator))
-                    for runs_of, ((described, _, _, _), _) in zip(runs, turns, strict=True):
+                        for runs_of, ((_, _, address, server, secure), generator) in zip(runs, turns, strict=True):
+                            runs_of.append(run_level(address, clients, args.seconds, requests[mode], server, args.load_processes, generator, secure))
+                    for runs_of, ((described, _, _, _, _), _) in zip(runs, turns, strict=True):
                         row = {"index": kind, "n": args.size, "bits": args.bits, **described, "mode": mode, "k": K,
                                **summarise_runs(runs_of), "index_build_s": round(build_s, 1), "seed": args.seed}  # fmt: skip
                         print(row, flush=True)
                         rows.append(row)
-                for described, _, _, server in services:
+                for described, _, _, server, _ in services:
                     memory = {"index": kind, **described, **server_memory(server)}  # after the load
                     print(memory, flush=True)
                     memory_rows.append(memory)
             finally:
-                for _, started, _, _ in services:
+                for _, started, _, _, _ in services:
                     started.terminate()
                     started.wait(60)
-    columns = ["index", "n", "bits", "front", "processes", "mode", "clients", "load_generator", "load_processes", "repeats", "requests", "errors", "qps", "qps_min", "qps_max",
+    columns = ["index", "n", "bits", "front", "processes", "access", "mode", "clients", "load_generator", "load_processes", "repeats", "requests", "errors", "qps", "qps_min", "qps_max",
                "p50_ms", "p99_ms", "p99_ms_max", "connections", "server_cpu_ms_per_request", "client_cpu_ms_per_request", "seed"]  # fmt: skip
     command = "python -m benchmarks.serving " + " ".join(sys.argv[1:])
     markdown = (
@@ -495,7 +526,9 @@ def main() -> None:
            "(cpp) are driven by one thread of benchmarks/loadgen.cc, gRPC's C++ asynchronous client; one channel each; the "
            "generators' runs take turns, ")
         + "sending requests serialized in advance back to back "
-        f"for {args.seconds:g} s per run after a warm-up, on the same {os.cpu_count()} cores as the server; each row "
+        + ("(`access` tls: TLS with a bearer token on every call, the certificates made for the run; plain: loopback "
+           "plaintext) " if "tls" in args.access else "")
+        + f"for {args.seconds:g} s per run after a warm-up, on the same {os.cpu_count()} cores as the server; each row "
         f"is run {args.repeats} times (qps, p50 and p99 are medians; min / max give the spread, which is wide on "
         "this shared virtual machine), and every service of an index runs at once, its runs taking turns with the other "
         "services' (an idle service only looks for a new version every 2 s), so that slow spells of the machine fall on all of them. "

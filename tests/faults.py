@@ -18,6 +18,13 @@ search; a row counts what was answered wrongly and what was lost.
   Pusher executor, onto a filesystem too small for it (a tmpfs the campaign mounts; without the
   privilege, a file-size limit in a child process) while a service serves the version before:
   the error, what is left where a service looks, the service's answers.
+* **memory_under_load**: 32 clients each sending the costliest request a default service accepts
+  (256 queries, k 1000, over a million items): the service's peak resident memory against the
+  bound its limits set.
+* **pipeline_killed**: ``tfhash pipeline run`` SIGKILLed (its process group) in Transform, the
+  Trainer, the RetrievalEvaluator, the Pusher or the IndexBuilder, then the same command again,
+  while a search service watches the run's folders: the rerun's exit, what ML Metadata served
+  from its cache, every pushed version's index verified against it, what the service served.
 * **damaged_version**: a newer version published with a flipped byte in its index codes, a
   truncated SavedModel variables file, no index manifest, or an index naming another model
   version: the service keeps the version before, ``tfhash index verify`` exits 2 naming the reason.
@@ -56,30 +63,31 @@ CLIENTS = 6
 
 class Load:
     """Client threads searching ``address`` without pause, each on its own connection; every
-    outcome is recorded as (start, end, kind, status, right) where ``right`` says whether an
-    answer equals ``expected[kind]`` (None for a failure). ``kinds``: the query kinds the threads
+    outcome is recorded as (start, end, kind, status, right, message, client) where ``right`` says
+    whether an answer equals ``expected`` (None for a failure). ``kinds``: the query kinds the threads
     take in turn, ``features`` and ``codes``."""
 
     def __init__(self, address: str, queries: dict, expected, kinds=("features",), clients: int = CLIENTS):
         self.address, self.queries, self.expected = address, queries, expected
-        self.outcomes: list[tuple[float, float, str, str, bool | None, str]] = []
+        self.k, self.timeout = 10, 10.0  # each request's k and deadline
+        self.outcomes: list[tuple[float, float, str, str, bool | None, str, int]] = []
         self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, args=(kinds[i % len(kinds)],), daemon=True) for i in range(clients)]
+        self._threads = [threading.Thread(target=self._run, args=(kinds[i % len(kinds)], i), daemon=True) for i in range(clients)]
 
-    def _run(self, kind: str) -> None:
+    def _run(self, kind: str, number: int) -> None:
         from tfhash.serving.errors import ServingError
         from tfhash.serving.search_client import SearchClient
 
-        with SearchClient(self.address, timeout=10, own_connection=True) as client:
+        with SearchClient(self.address, timeout=self.timeout, own_connection=True) as client:
             while not self._stop.is_set():
                 started = time.monotonic()
                 try:
-                    answer = client.search(**{kind: self.queries[kind]}, k=10)
+                    answer = client.search(**{kind: self.queries[kind]}, k=self.k)
                     outcome = ("OK", np.array_equal(np.stack(answer.ids), self.expected.ids), "")
                 except ServingError as err:
                     outcome = (err.code.name, None, err.message)
                     time.sleep(0.01)  # a refused client retries, as a client would, without spinning
-                self.outcomes.append((started, time.monotonic(), kind, *outcome))
+                self.outcomes.append((started, time.monotonic(), kind, *outcome, number))
 
     def __enter__(self) -> Load:
         for thread in self._threads:
@@ -116,12 +124,6 @@ def fixture_versions(root: str):
 
 def _search_command(setup: dict, *extra: str) -> list[str]:
     return ["serve", "search", "--index-base-dir", setup["indexes"], "--poll-seconds", "0.5", "--grace-seconds", "1", *extra]
-
-
-def _children(pid: int) -> list[int]:
-    import psutil
-
-    return [child.pid for child in psutil.Process(pid).children()]
 
 
 def _status(address: str) -> dict:
@@ -163,27 +165,50 @@ def _end(process) -> None:
             process.wait()
 
 
+def _serving_children(pid: int) -> dict[int, str]:
+    """The serving processes of a :class:`~tfhash.serving.processes.ProcessFront` parent: pid ->
+    the status file it writes once it serves."""
+    import psutil
+    from tfhash.serving.shared_status import slot_path
+
+    found = {}
+    for child in psutil.Process(pid).children():
+        with contextlib.suppress(psutil.Error, ValueError, IndexError):
+            settings = json.loads(child.cmdline()[3])
+            found[child.pid] = slot_path(settings["status_dir"], settings["slot"])
+    return found
+
+
 def search_child_killed(setup: dict, rng: random.Random, load_seconds: float = 1.5) -> dict:
-    """One trial: SIGKILL one of the two processes of a service under load."""
+    """One trial: SIGKILL one of the two processes of a service under load. Back: the
+    supervisor's new process has written its status (it serves, as the service's start counts it)
+    and the service reports both processes ready."""
     process, address = start_command(_search_command(setup, "--model-base-dir", setup["models"], "--port", "0", "--processes", "2"),
                                      "search service on ")  # fmt: skip
     try:
         with Load(address, setup["queries"], setup["expected"]) as load:
             time.sleep(load_seconds)
-            victim = rng.choice(_children(process.pid))
+            first = _serving_children(process.pid)
+            victim = rng.choice(sorted(first))
             killed = time.monotonic()
             _kill(victim)
-            wait_for(lambda: victim not in _children(process.pid) or not _status(address)["processes_ready"] == 2, 10)
-            recovered = wait_for(lambda: _status(address)["processes_ready"] == 2 and victim not in _children(process.pid), 120)
-            back = time.monotonic()
+
+            def back() -> bool:
+                new = {pid: status for pid, status in _serving_children(process.pid).items() if pid not in first}
+                return bool(new) and all(os.path.isfile(status) for status in new.values()) and _status(address)["processes_ready"] == 2
+
+            recovered = wait_for(back, 120)
+            back_at = time.monotonic()
             time.sleep(load_seconds)
             end = time.monotonic()
-        during = load.between(killed, back)
-        return {"failed": sum(o[3] != "OK" for o in during), "failure_codes": dict(Counter(o[3] for o in load.outcomes if o[3] != "OK")),
-                "wrong": load.wrong(), "answered": sum(o[3] == "OK" for o in load.outcomes), "recovered": recovered,
-                "restart_s": round(back - killed, 2), "rate_before": rate(load.between(killed - load_seconds, killed), load_seconds),
-                "rate_during": rate(during, max(back - killed, 1e-3)), "rate_after": rate(load.between(back, end), end - back),
-                "service_alive": process.poll() is None}  # fmt: skip
+        failures = [o for o in load.outcomes if o[3] != "OK"]
+        per_client = Counter(o[6] for o in failures)
+        return {"failed": len(failures), "failure_codes": dict(Counter(o[3] for o in failures)), "clients_failed": len(per_client),
+                "max_failures_one_client": max(per_client.values(), default=0), "wrong": load.wrong(),
+                "answered": sum(o[3] == "OK" for o in load.outcomes), "recovered": recovered, "restart_s": round(back_at - killed, 2),
+                "rate_before": rate(load.between(killed - load_seconds, killed), load_seconds),
+                "rate_during": rate(load.between(killed, back_at), max(back_at - killed, 1e-3)),
+                "rate_after": rate(load.between(back_at, end), end - back_at), "service_alive": process.poll() is None}  # fmt: skip
     finally:
         _end(process)
 
@@ -193,7 +218,7 @@ def parent_killed(setup: dict, rng: random.Random) -> dict:
     service on the same port."""
     process, address = start_command(_search_command(setup, "--model-base-dir", setup["models"], "--port", "0", "--processes", "2"),
                                      "search service on ")  # fmt: skip
-    port, children = int(address.rsplit(":", 1)[1]), _children(process.pid)
+    port, children = int(address.rsplit(":", 1)[1]), sorted(_serving_children(process.pid))
     with Load(address, setup["queries"], setup["expected"]) as load:
         time.sleep(0.5 + rng.random())
         killed = time.monotonic()
@@ -447,13 +472,156 @@ def _loads(load, path) -> bool:
         return False
 
 
+def memory_under_load(setup: dict, root: str, clients: int = 32, seconds: float = 8.0, size: int = 1_000_000, seed: int = 0) -> dict:
+    """``clients`` clients each sending, back to back, the costliest request a default service
+    accepts (``--max-batch`` 256 queries of codes with ``--max-k`` 1000) to a service over a
+    ``size``-item index of version 1; the service's resident memory sampled every 20 ms against
+    the bound its limits set, and every answer compared with the library's search."""
+    import psutil
+
+    from tfhash.artifacts import signature_fingerprint
+    from tfhash.index import index_factory, load_index
+
+    here = os.path.join(root, f"memory-{time.time_ns()}")
+    models, indexes = os.path.join(here, "models"), os.path.join(here, "indexes")
+    shutil.copytree(os.path.join(setup["models"], "1"), os.path.join(models, "1"))
+    rng = np.random.default_rng(seed)
+    index = index_factory(setup["queries"]["codes"].shape[1] * 8, "BFlat")
+    index.add(rng.integers(0, 256, (size, index.bits // 8), dtype=np.uint8), np.arange(size, dtype=np.int64))
+    index.save(os.path.join(indexes, "1", "BFlat"), model_version="1", signature_fingerprint=signature_fingerprint(os.path.join(models, "1")))
+    queries = rng.integers(0, 256, (256, index.bits // 8), dtype=np.uint8)
+    expected = load_index(os.path.join(indexes, "1", "BFlat")).search(queries, 1000)
+    process, address = start_command(["serve", "search", "--index-base-dir", indexes, "--model-base-dir", models, "--port", "0",
+                                      "--grace-seconds", "1"], "search service on ")  # fmt: skip
+    try:
+        service = psutil.Process(process.pid)
+        idle = service.memory_info().rss
+        load = Load(address, {"codes": queries}, expected, kinds=("codes",), clients=clients)
+        load.k, load.timeout = 1000, 120.0  # queued behind the other clients' requests, not dropped
+        peak, stop = idle, time.monotonic() + seconds
+        with load:
+            while time.monotonic() < stop:
+                peak = max(peak, service.memory_info().rss)
+                time.sleep(0.02)
+        latencies = sorted(o[1] - o[0] for o in load.outcomes if o[3] == "OK")
+    finally:
+        _end(process)
+    max_message, max_rpcs = 8 << 20, 128  # the service's defaults: --max-request-mb 8, max_concurrent_rpcs 128
+    answer_bytes = 256 * 1000 * (10 + 5)  # ids (varint, up to 10 bytes) and distances (float) of one answer
+    bound = max_rpcs * (max_message + answer_bytes)
+    return {"clients": clients, "index_items": size, "answered": sum(o[3] == "OK" for o in load.outcomes),
+            "failure_codes": dict(Counter(o[3] for o in load.outcomes if o[3] != "OK")), "wrong": load.wrong(),
+            "p50_s": round(latencies[len(latencies) // 2], 3) if latencies else None, "idle_mib": round(idle / 2**20, 1),
+            "peak_mib": round(peak / 2**20, 1), "peak_above_idle_mib": round((peak - idle) / 2**20, 1),
+            "bound_above_idle_mib": round(bound / 2**20, 1)}  # fmt: skip
+
+
+#: The stages the pipeline is killed in (an execution of a component type whose name holds one of them).
+PIPELINE_STAGES = ("Transform", "Trainer", "RetrievalEvaluator", "Pusher", "IndexBuilder")
+#: ML Metadata's execution states (metadata_store.proto).
+_RUNNING, _COMPLETE, _CACHED = 2, 3, 5
+
+
+def executions(metadata: str) -> list[tuple[str, int]]:
+    """(component type name, state) of every execution ML Metadata holds, in order; read-only, so
+    that a run writing it meanwhile is not disturbed ([] while the file does not exist)."""
+    import sqlite3
+
+    if not os.path.isfile(metadata):
+        return []
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{metadata}?mode=ro", uri=True, timeout=1)) as db:
+            return db.execute("SELECT Type.name, Execution.last_known_state FROM Execution JOIN Type ON Type.id = Execution.type_id "
+                              "ORDER BY Execution.id").fetchall()  # fmt: skip
+    except sqlite3.Error:  # the schema not written yet, or locked for a moment
+        return []
+
+
+def _running(metadata: str) -> str | None:
+    return next((name.rsplit(".", 1)[-1] for name, state in reversed(executions(metadata)) if state == _RUNNING), None)
+
+
+def tiny_pipeline_config(root: str, name: str) -> str:
+    """The config file of the suite's small MNIST run (400 examples a split, 16-bit SCDH, 3 epochs)."""
+    path = os.path.join(root, f"{name}.json")
+    with open(path, "w") as file:
+        json.dump({"name": "tiny-mnist", "dataset": "mnist", "limit": 400, "run_dir": os.path.join(root, name),
+                   "training": {"method": "scdh", "bits": 16, "epochs": 3, "batch_size": 64}, "map_threshold": 0.2}, file)  # fmt: skip
+    return path
+
+
+def pipeline_killed(root: str, stage: str, rng: random.Random) -> dict:
+    """One trial: ``tfhash pipeline run`` on a fresh run directory, SIGKILLed (its whole process
+    group) a random 0-1 s (the Pusher: 0-0.05 s) after an execution of ``stage`` starts, then the
+    same command again;
+    a search service watches the run's push and index folders from before the first run to the end."""
+    from tfhash.artifacts import RunLayout, list_versions
+
+    config = tiny_pipeline_config(root, f"run-{time.time_ns()}")
+    layout = RunLayout.from_config_file(config)
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    service, address = start_command(["serve", "search", "--config", config, "--port", "0", "--poll-seconds", "0.3"], "search service on ")
+    served: set[str] = set()
+    watching = threading.Event()
+
+    def watch() -> None:
+        while not watching.is_set():
+            version = _status(address)["version"]
+            if version:
+                served.add(version)
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        started = time.monotonic()
+        first = subprocess.Popen([sys.executable, "-m", "tfhash.cli", "pipeline", "run", "--config", config], env=env, start_new_session=True,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        deadline = time.monotonic() + 900
+        while first.poll() is None and stage not in (_running(layout.metadata) or "") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        reached = first.poll() is None and stage in (_running(layout.metadata) or "")
+        time.sleep(rng.random() * (0.05 if stage == "Pusher" else 1.0))  # the Pusher's copy of a small model takes a fraction of a second
+        killed_in = (_running(layout.metadata) or "between components") if first.poll() is None else "after the run ended"
+        with contextlib.suppress(ProcessLookupError):  # the run may have ended meanwhile
+            os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+        killed_after = time.monotonic() - started
+        before = Counter(state for _, state in executions(layout.metadata))
+        rerun_start = time.monotonic()
+        again = subprocess.run([sys.executable, "-m", "tfhash.cli", "pipeline", "run", "--config", config], env=env, capture_output=True,
+                               text=True, timeout=1800)  # fmt: skip
+        rerun_s = time.monotonic() - rerun_start
+        after = executions(layout.metadata)[sum(before.values()):]
+        models, indexes = list_versions(layout.serving), sorted(n for n in os.listdir(layout.indexes) if n.isdigit()) if os.path.isdir(layout.indexes) else []
+        verified = [subprocess.run([sys.executable, "-m", "tfhash.cli", "index", "verify", os.path.join(layout.indexes, str(v)),
+                                    "--model-dir", os.path.join(layout.serving, str(v))], capture_output=True, env=env).returncode == 0
+                    for v in models]  # fmt: skip
+        wait_for(lambda: _status(address)["version"] == (str(models[-1]) if models else ""), 30)
+    finally:
+        watching.set()
+        watcher.join(5)
+        _end(service)
+    partial = [n for n in os.listdir(layout.serving) if n.isdigit() and int(n) not in models] if os.path.isdir(layout.serving) else []
+    return {"stage": stage, "reached": reached, "killed_in": killed_in, "killed_after_s": round(killed_after, 1),
+            "rerun_exit": again.returncode, "rerun_s": round(rerun_s, 1), "rerun_cached": sum(state == _CACHED for _, state in after),
+            "rerun_executed": sum(state == _COMPLETE for _, state in after), "model_versions": len(models),
+            "model_versions_with_verified_index": sum(verified), "index_versions": len(indexes),
+            "partial_model_dirs": len(partial), "served_versions": sorted(served),
+            "served_only_verified": served <= {str(v) for v, ok in zip(models, verified, strict=True) if ok},
+            "serves_newest": bool(models) and str(models[-1]) in served, "rerun_error": again.stderr.strip().splitlines()[-1][:200] if again.returncode else ""}  # fmt: skip
+
+
 def _pooled(trials: list[dict]) -> dict:
-    """The trials of one row in one: counts summed, times as min-max, flags all-true, the rest as seen."""
+    """The trials of one row in one: counts summed, maxima as the largest, times and rates as
+    min-max, flags as how many held, the rest as seen."""
     pooled: dict = {}
     for key in trials[0]:
         values = [t[key] for t in trials]
         if all(isinstance(v, bool) for v in values):
             pooled[key] = f"{sum(values)}/{len(values)}"
+        elif key.startswith("max_"):
+            pooled[key] = max(values)
         elif key.endswith("_s") or key.startswith("rate_"):
             pooled[key] = f"{min(values):g}-{max(values):g}"
         elif all(isinstance(v, int) for v in values):
@@ -461,7 +629,7 @@ def _pooled(trials: list[dict]) -> dict:
         elif all(isinstance(v, dict) for v in values):
             pooled[key] = dict(sum((Counter(v) for v in values), Counter()))
         else:
-            pooled[key] = sorted({json.dumps(v) for v in values})[0] if len({json.dumps(v) for v in values}) == 1 else [str(v)[:80] for v in values][:3]
+            pooled[key] = values[0] if len({json.dumps(v) for v in values}) == 1 else [str(v)[:80] for v in values][:3]
     return pooled
 
 
@@ -475,10 +643,18 @@ def campaign(root: str, trials: int, seed: int) -> list[dict]:
                                   ("SIGKILL of the supervising parent under load", lambda: parent_killed(setup, rng), trials),
                                   ("SIGKILL of the model server under load", lambda: model_server_killed(setup, rng), trials),
                                   ("disk full while an index version is saved", lambda: full_disk(setup, root, "index"), 1),
-                                  ("disk full while TFX's Pusher pushes a model", lambda: full_disk(setup, root, "push"), 1)):  # fmt: skip
+                                  ("disk full while TFX's Pusher pushes a model", lambda: full_disk(setup, root, "push"), 1),
+                                  ("32 clients sending the costliest accepted request", lambda: memory_under_load(setup, root), 1)):  # fmt: skip
             started = time.monotonic()
             results = [run() for _ in range(count)]
             rows.append({"fault": fault, "trials": count, "seconds": round(time.monotonic() - started, 1), **_pooled(results)})
+            print(json.dumps(rows[-1]), flush=True)
+        for stage in PIPELINE_STAGES:
+            count = max(1, trials // len(PIPELINE_STAGES))
+            started = time.monotonic()
+            results = [pipeline_killed(root, stage, rng) for _ in range(count)]
+            rows.append({"fault": f"pipeline SIGKILLed in {stage}, then run again", "trials": count, "seconds": round(time.monotonic() - started, 1),
+                         **_pooled(results)})  # fmt: skip
             print(json.dumps(rows[-1]), flush=True)
         for damage in DAMAGES:
             count = max(1, trials // len(DAMAGES))

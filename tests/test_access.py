@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import http.client
 import json
-import os
 import ssl
 
 import grpc
@@ -25,21 +24,20 @@ from tfhash.serving.requests import Limits
 from tfhash.serving.search_client import SearchClient
 from tfhash.serving.search_service import SearchServer, in_process_searcher, remote_searcher
 
-from tests.certificates import make_certificates
-from tests.serving_fixtures import cli_rest_port, database, push_version, reference, stop_cli
+from benchmarks.certificates import make_certificates
+from tests.faults import fixture_versions
+from tests.serving_fixtures import cli_rest_port, stop_cli
 
 MODEL = "vectors"
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    """Version 1 of a model and its index, the database, and the certificates and tokens."""
+    """Version 1 of a model and its index, the queries and the library's answer
+    (:func:`tests.faults.fixture_versions`), and the certificates and tokens."""
     root = tmp_path_factory.mktemp("access")
-    vectors, ids = database()
-    push_version(str(root / "models"), str(root / "indexes"), 1, 0, vectors, ids)
-    _, expected = reference(os.path.join(root / "models", "1"), os.path.join(root / "indexes", "1", "BFlat"), vectors[:5], 10)
-    return {"models": str(root / "models"), "indexes": str(root / "indexes"), "vectors": vectors, "expected": expected,
-            **make_certificates(str(root / "pki"))}  # fmt: skip
+    with fixture_versions(str(root)) as versions:
+        yield {**versions, **make_certificates(str(root / "pki"))}
 
 
 def _token(path: str) -> str:
@@ -64,7 +62,7 @@ def _grpc_outcome(server: SearchServer, files, **credentials) -> str:
     """``ok`` (the right answer) or the gRPC status name of one search over gRPC."""
     try:
         with SearchClient(f"localhost:{server.port}", timeout=10, credentials=ClientCredentials(**credentials)) as client:
-            answer = client.search(features=files["vectors"][:5], k=10)
+            answer = client.search(features=files["queries"]["features"], k=10)
     except ServingError as err:
         return err.code.name
     np.testing.assert_array_equal(np.stack(answer.ids), files["expected"].ids)
@@ -81,7 +79,7 @@ def _rest_outcome(server: SearchServer, files, path: str = "/v1/search", token: 
         connection = http.client.HTTPSConnection("localhost", server.rest_port, timeout=10, context=context)
     else:
         connection = http.client.HTTPConnection("localhost", server.rest_port, timeout=10)
-    body = json.dumps({"features": files["vectors"][:5].tolist(), "k": 10}).encode() if path == "/v1/search" else None
+    body = json.dumps({"features": files["queries"]["features"].tolist(), "k": 10}).encode() if path == "/v1/search" else None
     headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
     try:
         connection.request("POST" if body else "GET", path, body=body, headers=headers)
@@ -204,7 +202,7 @@ def test_tls_and_a_token_refuse_every_stranger_on_grpc_and_rest(files):
                          "another CA": "UNAVAILABLE"}  # fmt: skip
     assert rest_rows == {"valid": "ok", "no token": "401", "wrong token": "401", "plaintext": "handshake", "another CA": "handshake",
                          "status without token": "401", "healthz without token": "ok", "readyz without token": "ok"}  # fmt: skip
-    assert answered == [5, 5]  # the two valid requests; warm-up searches do not pass through answer
+    assert answered == [8, 8]  # the two valid requests; warm-up searches do not pass through answer
 
     expired = Access(tls_cert=files["expired_server"], tls_key=files["expired_server_key"], token_file=files["token"])
     server, answered = _counted_server(files, expired)
@@ -236,7 +234,7 @@ def test_client_certificates_are_required_when_the_service_names_a_client_ca(fil
         server.stop(0)
     assert rows == {"own certificate": "ok", "none": "UNAVAILABLE", "expired": "UNAVAILABLE", "another CA's": "UNAVAILABLE",
                     "REST own certificate": "ok", "REST none": "handshake", "REST expired": "handshake", "REST another CA's": "handshake"}  # fmt: skip
-    assert answered == [5, 5]
+    assert answered == [8, 8]
 
 
 @pytest.mark.server
@@ -260,7 +258,7 @@ def test_the_model_server_takes_tls_and_a_token_and_its_reload_api_is_off_unless
         search = SearchServer(searcher, poll_seconds=60).start()
         try:
             with SearchClient(search.address) as client:
-                np.testing.assert_array_equal(np.stack(client.search(features=files["vectors"][:5], k=10).ids), files["expected"].ids)
+                np.testing.assert_array_equal(np.stack(client.search(features=files["queries"]["features"], k=10).ids), files["expected"].ids)
         finally:
             search.stop(0)
         channel = credentials.channel(target)
@@ -290,10 +288,10 @@ def test_a_service_of_two_processes_serves_tls_and_checks_the_token_in_each(file
         for _ in range(6):  # own connections: the kernel spreads them over the two processes
             with SearchClient(f"localhost:{port}", own_connection=True,
                               credentials=ClientCredentials(ca_file=files["ca"], token_file=files["token"])) as client:  # fmt: skip
-                outcomes.append(np.array_equal(np.stack(client.search(features=files["vectors"][:5], k=10).ids), files["expected"].ids))
+                outcomes.append(np.array_equal(np.stack(client.search(features=files["queries"]["features"], k=10).ids), files["expected"].ids))
             with SearchClient(f"localhost:{port}", own_connection=True, credentials=ClientCredentials(ca_file=files["ca"])) as client:
                 with pytest.raises(ServingError) as err:
-                    client.search(features=files["vectors"][:5], k=10)
+                    client.search(features=files["queries"]["features"], k=10)
                 outcomes.append(err.value.code == grpc.StatusCode.UNAUTHENTICATED)
             outcomes.append(_rest_outcome(rest, files, token=_token(files["token"]), ca=files["ca"]) == "ok")
             outcomes.append(_rest_outcome(rest, files, ca=files["ca"]) == "401")

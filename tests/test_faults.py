@@ -82,6 +82,7 @@ def test_a_model_whose_variables_do_not_read_back_is_named(tmp_path):
 def test_a_killed_search_process_is_restarted_and_no_answer_is_wrong(setup):
     row = faults.search_child_killed(setup, random.Random(0))
     assert row["wrong"] == 0 and row["answered"] > 0 and set(row["failure_codes"]) <= {"UNAVAILABLE"}, row
+    assert row["max_failures_one_client"] <= 1, row  # each failed request was one the killed process held
     assert row["recovered"] and row["service_alive"] and row["rate_after"] > 0, row
 
 
@@ -123,3 +124,12 @@ def test_a_damaged_version_is_never_served_and_verify_names_it(setup, damage):
     row = faults.damaged_version(setup, setup["root"], damage, random.Random(0))
     assert row["serving_version"] == "1" and row["wrong"] == 0 and row["failed"] == 0 and row["answered"] > 0, row
     assert row["verify_exit"] == 2 and row["verify_reason"], row
+
+
+@pytest.mark.process
+@pytest.mark.server
+def test_a_pipeline_killed_in_training_reruns_from_its_cache_and_stays_version_locked(tmp_path):
+    row = faults.pipeline_killed(str(tmp_path), "Trainer", random.Random(0))
+    assert row["reached"] and row["killed_in"] == "Trainer" and row["rerun_exit"] == 0, row
+    assert row["rerun_cached"] > 0 and row["model_versions"] == row["model_versions_with_verified_index"] == 1, row
+    assert row["served_only_verified"] and row["serves_newest"] and row["partial_model_dirs"] == 0, row

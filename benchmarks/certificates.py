@@ -1,4 +1,4 @@
-"""Certificates the TLS tests make for themselves (``cryptography``): a CA, a server certificate for
+"""Certificates the TLS tests and the load benchmark make for themselves (``cryptography``): a CA, a server certificate for
 localhost and 127.0.0.1 signed by it, a client certificate, and the wrong ones (another CA's, an
 expired one), written as PEM files."""
 
