@@ -322,7 +322,7 @@ def test_pipeline_config_backbone_settings(tmp_path):
     assert config.training.backbone == encoder  # relative to the config file
     assert config.training.fine_tuning.optimizer == "adam" and config.training.fine_tuning.augment  # over the pretrained defaults
     shipped = PipelineConfig.load(os.path.join(os.path.dirname(__file__), "..", "pipelines", "configs", "cifar10.json"))
-    assert shipped.training.backbone == "efficientnet_lite0" and shipped.training.bits == 48
+    assert shipped.training.backbone == "efficientnet_lite1" and shipped.training.bits == 48
     for training, message in [({"backbone": "vgg16"}, "unknown backbone 'vgg16'"),
                               ({"backbone": "squeezenet", "fine_tuning": {"lr": 1}}, "unknown setting .training.fine_tuning.lr."),
                               ({"backbone": "squeezenet", "image_size": 8}, "image_size must be"),
