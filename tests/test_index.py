@@ -19,7 +19,6 @@ from tfhash.index import (
     BinaryIndex,
     HashIndexError,
     IndexFormatError,
-    InProcessIndex,
     MilvusIndex,
     check_model,
     index_factory,
@@ -236,7 +235,7 @@ def _make(bits: int, row, tmp_path, collection: str = "items"):
 # The format tags and method params keys of format version 1, as written on disk by every
 # tfhash since; they must not change, or saved indexes stop loading.
 FORMAT_1 = {"BFlat": ("binary-flat", "kind"), "BIVF": ("binary-ivf", "kind"), "BMultiHash": ("binary-multihash", "kind"),
-            "ScaNN": ("scann-ah", "mode"), "ScaNNBrute": ("scann-brute", "mode"), "Milvus": ("milvus-flat", "method")}  # fmt: skip
+            "BMIH": ("binary-mih", "kind"), "ScaNN": ("scann-ah", "mode"), "ScaNNBrute": ("scann-brute", "mode"), "Milvus": ("milvus-flat", "method")}  # fmt: skip
 
 
 @pytest.mark.process
@@ -301,8 +300,8 @@ def test_automatic_ids_and_duplicates_for_every_index_type(name, tmp_path):
     index.add(codes[:200])  # automatic ids 0..199
     index.add(codes[200:202], [500, 250])
     index.add(codes[202:204])  # automatic ids continue after the largest: 501, 502
-    inserted = [*range(200), 500, 250, 501, 502]  # in-process indexes keep insertion order, Milvus ascending ids
-    assert index.ids().tolist() == (inserted if isinstance(index, InProcessIndex) else sorted(inserted))
+    inserted = [*range(200), 500, 250, 501, 502]  # every index but Milvus keeps insertion order; Milvus lists ids ascending
+    assert index.ids().tolist() == (sorted(inserted) if isinstance(index, MilvusIndex) else inserted)
     with pytest.raises(HashIndexError, match=r"ids \[250\] are already in the index; use upsert"):
         index.add(codes[204:206], [600, 250])
     with pytest.raises(HashIndexError, match=r"ids must be unique; repeated: \[7\]"):

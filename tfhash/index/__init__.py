@@ -1,7 +1,7 @@
 """Retrieval indexes over hash codes, FAISS-style, with versioned and checksummed persistence.
 
 A small abstract index (add / search / save / load) with binary Hamming indexes (tfhash's exact
-kernel, FAISS IVF and multi-hash), ScaNN, Milvus and a pure-TF Hamming top-k module behind it.
+kernel, exact multi-index hashing, FAISS IVF and multi-hash), ScaNN, Milvus and a pure-TF Hamming top-k module behind it.
 :func:`index_factory` builds one from an index type (``BFlat``, ``BIVF1024``, ...;
 :data:`INDEX_TYPES` is the one table of them), and :func:`load_index` reopens a saved one, checked
 against its model. :mod:`tfhash.index.refine` is the second stage of a search: Hamming candidates
@@ -20,6 +20,7 @@ from tfhash.index.base import (
 )
 from tfhash.index.binary import BinaryIndex
 from tfhash.index.factory import INDEX_TYPES, IndexType, index_factory, load_index, read_manifest
+from tfhash.index.mih import MultiIndexHashing
 from tfhash.index.milvus import MilvusIndex
 from tfhash.index.persistence import (
     FORMAT_VERSION,
@@ -52,6 +53,7 @@ __all__ = [
     "IndexUnavailableError",
     "InProcessIndex",
     "MilvusIndex",
+    "MultiIndexHashing",
     "IndexType",
     "ScannIndex",
     "SearchResult",

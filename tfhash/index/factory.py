@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from tfhash import storage
 from tfhash.index.base import HashIndex, HashIndexError
 from tfhash.index.binary import BinaryIndex
+from tfhash.index.mih import MultiIndexHashing
 from tfhash.index.milvus import MilvusIndex
 from tfhash.index.persistence import FORMAT_TAG_FIELD, on_local_copy, open_index, parse_manifest
 from tfhash.index.scann_index import ScannIndex
@@ -57,6 +58,7 @@ INDEX_TYPES: dict[str, IndexType] = {
         IndexType("BFlat", BinaryIndex, "flat", None),
         IndexType("BIVF", BinaryIndex, "ivf", "nlist"),
         IndexType("BMultiHash", BinaryIndex, "multihash", "nhash"),
+        IndexType("BMIH", MultiIndexHashing, "mih", None),
         IndexType("ScaNN", ScannIndex, "ah", None),
         IndexType("ScaNNBrute", ScannIndex, "brute", None),
         IndexType("Milvus", MilvusIndex, "flat", None),
@@ -103,6 +105,8 @@ def index_factory(bits: int, index_type: str, **params) -> HashIndex:
     * ``BFlat``: exact Hamming k-NN (compiled kernel, tfhash.hamming);
     * ``BIVF<nlist>``: inverted lists, approximate (``nprobe`` keyword, default 16);
     * ``BMultiHash<nhash>``: multi-index hashing, approximate (``nflip`` keyword, default 1);
+    * ``BMIH``: multi-index hashing, exact: ``BFlat``'s answers in sublinear time on clustered
+      codes, adds without rebuilding (``tables`` keyword, default chosen from the size);
     * ``ScaNN``: ScaNN tree + asymmetric hashing + reordering, approximate;
     * ``ScaNNBrute``: ScaNN brute force (exact distances, ties in any order);
     * ``Milvus``: a Milvus collection, ``BIN_FLAT`` (exact distances, ties in id order); ``uri``

@@ -1,0 +1,179 @@
+"""BMIH, exact multi-index hashing: the same answers as BFlat on every query, its tables, adds in
+segments, files mapped and linked, and bad input."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from tfhash.hamming import knn_search, range_search
+from tfhash.index import (
+    HashIndexError,
+    IndexFormatError,
+    MultiIndexHashing,
+    index_factory,
+    load_index,
+    read_manifest,
+)
+from tfhash.index import mih as mih_index
+from tfhash.mih import (
+    build_tables,
+    default_key_bits,
+    default_tables,
+    mih_knn,
+    mih_range,
+    substring_starts,
+)
+
+
+def clustered(rng, n, bits, centres=20, flip=0.125, ties=0):
+    """Packed codes around random centres (each bit flipped with probability ``flip``); the first
+    ``ties`` rows are copies of one code."""
+    middle = rng.integers(0, 2, (centres, bits))
+    codes = middle[rng.integers(0, centres, n)] ^ (rng.random((n, bits)) < flip)
+    codes[:ties] = codes[0]
+    return np.packbits(codes, axis=1)
+
+
+def assert_same(got, expected):
+    np.testing.assert_array_equal(got.distances, expected.distances)
+    np.testing.assert_array_equal(got.ids, expected.ids)
+
+
+@pytest.mark.parametrize("bits", [16, 48, 64, 128])
+@pytest.mark.parametrize("tables", [1, 2, 3])
+def test_the_kernel_answers_as_the_linear_scan(bits, tables):
+    """Every distance, position and tie order equal to tfhash.hamming's scan, for k-NN (k from 1 to
+    every row) and range search, with ties larger than k and queries far from every code."""
+    rng = np.random.default_rng(bits + tables)
+    db = clustered(rng, 3000, bits, ties=700)
+    queries = np.concatenate([clustered(rng, 20, bits), db[:3], np.packbits(rng.integers(0, 2, (5, bits)), axis=1)])
+    starts = substring_starts(bits, tables)
+    key_bits = default_key_bits(bits, tables, len(db))
+    offsets, positions = build_tables(db, starts, key_bits)
+    for k in (1, 10, 701, 3000):
+        distances, found, finished = mih_knn(queries, db, starts, key_bits, offsets, positions, k, 10**12)
+        expected_d, expected_p = knn_search(queries, db, k)
+        assert finished.all()
+        np.testing.assert_array_equal(distances, expected_d)
+        np.testing.assert_array_equal(found, expected_p)
+    for radius in (0, 2, bits // 4):
+        answers, finished = mih_range(queries, db, starts, key_bits, offsets, positions, radius, 10**12)
+        limits, expected_d, expected_p = range_search(queries, db, radius)
+        assert finished.all()
+        for q, (d, p) in enumerate(answers):
+            np.testing.assert_array_equal(d, expected_d[limits[q] : limits[q + 1]])
+            np.testing.assert_array_equal(p, expected_p[limits[q] : limits[q + 1]])
+
+
+def test_the_tables_list_every_row_once_in_insertion_order_per_bucket():
+    rng = np.random.default_rng(0)
+    db = clustered(rng, 500, 32)
+    starts = substring_starts(32, 3)
+    assert starts.tolist() == [0, 11, 22]  # 11, 11 and 10 bits
+    offsets, positions = build_tables(db, starts, 10)
+    bits = np.unpackbits(db, axis=1)
+    for t, start in enumerate(starts):
+        keys = bits[:, start : start + 10] @ (1 << np.arange(9, -1, -1))
+        assert sorted(positions[t].tolist()) == list(range(500))
+        np.testing.assert_array_equal(positions[t], np.argsort(keys, kind="stable"))
+        np.testing.assert_array_equal(offsets[t], np.searchsorted(np.sort(keys), np.arange(1025)))
+
+
+def test_the_number_of_tables_follows_the_paper_and_is_bounded():
+    assert default_tables(64, 100_000_000) == 2 and default_tables(64, 1_000_000) == 3 and default_tables(128, 10_000_000) == 6
+    assert default_tables(64, 10) == 8 and default_tables(16, 1) == 2  # substrings of at least 8 bits
+    assert default_key_bits(64, 2, 100_000_000) == 24 and default_key_bits(64, 3, 1_000_000) == 18
+    with pytest.raises(ValueError, match="tables must be in 1..16"):
+        substring_starts(16, 17)
+
+
+def test_a_query_that_costs_more_than_a_scan_is_handed_to_the_scan():
+    rng = np.random.default_rng(1)
+    db = np.packbits(rng.integers(0, 2, (20000, 64)), axis=1)  # uniform: the 10th neighbour lies far
+    queries = np.packbits(rng.integers(0, 2, (4, 64)), axis=1)
+    starts = substring_starts(64, 3)
+    offsets, positions = build_tables(db, starts, 12)
+    _, _, finished = mih_knn(queries, db, starts, 12, offsets, positions, 10, 200)
+    assert not finished.any()
+    index = MultiIndexHashing(64)
+    index.add(db)
+    flat = index_factory(64, "BFlat")
+    flat.add(db)
+    assert_same(index.search(queries, 10), flat.search(queries, 10))  # scanned, the same answers
+
+
+@pytest.mark.parametrize("tables", [None, 2])
+def test_bmih_answers_as_bflat_through_adds_removals_and_upserts(tables):
+    rng = np.random.default_rng(2)
+    db = clustered(rng, 4900, 64, ties=300)
+    ids = rng.permutation(100_000)[:4900]
+    queries = np.concatenate([clustered(rng, 15, 64), db[:2]])
+    index, flat = index_factory(64, "BMIH", tables=tables), index_factory(64, "BFlat")
+    assert index.exact and index.format_tag == "binary-mih"
+    for part in (slice(0, 4000), slice(4000, 4100), slice(4100, 4200), slice(4200, 4900)):  # a big segment, then small adds
+        index.add(db[part], ids[part])
+        flat.add(db[part], ids[part])
+        assert index.ntotal == flat.ntotal and index.ids().tolist() == flat.ids().tolist()
+        for k in (1, 10, 400):
+            assert_same(index.search(queries, k), flat.search(queries, k))
+    assert [s.count for s in index.segments] == [4000, 900]  # the small adds merged, the first segment kept
+    for ours, theirs in zip(index.range_search(queries, 6), flat.range_search(queries, 6), strict=True):
+        assert_same(ours, theirs)
+    for ours, theirs in zip(index.search_with_ties(queries, 5), flat.search_with_ties(queries, 5), strict=True):
+        assert_same(ours, theirs)
+    gone = ids[[0, 4050, 4899]]
+    assert index.remove(gone) == flat.remove(gone) == 3
+    index.upsert(db[10:12], ids[[0, 4050]])
+    flat.upsert(db[10:12], ids[[0, 4050]])
+    assert_same(index.search(queries, 10), flat.search(queries, 10))
+    index.add(db[:5])  # automatic ids after the largest
+    assert index.ids()[-5:].tolist() == list(range(int(ids.max()) + 1, int(ids.max()) + 6))
+
+
+def test_adding_to_a_saved_index_writes_only_the_new_segment(tmp_path):
+    """A loaded (mapped) index takes an add as a segment of its own; saved as a new version, the old
+    segment's files are links to the first version's, and both versions verify and answer as a
+    BMIH built whole."""
+    rng = np.random.default_rng(3)
+    db = clustered(rng, 5000, 64)
+    queries = clustered(rng, 10, 64)
+    index = MultiIndexHashing(64)
+    index.add(db[:4500])
+    index.save(tmp_path / "v1", model_version="1")
+    loaded = load_index(tmp_path / "v1", expected_model_version="1", mapped=True)
+    assert isinstance(loaded.segments[0].codes, np.memmap)
+    loaded.add(db[4500:])
+    loaded.save(tmp_path / "v2", model_version="2")
+    first, linked = tmp_path / "v1" / "segment-000" / "positions.npy", tmp_path / "v2" / "segment-000" / "positions.npy"
+    assert os.stat(first).st_ino == os.stat(linked).st_ino  # the same file, not a copy
+    assert [s["count"] for s in read_manifest(tmp_path / "v2")["params"]["segments"]] == [4500, 500]
+    whole = MultiIndexHashing(64)
+    whole.add(db)
+    assert_same(load_index(tmp_path / "v2", mapped=True).search(queries, 10), whole.search(queries, 10))
+    assert_same(load_index(tmp_path / "v1").search(queries, 10), index.search(queries, 10))
+
+
+def test_bad_input_and_damaged_files_are_refused(tmp_path):
+    with pytest.raises(HashIndexError, match=r"tables must be an integer in 1..8 for 64-bit codes"):
+        MultiIndexHashing(64, tables=9)
+    with pytest.raises(HashIndexError, match="takes no number"):
+        index_factory(64, "BMIH4")
+    index = MultiIndexHashing(64)
+    db = clustered(np.random.default_rng(4), 300, 64)
+    index.add(db)
+    with pytest.raises(HashIndexError, match="k = 301 is larger than the 300 items"):
+        index.search(db[:1], 301)
+    with pytest.raises(HashIndexError, match="have 32 bits, the index holds 64-bit codes"):
+        index.search(db[:1, :4], 1)
+    offsets = np.zeros((1, 257), np.uint32)
+    offsets[0, -1] = 7
+    damaged = mih_index.Segment(db, np.arange(300), 1, 8, offsets, np.zeros((1, 300), np.uint32))
+    with pytest.raises(IndexFormatError, match="offsets end at 7, not at the 300 items"):
+        mih_index._check_segment(damaged, 64, "segment-000")
+    index.save(tmp_path / "idx")
+    (tmp_path / "idx" / "segment-000" / "codes.npy").write_bytes(b"broken")
+    with pytest.raises(IndexFormatError, match="checksum mismatch for segment-000/codes.npy"):
+        load_index(tmp_path / "idx")

@@ -1,0 +1,294 @@
+"""``BMIH``: exact Hamming search in sublinear time by multi-index hashing (:mod:`tfhash.mih`),
+in segments that adds append without rebuilding what is there."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+
+import numpy as np
+
+from tfhash.hamming import knn_search, range_search
+from tfhash.index.base import (
+    IDS_FILE,
+    PACKED,
+    RANGE_SEARCH,
+    HashIndex,
+    HashIndexError,
+    SearchResult,
+    next_ids,
+)
+from tfhash.index.persistence import IndexFormatError
+from tfhash.mih import (
+    build_tables,
+    default_key_bits,
+    default_tables,
+    mih_knn,
+    mih_range,
+    substring_starts,
+)
+
+__all__ = ["MultiIndexHashing", "Segment"]
+
+#: A query gives up the tables for a linear scan of a segment once its probes plus the items it
+#: read pass this share of the segment's items: a table's item costs a random read of its code, a
+#: scanned item a streamed one, a hundred or more times less.
+SCAN_SHARE = 1 / 256
+#: An add merges the newest segment into the one before while it holds at least this share of it:
+#: segments then grow geometrically, an add rebuilds at most a few times its own size (amortised),
+#: and a collection of n items has at most about log4(n) segments.
+MERGE_SHARE = 1 / 4
+#: The arrays of a segment, in its folder.
+SEGMENT_FILES = ("codes.npy", IDS_FILE, "offsets.npy", "positions.npy")
+
+
+@dataclass
+class Segment:
+    """Codes and ids in insertion order with their tables (:func:`tfhash.mih.build_tables`), and the
+    folder its arrays were read from (a save links them from there instead of writing them)."""
+
+    codes: np.ndarray
+    ids: np.ndarray
+    tables: int
+    key_bits: int
+    offsets: np.ndarray
+    positions: np.ndarray
+    source: str | None = None
+
+    @classmethod
+    def build(cls, codes: np.ndarray, ids: np.ndarray, bits: int, tables: int | None) -> Segment:
+        m = tables or default_tables(bits, codes.shape[0])
+        key_bits = default_key_bits(bits, m, codes.shape[0])
+        offsets, positions = build_tables(codes, substring_starts(bits, m), key_bits)
+        return cls(codes, ids, m, key_bits, offsets, positions)
+
+    @property
+    def count(self) -> int:
+        return int(self.ids.shape[0])
+
+    def describe(self) -> dict:
+        return {"count": self.count, "tables": self.tables, "key_bits": self.key_bits}
+
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        return self.codes, self.ids, self.offsets, self.positions
+
+
+class MultiIndexHashing(HashIndex):
+    """Exact Hamming k-NN and range search by multi-index hashing (Norouzi et al., CVPR 2012): the
+    same answers as ``BFlat`` (distances, ids, ties in insertion order), at a cost that grows with
+    the distance of the k-th neighbour rather than with the collection.
+
+    The items live in segments, each with its own tables: an add appends a segment and merges it
+    into the one before only while it holds at least :data:`MERGE_SHARE` of it, so adding 1M codes
+    to 100M builds tables for the 1M alone. A search runs on every segment and merges their answers
+    by (distance, insertion order). A query whose work in a segment passes :data:`SCAN_SHARE` of its
+    items (codes far from everything, such as uniform random ones) scans that segment linearly with
+    ``BFlat``'s kernel instead: never much slower than ``BFlat``.
+
+    Saved, each segment is a folder of ``.npy`` arrays (codes, ids, the tables' offsets and
+    positions); loaded with ``mapped=True`` they are mapped, so every serving process shares one
+    copy in the page cache. A save of a loaded index links the files of the segments it did not
+    change (same file system; copied otherwise), so publishing an add as a new version writes only
+    the new segment.
+
+    Args:
+        bits: code length K (multiple of 8).
+        method: ``"exact"``, the one method.
+        tables: substrings (tables) of every segment; ``None`` chooses it per segment from its size,
+            about K / log2(n) (:func:`tfhash.mih.default_tables`).
+
+    Capability: :data:`~tfhash.index.base.RANGE_SEARCH`.
+    """
+
+    format_family = "binary"
+    methods = ("mih",)
+    exact_methods = frozenset({"mih"})
+    method_param = "kind"
+    row_layout = PACKED
+    capabilities = frozenset({RANGE_SEARCH})
+
+    def __init__(self, bits: int, method: str = "mih", tables: int | None = None):
+        super().__init__(bits, method)
+        if tables is not None and (isinstance(tables, bool) or not isinstance(tables, (int, np.integer))
+                                   or not 1 <= tables <= self.bits // 8):  # fmt: skip
+            raise HashIndexError(f"tables must be an integer in 1..{self.bits // 8} for {self.bits}-bit codes "
+                                 f"(substrings of at least 8 bits), got {tables!r}; or None to choose it from the size")  # fmt: skip
+        self.tables = None if tables is None else int(tables)
+        self.segments: list[Segment] = []
+
+    def settings(self) -> dict:
+        return {"tables": self.tables}
+
+    # --- storage primitives ------------------------------------------------------------------
+
+    @property
+    def ntotal(self) -> int:
+        return sum(s.count for s in self.segments)
+
+    def ids(self) -> np.ndarray:
+        """External ids in insertion order."""
+        return np.concatenate([s.ids for s in self.segments]) if self.segments else np.zeros(0, np.int64)
+
+    def codes(self) -> np.ndarray:
+        """The packed codes in insertion order."""
+        return np.concatenate([s.codes for s in self.segments]) if self.segments else np.zeros((0, self.bits // 8), np.uint8)
+
+    def _existing(self, ids: np.ndarray) -> np.ndarray:
+        found = np.zeros(ids.shape, bool)
+        for segment in self.segments:
+            found |= np.isin(ids, segment.ids)
+        return ids[found]
+
+    def _next_ids(self, count: int) -> np.ndarray:
+        largest = max((int(s.ids.max()) for s in self.segments if s.count), default=-1)
+        return next_ids(np.array([largest]) if largest >= 0 else np.zeros(0, np.int64), count)
+
+    def _insert(self, rows: np.ndarray, ids: np.ndarray) -> None:
+        if not rows.shape[0]:
+            return
+        self.segments.append(Segment.build(rows, ids, self.bits, self.tables))
+        while len(self.segments) > 1 and self.segments[-1].count >= MERGE_SHARE * self.segments[-2].count:
+            last, before = self.segments.pop(), self.segments.pop()
+            self.segments.append(Segment.build(np.concatenate([before.codes, last.codes]),
+                                               np.concatenate([before.ids, last.ids]), self.bits, self.tables))  # fmt: skip
+
+    def _delete(self, ids: np.ndarray) -> int:
+        """Rebuild the segments that lose items (and drop those that lose all)."""
+        kept, removed = [], 0
+        for segment in self.segments:
+            keep = ~np.isin(segment.ids, ids)
+            removed += segment.count - int(keep.sum())
+            if keep.all():
+                kept.append(segment)
+            elif keep.any():
+                kept.append(Segment.build(segment.codes[keep], segment.ids[keep], self.bits, self.tables))
+        self.segments = kept
+        return removed
+
+    # --- queries -----------------------------------------------------------------------------
+
+    def _search(self, rows: np.ndarray, k: int) -> SearchResult:
+        """``int32`` distances and ``int64`` ids, nearest first, ties in insertion order (exact)."""
+        parts_d, parts_p, start = [], [], 0
+        for segment in self.segments:
+            kk = min(k, segment.count)
+            distances, positions, finished = mih_knn(rows, segment.codes, substring_starts(self.bits, segment.tables),
+                                                     segment.key_bits, segment.offsets, segment.positions, kk,
+                                                     self._work_limit(segment))  # fmt: skip
+            if not finished.all():
+                scanned = ~finished
+                distances[scanned], positions[scanned] = knn_search(rows[scanned], segment.codes, kk)
+            parts_d.append(distances)
+            parts_p.append(positions + start)
+            start += segment.count
+        distances, positions = np.concatenate(parts_d, axis=1), np.concatenate(parts_p, axis=1)
+        if len(self.segments) > 1:
+            order = np.lexsort((positions, distances), axis=1)[:, :k]
+            distances, positions = np.take_along_axis(distances, order, 1), np.take_along_axis(positions, order, 1)
+        return SearchResult(distances.astype(np.int32), self._ids_at(positions))
+
+    def _range_search(self, rows: np.ndarray, radius: int) -> list[SearchResult]:
+        """Every item within ``radius``, by distance, ties in insertion order (exact)."""
+        found_d = [[] for _ in range(rows.shape[0])]
+        found_p = [[] for _ in range(rows.shape[0])]
+        start = 0
+        for segment in self.segments:
+            answers, finished = mih_range(rows, segment.codes, substring_starts(self.bits, segment.tables), segment.key_bits,
+                                          segment.offsets, segment.positions, radius, self._work_limit(segment))  # fmt: skip
+            scanned = np.flatnonzero(~finished)
+            if scanned.size:
+                limits, distances, positions = range_search(rows[scanned], segment.codes, radius)
+                for j, q in enumerate(scanned):
+                    answers[q] = distances[limits[j] : limits[j + 1]], positions[limits[j] : limits[j + 1]]
+            for q, (distances, positions) in enumerate(answers):
+                found_d[q].append(distances)
+                found_p[q].append(positions + start)
+            start += segment.count
+        results = []
+        for d_parts, p_parts in zip(found_d, found_p, strict=True):
+            distances, positions = np.concatenate(d_parts), np.concatenate(p_parts)
+            order = np.lexsort((positions, distances))
+            results.append(SearchResult(distances[order].astype(np.int32), self._ids_at(positions[order])))
+        return results
+
+    def _search_with_ties(self, rows: np.ndarray, k: int) -> list[SearchResult]:
+        """The k nearest and every item tied with the k-th: a range search at each query's k-th distance."""
+        kth = self._search(rows, k).distances[:, -1]
+        return [self._range_search(rows[q : q + 1], int(kth[q]))[0] for q in range(rows.shape[0])]
+
+    def _work_limit(self, segment: Segment) -> int:
+        return max(64, int(segment.count * SCAN_SHARE))
+
+    def _ids_at(self, positions: np.ndarray) -> np.ndarray:
+        """External ids at global positions (insertion order across the segments)."""
+        if len(self.segments) == 1:
+            return self.segments[0].ids[positions]
+        starts = np.cumsum([0] + [s.count for s in self.segments])
+        which = np.searchsorted(starts, positions, side="right") - 1
+        ids = np.empty(positions.shape, np.int64)
+        for i, segment in enumerate(self.segments):
+            here = which == i
+            ids[here] = segment.ids[positions[here] - starts[i]]
+        return ids
+
+    # --- files -------------------------------------------------------------------------------
+
+    def write_files(self, directory) -> None:
+        """One folder per segment, ``segment-000``, ...: its arrays, linked from the folder they were
+        read from when that still holds them."""
+        for i, segment in enumerate(self.segments):
+            folder = os.path.join(directory, f"segment-{i:03d}")
+            os.makedirs(folder)
+            for name, array in zip(SEGMENT_FILES, segment.arrays(), strict=True):
+                target = os.path.join(folder, name)
+                if segment.source is not None and _linked(os.path.join(segment.source, name), target):
+                    continue
+                np.save(target, array, allow_pickle=False)
+
+    @classmethod
+    def read_files(cls, directory, manifest: dict, mapped: bool = False) -> MultiIndexHashing:
+        params = dict(manifest["params"])
+        layout = params.pop("segments", None)
+        index = cls.from_params(manifest["bits"], params)
+        if not isinstance(layout, list):
+            raise IndexFormatError(f"{directory}: the manifest's params name no segments; rebuild the index")
+        mode = "c" if mapped else None  # copy-on-write: see InProcessIndex.read_files
+        for i, described in enumerate(layout):
+            folder = os.path.join(directory, f"segment-{i:03d}")
+            arrays = [np.load(os.path.join(folder, name), mmap_mode=mode, allow_pickle=False) for name in SEGMENT_FILES]
+            segment = Segment(*arrays[:2], int(described["tables"]), int(described["key_bits"]), *arrays[2:], source=folder)
+            _check_segment(segment, index.bits, folder)
+            index.segments.append(segment)
+        if index.ntotal != manifest["count"]:
+            raise IndexFormatError(f"{directory}: the segments hold {index.ntotal} items, the manifest records {manifest['count']}")
+        return index
+
+    def params(self) -> dict:
+        """:meth:`HashIndex.params` and the segments' layout (count, tables, key bits of each)."""
+        return {**super().params(), "segments": [s.describe() for s in self.segments]}
+
+
+def _linked(source: str, target: str) -> bool:
+    """Hard-link ``source`` at ``target`` (copy it across file systems); False when it is gone."""
+    if not os.path.isfile(source):
+        return False
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
+    return True
+
+
+def _check_segment(segment: Segment, bits: int, folder: str) -> None:
+    """Refuse arrays whose dtypes or shapes do not fit one another (a file swapped in by hand)."""
+    n, m = segment.count, segment.tables
+    expected = {"codes.npy": (np.uint8, (n, bits // 8)), IDS_FILE: (np.int64, (n,)),
+                "offsets.npy": (np.uint32, (m, (1 << segment.key_bits) + 1)), "positions.npy": (np.uint32, (m, n))}  # fmt: skip
+    for name, array in zip(SEGMENT_FILES, segment.arrays(), strict=True):
+        dtype, shape = expected[name]
+        if array.dtype != dtype or array.shape != shape:
+            raise IndexFormatError(f"{folder}: {name} holds {array.dtype} {array.shape}; a segment of {n} {bits}-bit codes "
+                                   f"with {m} tables of {segment.key_bits} key bits stores {np.dtype(dtype)} {shape}")  # fmt: skip
+    if n and int(segment.offsets[:, -1].max()) != n:
+        raise IndexFormatError(f"{folder}: the tables' offsets end at {int(segment.offsets[:, -1].max())}, not at the {n} items")

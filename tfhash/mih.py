@@ -1,0 +1,271 @@
+"""Exact Hamming search in sublinear time: multi-index hashing (Norouzi, Punjani and Fleet, "Fast
+Exact Search in Hamming Space with Multi-Index Hashing", CVPR 2012 / TPAMI 2014).
+
+A K-bit code is cut into ``m`` substrings (:func:`substring_starts`), each with a table of the items
+by the first ``key_bits`` bits of that substring (:func:`build_tables`). Two codes within distance
+``r`` share a substring within ``r // m`` (the pigeonhole argument, Sec. 3), so a query
+(:func:`mih_knn`, :func:`mih_range`) reads the buckets nearest its own keys first and stops once
+the buckets read guarantee its answer. Answers are a linear scan's (:func:`tfhash.hamming.knn_search`):
+the same distances, ties in insertion order; the cost grows with the k-th neighbour's distance.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+from tfhash.hamming import _distance, code_words, popcount
+
+__all__ = ["MAX_KEY_BITS", "default_tables", "default_key_bits", "substring_starts", "build_tables", "mih_knn", "mih_range"]
+
+#: The widest key a table is addressed by: 2**24 buckets, 64 MiB of uint32 offsets a table.
+MAX_KEY_BITS = 24
+#: Key bits below log2(items) (about four items a bucket, when the keys spread evenly).
+_KEY_BITS_BELOW_LOG2 = 2
+
+
+def default_tables(bits: int, count: int) -> int:
+    """The paper's choice of ``m``: substrings of about log2(n) bits (Sec. 4.1: ``m = K / log2 n``),
+    at least 1, at most K / 8 (substrings of at least 8 bits)."""
+    return int(min(max(1, round(bits / math.log2(max(count, 2)))), bits // 8))
+
+
+def substring_starts(bits: int, tables: int) -> np.ndarray:
+    """The first bit of each of ``tables`` substrings that cut ``bits`` bits as evenly as possible
+    (the longer ones first)."""
+    if not 1 <= tables <= bits:
+        raise ValueError(f"tables must be in 1..{bits} for {bits}-bit codes, got {tables}")
+    base, extra = divmod(bits, tables)
+    lengths = [base + (t < extra) for t in range(tables)]
+    return np.cumsum([0] + lengths[:-1]).astype(np.int64)
+
+
+def default_key_bits(bits: int, tables: int, count: int) -> int:
+    """Key bits of each table: the shortest substring, at most :data:`MAX_KEY_BITS` and about
+    log2(count) - 2 (a few items a bucket), at least 1."""
+    shortest = bits // tables
+    wanted = max(1, math.ceil(math.log2(max(count, 2))) - _KEY_BITS_BELOW_LOG2)
+    return int(min(shortest, MAX_KEY_BITS, wanted))
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _key(row_bytes, base, width, start, key_bits):  # pragma: no cover - compiled
+    """Bits ``start .. start + key_bits`` of the packed row at ``row_bytes[base:base + width]``
+    (big-endian bit order, :mod:`tfhash.codes`), as an integer."""
+    first = start >> 3
+    value = np.uint64(0)
+    for b in range(5):  # key_bits <= 32, plus at most 7 bits before it: 5 bytes
+        value = value << np.uint64(8)
+        if first + b < width:
+            value |= np.uint64(row_bytes[base + first + b])
+    shift = np.uint64(40 - (start & 7) - key_bits)
+    return (value >> shift) & ((np.uint64(1) << np.uint64(key_bits)) - np.uint64(1))
+
+
+@numba.njit(cache=True, nogil=True)
+def _build(db_bytes, width, n, starts, key_bits, offsets, positions):  # pragma: no cover - compiled
+    for t in range(starts.shape[0]):
+        for i in range(n):
+            offsets[t, _key(db_bytes, i * width, width, starts[t], key_bits) + np.uint64(1)] += 1
+        for b in range(1, offsets.shape[1]):
+            offsets[t, b] += offsets[t, b - 1]
+        cursor = offsets[t, :-1].copy()
+        for i in range(n):
+            key = _key(db_bytes, i * width, width, starts[t], key_bits)
+            positions[t, cursor[key]] = i
+            cursor[key] += 1
+
+
+def build_tables(packed: np.ndarray, starts: np.ndarray, key_bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """The tables of the packed ``uint8`` codes ``(n, K/8)``: ``offsets`` ``(m, 2**key_bits + 1)``
+    and ``positions`` ``(m, n)``, both ``uint32``; bucket ``b`` of table ``t`` holds the rows
+    ``positions[t, offsets[t, b]:offsets[t, b + 1]]``, in insertion order (a stable counting sort
+    of each row's key: the first ``key_bits`` bits of substring ``t``)."""
+    packed = np.ascontiguousarray(packed, dtype=np.uint8)
+    n, width = packed.shape
+    if n >= 2**32:
+        raise ValueError(f"a table addresses fewer than 2**32 items, got {n}; split the codes into several indexes")
+    if not 1 <= key_bits <= 32:
+        raise ValueError(f"key_bits must be in 1..32, got {key_bits}")
+    offsets = np.zeros((len(starts), (1 << key_bits) + 1), dtype=np.uint32)
+    positions = np.empty((len(starts), n), dtype=np.uint32)
+    _build(packed.reshape(-1), width, n, np.asarray(starts, np.int64), key_bits, offsets, positions)
+    return offsets, positions
+
+
+@numba.njit(cache=True, nogil=True)
+def _probe_steps(q_bytes, q_words, db_bytes, db_words, width, words, bits, starts, key_bits, offsets, positions,
+                 k, radius, work_limit, cand_d, cand_p):  # fmt: skip  # pragma: no cover - compiled
+    """One query's multi-index search. With ``k`` > 0: until ``k`` items lie within the radius the
+    steps guarantee; with ``k`` = 0: until every item within ``radius`` is found. Returns
+    (candidates, their count, the threshold, finished); ``finished`` is False when the work (probes
+    plus items read) passed ``work_limit`` first."""
+    m = starts.shape[0]
+    q_keys = np.empty(m, np.uint64)
+    for t in range(m):
+        q_keys[t] = _key(q_bytes, 0, width, starts[t], key_bits)
+    hist = np.zeros(bits + 1, np.int64)
+    threshold = radius if k == 0 else bits
+    size = 0
+    work = 0
+    combo = np.empty(key_bits + 1, np.int64)
+    for rho in range(key_bits + 1):
+        for t in range(m):
+            for i in range(rho):
+                combo[i] = i
+            while True:
+                mask = np.uint64(0)
+                for i in range(rho):
+                    mask |= np.uint64(1) << np.uint64(combo[i])
+                key = q_keys[t] ^ mask
+                lo, hi = offsets[t, key], offsets[t, key + np.uint64(1)]
+                work += 1 + np.int64(hi - lo)
+                for s in range(lo, hi):
+                    x = np.uint64(positions[t, s])
+                    d = _distance(q_words, db_words, words, x)
+                    if d > threshold:
+                        continue
+                    first = True  # found before, at a smaller key distance or an earlier table?
+                    for u in range(m):
+                        if u != t:
+                            du = popcount(_key(db_bytes, x * np.uint64(width), width, starts[u], key_bits) ^ q_keys[u])
+                            if du < rho or (u < t and du == rho):
+                                first = False
+                                break
+                    if not first:
+                        continue
+                    if size == cand_d.shape[0]:
+                        kept = 0
+                        for c in range(size):
+                            if cand_d[c] <= threshold:
+                                cand_d[kept], cand_p[kept] = cand_d[c], cand_p[c]
+                                kept += 1
+                        size = kept
+                        if size * 2 > cand_d.shape[0]:
+                            grown_d, grown_p = np.empty(cand_d.shape[0] * 2, cand_d.dtype), np.empty(cand_d.shape[0] * 2, cand_p.dtype)
+                            grown_d[:size], grown_p[:size] = cand_d[:size], cand_p[:size]
+                            cand_d, cand_p = grown_d, grown_p
+                    cand_d[size], cand_p[size] = d, x
+                    size += 1
+                    hist[d] += 1
+                    if k > 0 and d < threshold:
+                        seen = 0
+                        for e in range(bits + 1):
+                            seen += hist[e]
+                            if seen >= k:
+                                threshold = e
+                                break
+                # the next combination of rho bit positions among key_bits
+                i = rho - 1
+                while i >= 0 and combo[i] == key_bits - rho + i:
+                    i -= 1
+                if i < 0:
+                    break
+                combo[i] += 1
+                for j in range(i + 1, rho):
+                    combo[j] = combo[j - 1] + 1
+                if work > work_limit:
+                    return cand_d, cand_p, size, threshold, False
+            covered = m * rho + t  # every item within this distance has been found
+            if k == 0:
+                if covered >= radius:
+                    return cand_d, cand_p, size, threshold, True
+            else:
+                seen = 0
+                for e in range(min(covered, bits) + 1):
+                    seen += hist[e]
+                if seen >= k:
+                    return cand_d, cand_p, size, threshold, True
+            if work > work_limit:
+                return cand_d, cand_p, size, threshold, False
+    return cand_d, cand_p, size, threshold, True
+
+
+@numba.njit(cache=True, nogil=True)
+def _nearest(cand_d, cand_p, size, threshold):  # pragma: no cover - compiled
+    """The candidates within ``threshold``, by distance, ties by position (insertion order)."""
+    keys = np.empty(size, np.int64)
+    kept = 0
+    for c in range(size):
+        if cand_d[c] <= threshold:
+            keys[kept] = (np.int64(cand_d[c]) << np.int64(40)) | np.int64(cand_p[c])
+            kept += 1
+    return np.sort(keys[:kept])
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _knn(query_bytes, query_words, db_bytes, db_words, width, words, bits, starts, key_bits, offsets, positions, k,
+         work_limit, out_d, out_p, finished):  # fmt: skip  # pragma: no cover - compiled
+    for q in numba.prange(query_bytes.shape[0]):
+        cand_d, cand_p = np.empty(max(4 * k, 256), np.int32), np.empty(max(4 * k, 256), np.int64)
+        cand_d, cand_p, size, threshold, done = _probe_steps(query_bytes[q], query_words[q], db_bytes, db_words, width, words,
+                                                             bits, starts, key_bits, offsets, positions, k, 0, work_limit,
+                                                             cand_d, cand_p)  # fmt: skip
+        finished[q] = done
+        if done:
+            keys = _nearest(cand_d, cand_p, size, threshold)
+            for j in range(k):
+                out_d[q, j] = keys[j] >> 40
+                out_p[q, j] = keys[j] & ((np.int64(1) << 40) - 1)
+
+
+@numba.njit(cache=True, nogil=True)
+def _range(query_bytes, query_words, db_bytes, db_words, width, words, bits, starts, key_bits, offsets, positions,
+           radius, work_limit, found, finished):  # fmt: skip  # pragma: no cover - compiled
+    for q in range(query_bytes.shape[0]):  # serial: each query's answer replaces an item of a typed list
+        cand_d, cand_p = np.empty(256, np.int32), np.empty(256, np.int64)
+        cand_d, cand_p, size, threshold, done = _probe_steps(query_bytes[q], query_words[q], db_bytes, db_words, width, words,
+                                                             bits, starts, key_bits, offsets, positions, 0, radius,
+                                                             work_limit, cand_d, cand_p)  # fmt: skip
+        finished[q] = done
+        if done:
+            found[q] = _nearest(cand_d, cand_p, size, threshold)
+
+
+def _views(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, int]:
+    packed = np.ascontiguousarray(packed, dtype=np.uint8)
+    words = code_words(packed)
+    return packed, words, packed.shape[1], words.shape[1]
+
+
+def mih_knn(query_packed: np.ndarray, db_packed: np.ndarray, starts: np.ndarray, key_bits: int, offsets: np.ndarray,
+            positions: np.ndarray, k: int, work_limit: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+    """Exact Hamming k-NN of packed queries over ``db_packed`` through its tables
+    (:func:`build_tables`), ``1 <= k <= n``: ``int32`` distances and ``int64`` row positions
+    ``(queries, k)``, nearest first, ties in insertion order, and ``finished`` ``(queries,)``: False
+    where a query's work passed ``work_limit`` (its rows are then undefined; scan it instead).
+
+    A query probes the buckets whose keys lie at distance 0, 1, 2, ... from its own, table after
+    table. After the step at key distance ``rho`` in table ``t`` every item within ``m * rho + t``
+    has been found (the refined bound of Sec. 4: an item missed has key distances above ``rho`` in
+    tables ``0..t`` and at least ``rho`` in the others, and its distance is at least their sum), so
+    the search stops once ``k`` found items lie within that radius. An item is counted once without
+    a set: it is taken only at the first step that can find it (its smallest key distance, in the
+    first table at it). On clustered codes (as learned ones are) the k-th neighbour is near and a
+    query reads a few buckets; on uniform random ones it is far and the probes multiply, hence
+    ``work_limit`` (probes plus items read)."""
+    queries, query_words, width, words = _views(query_packed)
+    db, db_words, _, _ = _views(db_packed)
+    out_d = np.zeros((queries.shape[0], k), np.int32)
+    out_p = np.zeros((queries.shape[0], k), np.int64)
+    finished = np.zeros(queries.shape[0], np.bool_)
+    _knn(queries, query_words, db.reshape(-1), db_words.reshape(-1), width, words, width * 8, np.asarray(starts, np.int64),
+         key_bits, offsets, positions, k, work_limit, out_d, out_p, finished)  # fmt: skip
+    return out_d, out_p, finished
+
+
+def mih_range(query_packed: np.ndarray, db_packed: np.ndarray, starts: np.ndarray, key_bits: int, offsets: np.ndarray,
+              positions: np.ndarray, radius: int, work_limit: int) -> tuple[list, np.ndarray]:  # fmt: skip
+    """Every row within Hamming distance ``radius`` (inclusive) of each packed query, through the
+    tables: per query an ``(distances int32, positions int64)`` pair by distance, ties in insertion
+    order, and ``finished`` as in :func:`mih_knn` (None in place of an unfinished query's pair)."""
+    queries, query_words, width, words = _views(query_packed)
+    db, db_words, _, _ = _views(db_packed)
+    found = numba.typed.List([np.zeros(0, np.int64) for _ in range(queries.shape[0])])
+    finished = np.zeros(queries.shape[0], np.bool_)
+    _range(queries, query_words, db.reshape(-1), db_words.reshape(-1), width, words, width * 8, np.asarray(starts, np.int64),
+           key_bits, offsets, positions, radius, work_limit, found, finished)  # fmt: skip
+    low = (1 << 40) - 1
+    return [((keys >> 40).astype(np.int32), keys & low) if done else None for keys, done in zip(found, finished, strict=True)], finished
