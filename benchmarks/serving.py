@@ -88,8 +88,9 @@ def server_memory(server) -> dict:
     """Memory of the service's processes (the parent and its children), in MB, from the OS: the sum
     of resident sets (pages shared between processes counted in each), of proportional sets (shared
     pages split between their sharers: the sum counts them once) and of unshared pages; and the
-    same for the mapped index codes (``codes.npy``) alone."""
-    totals = dict.fromkeys(("rss_mb", "pss_mb", "uss_mb", "codes_rss_mb", "codes_pss_mb"), 0.0)
+    same for the mapped index codes (``codes.npy``) alone and for every mapped array of the index
+    (``*.npy``: BMIH's tables too)."""
+    totals = dict.fromkeys(("rss_mb", "pss_mb", "uss_mb", "codes_rss_mb", "codes_pss_mb", "mapped_rss_mb", "mapped_pss_mb"), 0.0)
     processes = family(server)
     for process in processes:
         full = process.memory_full_info()
@@ -100,6 +101,9 @@ def server_memory(server) -> dict:
             if mapping.path.endswith("codes.npy"):
                 totals["codes_rss_mb"] += mapping.rss / 2**20
                 totals["codes_pss_mb"] += mapping.pss / 2**20
+            if mapping.path.endswith(".npy"):
+                totals["mapped_rss_mb"] += mapping.rss / 2**20
+                totals["mapped_pss_mb"] += mapping.pss / 2**20
     return {"server_processes": len(processes), **{key: round(value, 1) for key, value in totals.items()}}
 
 
@@ -541,8 +545,8 @@ def main() -> None:
         "\n## Memory of the service's processes after the load (MB)\n\n"
         "`rss`: resident sets summed (a page that processes share counted in each), `pss`: proportional sets summed "
         "(shared pages split between their sharers, so counted once), `uss`: pages only one process holds; `codes_*`: "
-        "the same for the index's codes, mapped from `codes.npy` (flat indexes only; other types copy their data "
-        "into each process). Each service maps its own copy of the index, so `codes_*` are its own; library pages "
+        "the same for the index's codes, mapped from `codes.npy` (flat indexes and BMIH; other types copy their data "
+        "into each process); `mapped_*`: every mapped array of the index (BMIH's tables too). Each service maps its own copy of the index, so `codes_*` are its own; library pages "
         "(TensorFlow's, gRPC's) are shared with every process that maps them, the other services running at the same "
         "time included, which lowers `pss` and `uss` when several services run.\n\n" + markdown_table(memory_rows, list(dict.fromkeys(key for row in memory_rows for key in row))) + "\n"
     )

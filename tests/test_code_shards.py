@@ -115,6 +115,9 @@ def test_a_bad_record_fails_the_job_by_name_and_a_rerun_writes_every_id_once(spl
     index = index_factory(shards.manifest["code_bytes"] * 8, "BFlat")
     fill_index(index, shards)
     assert sorted(index.ids().tolist()) == sorted([*ids.tolist(), *database(n=470)[1][300:].tolist()])  # every id exactly once
+    exact = index_factory(shards.manifest["code_bytes"] * 8, "BMIH")
+    fill_index(exact, shards)  # every code in one add: one segment, the same items in the same order
+    assert len(exact.segments) == 1 and exact.ids().tolist() == index.ids().tolist()
     assert sorted(os.listdir(directory)) == sorted([*(e["name"] for e in shards.manifest["shards"]), MANIFEST])
 
 

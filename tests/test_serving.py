@@ -21,6 +21,7 @@ import time
 
 import grpc
 import numpy as np
+import psutil
 import pytest
 import tensorflow as tf
 from google.protobuf import text_format
@@ -502,6 +503,31 @@ def milvus_connections() -> int:
     from pymilvus import connections
 
     return sum(alias.startswith("tfhash-") for alias, _ in connections.list_connections())
+
+
+@pytest.mark.server
+def test_a_bmih_index_is_served_like_bflat_with_its_tables_mapped(artifacts, tmp_path):
+    """The service loads BMIH by its kind, maps its arrays (codes and tables), and answers k-NN and
+    radius searches exactly as BFlat does on the same version."""
+    models, indexes = str(tmp_path / "models"), str(tmp_path / "indexes")
+    vectors, ids = artifacts["vectors"], artifacts["ids"]
+    model_1, _ = push_version(models, indexes, 1, 0, vectors, ids, "BMIH")
+    bflat = build_index(model_1, indexes, 1, vectors, ids, "BFlat")
+    server = SearchServer(in_process_searcher(models, indexes, kind="BMIH"), poll_seconds=60).start()
+    try:
+        with SearchClient(server.address) as client:
+            answer = client.search(features=vectors[:20], k=10)
+            packed, expected = reference(model_1, bflat, vectors[:20], 10)
+            assert answer.index_kind == "binary-mih" and answer.exact and answer.model_version == "1"
+            np.testing.assert_array_equal(np.stack(answer.ids), expected.ids)
+            np.testing.assert_array_equal(np.stack(answer.distances), expected.distances)
+            within = client.search(codes=packed, k=50, radius=3)
+            for found, ball in zip(within.ids, load_index(bflat).range_search(packed, 3), strict=True):
+                np.testing.assert_array_equal(found, ball.ids[:50])
+        mapped = [m.path for m in psutil.Process().memory_maps() if os.path.join(indexes, "1", "BMIH") in m.path]
+        assert any(p.endswith("positions.npy") for p in mapped) and any(p.endswith("codes.npy") for p in mapped)
+    finally:
+        server.stop(0)
 
 
 @pytest.mark.process
