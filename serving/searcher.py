@@ -18,6 +18,7 @@ from tfhash import storage
 from tfhash.artifacts import Item, index_dir
 from tfhash.codes import as_packed
 from tfhash.index import (
+    RANGE_SEARCH,
     Embeddings,
     HashIndex,
     HashIndexError,
@@ -234,8 +235,11 @@ class VersionedSearcher:
             raise IndexFormatError(f"{path}: the index holds {index.bits}-bit codes, model version {version} makes {encoder.bits}")
         fingerprint = check_fingerprint(path, manifest, self._model_dir_of(version))
         k = min(self.limits.max_k, index.ntotal)
-        if k:  # build lazy structures (ScaNN) for the largest k now, not under load
-            index.search(np.ones((1, index.bits), dtype=np.int8), k)
+        if k:  # build lazy structures (ScaNN) for the largest k, and compile the kernels, now, not under load
+            probe = np.ones((1, index.bits), dtype=np.int8)
+            index.search(probe, k)
+            if index.supports(RANGE_SEARCH):
+                index.range_search(probe, 0)
         return ServedPair(version, encoder, index, path, fingerprint, stamp, embeddings)
 
     def pair_for(self, model_version: str = "") -> ServedPair:

@@ -225,7 +225,11 @@ def _range(query_bytes, query_words, db_bytes, db_words, width, words, bits, sta
 
 
 def _views(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """Bytes and words of packed rows, writeable (numba compiles every kernel anew for read-only
+    arrays, seconds on first use: queries decoded from a request's bytes are copied)."""
     packed = np.ascontiguousarray(packed, dtype=np.uint8)
+    if not packed.flags.writeable:
+        packed = packed.copy()
     words = code_words(packed)
     return packed, words, packed.shape[1], words.shape[1]
 
