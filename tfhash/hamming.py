@@ -19,7 +19,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-__all__ = ["popcount", "code_words", "set_threads", "knn_search", "knn_ties_search", "range_search"]
+__all__ = ["popcount", "code_words", "set_threads", "search_threads", "knn_search", "knn_ties_search", "range_search"]
 
 #: Items one vectorised loop checks against the threshold before any of them is examined; a block
 #: with some is checked again in sub-blocks of :data:`SUB_BLOCK`, and only those are examined item
@@ -409,6 +409,12 @@ def set_threads(threads: int) -> None:
     _settings["threads"] = threads
 
 
+def search_threads(threads: int | None = None) -> int:
+    """The threads a search runs on: ``threads`` when given, else :func:`set_threads`'s setting,
+    else all of numba's."""
+    return int(threads or _settings["threads"] or numba.get_num_threads())
+
+
 def _tasks(num_queries: int, threads: int) -> tuple[int, int]:
     """(query groups, database parts): groups of queries when there are enough queries to keep
     every thread busy, else the database split into parts.
@@ -472,7 +478,7 @@ def knn_search(query_packed: np.ndarray, db_packed: np.ndarray, k: int, threads:
     positions = np.empty((m, k), np.int64)
     if m == 0:
         return distances, positions
-    threads = int(threads or _settings["threads"] or numba.get_num_threads())
+    threads = search_threads(threads)
     groups, parts = _tasks(m, threads)
     capacity = 2 * int(k) + 64  # compaction leaves at most k: one per k + 64 accepted items
     cand_d = np.empty((m, parts, capacity), np.int32)
@@ -514,7 +520,7 @@ def knn_ties_search(query_packed: np.ndarray, db_packed: np.ndarray, k: int, thr
     _check_k(k, n)
     if query_words.shape[0] == 0:
         return np.zeros(1, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int64)
-    threads = int(threads or _settings["threads"] or numba.get_num_threads())
+    threads = search_threads(threads)
     parts = max(1, min(threads, n // BLOCK))
     bounds = [(n * p // parts, n * (p + 1) // parts) for p in range(parts)]
     db_flat, words = db_words.reshape(-1), db_words.shape[1]
@@ -551,7 +557,7 @@ def range_search(query_packed: np.ndarray, db_packed: np.ndarray, radius: int, t
     if isinstance(radius, bool) or not isinstance(radius, (int, np.integer)) or radius < 0:
         raise ValueError(f"radius must be an integer >= 0, got {radius!r}")
     radius = min(int(radius), bits)
-    run = _range_serial if int(threads or _settings["threads"] or numba.get_num_threads()) == 1 else _range_parallel
+    run = _range_serial if search_threads(threads) == 1 else _range_parallel
     n, db_flat = db_words.shape[0], db_words.reshape(-1)
     offsets = np.zeros(query_words.shape[0] + 1, np.int64)
     none_d, none_p = np.empty(0, np.int32), np.empty(0, np.int64)

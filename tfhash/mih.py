@@ -16,7 +16,7 @@ import math
 import numba
 import numpy as np
 
-from tfhash.hamming import _distance, code_words, popcount
+from tfhash.hamming import _distance, code_words, popcount, search_threads
 
 __all__ = ["MAX_KEY_BITS", "default_tables", "default_key_bits", "substring_starts", "build_tables", "mih_knn", "mih_range"]
 
@@ -195,20 +195,38 @@ def _nearest(cand_d, cand_p, size, threshold):  # pragma: no cover - compiled
     return np.sort(keys[:kept])
 
 
+@numba.njit(cache=True, nogil=True)
+def _knn_one(q, query_bytes, query_words, db_bytes, db_words, width, words, bits, starts, key_bits, offsets, positions, k,
+             work_limit, out_d, out_p, finished):  # fmt: skip  # pragma: no cover - compiled
+    """Query ``q``'s k nearest into row ``q`` of the outputs."""
+    cand_d, cand_p = np.empty(max(4 * k, 256), np.int32), np.empty(max(4 * k, 256), np.int64)
+    cand_d, cand_p, size, threshold, done = _probe_steps(query_bytes[q], query_words[q], db_bytes, db_words, width, words,
+                                                         bits, starts, key_bits, offsets, positions, k, 0, work_limit,
+                                                         cand_d, cand_p)  # fmt: skip
+    finished[q] = done
+    if done:
+        keys = _nearest(cand_d, cand_p, size, threshold)
+        for j in range(k):
+            out_d[q, j] = keys[j] >> 40
+            out_p[q, j] = keys[j] & ((np.int64(1) << 40) - 1)
+
+
+@numba.njit(cache=True, nogil=True)
+def _knn_serial(query_bytes, query_words, db_bytes, db_words, width, words, bits, starts, key_bits, offsets, positions, k,
+                work_limit, out_d, out_p, finished):  # fmt: skip  # pragma: no cover - compiled
+    """Every query on the calling thread (the GIL released: concurrent callers run in parallel)."""
+    for q in range(query_bytes.shape[0]):
+        _knn_one(q, query_bytes, query_words, db_bytes, db_words, width, words, bits, starts, key_bits, offsets, positions, k,
+                 work_limit, out_d, out_p, finished)  # fmt: skip
+
+
 @numba.njit(cache=True, nogil=True, parallel=True)
-def _knn(query_bytes, query_words, db_bytes, db_words, width, words, bits, starts, key_bits, offsets, positions, k,
-         work_limit, out_d, out_p, finished):  # fmt: skip  # pragma: no cover - compiled
+def _knn_parallel(query_bytes, query_words, db_bytes, db_words, width, words, bits, starts, key_bits, offsets, positions, k,
+                  work_limit, out_d, out_p, finished):  # fmt: skip  # pragma: no cover - compiled
+    """The queries spread over numba's threads."""
     for q in numba.prange(query_bytes.shape[0]):
-        cand_d, cand_p = np.empty(max(4 * k, 256), np.int32), np.empty(max(4 * k, 256), np.int64)
-        cand_d, cand_p, size, threshold, done = _probe_steps(query_bytes[q], query_words[q], db_bytes, db_words, width, words,
-                                                             bits, starts, key_bits, offsets, positions, k, 0, work_limit,
-                                                             cand_d, cand_p)  # fmt: skip
-        finished[q] = done
-        if done:
-            keys = _nearest(cand_d, cand_p, size, threshold)
-            for j in range(k):
-                out_d[q, j] = keys[j] >> 40
-                out_p[q, j] = keys[j] & ((np.int64(1) << 40) - 1)
+        _knn_one(q, query_bytes, query_words, db_bytes, db_words, width, words, bits, starts, key_bits, offsets, positions, k,
+                 work_limit, out_d, out_p, finished)  # fmt: skip
 
 
 @numba.njit(cache=True, nogil=True)
@@ -235,11 +253,13 @@ def _views(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, int]:
 
 
 def mih_knn(query_packed: np.ndarray, db_packed: np.ndarray, starts: np.ndarray, key_bits: int, offsets: np.ndarray,
-            positions: np.ndarray, k: int, work_limit: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+            positions: np.ndarray, k: int, work_limit: int, threads: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
     """Exact Hamming k-NN of packed queries over ``db_packed`` through its tables
     (:func:`build_tables`), ``1 <= k <= n``: ``int32`` distances and ``int64`` row positions
     ``(queries, k)``, nearest first, ties in insertion order, and ``finished`` ``(queries,)``: False
     where a query's work passed ``work_limit`` (its rows are then undefined; scan it instead).
+    ``threads`` as in :func:`tfhash.hamming.knn_search` (a batch is spread over them, one query a
+    thread; a single query runs on the calling thread).
 
     A query probes the buckets whose keys lie at distance 0, 1, 2, ... from its own, table after
     table. After the step at key distance ``rho`` in table ``t`` every item within ``m * rho + t``
@@ -255,8 +275,9 @@ def mih_knn(query_packed: np.ndarray, db_packed: np.ndarray, starts: np.ndarray,
     out_d = np.zeros((queries.shape[0], k), np.int32)
     out_p = np.zeros((queries.shape[0], k), np.int64)
     finished = np.zeros(queries.shape[0], np.bool_)
-    _knn(queries, query_words, db.reshape(-1), db_words.reshape(-1), width, words, width * 8, np.asarray(starts, np.int64),
-         key_bits, offsets, positions, k, work_limit, out_d, out_p, finished)  # fmt: skip
+    run = _knn_serial if queries.shape[0] == 1 or search_threads(threads) == 1 else _knn_parallel
+    run(queries, query_words, db.reshape(-1), db_words.reshape(-1), width, words, width * 8, np.asarray(starts, np.int64),
+        key_bits, offsets, positions, k, work_limit, out_d, out_p, finished)  # fmt: skip
     return out_d, out_p, finished
 
 

@@ -116,6 +116,8 @@ class MultiIndexHashing(HashIndex):
                                  f"(substrings of at least 8 bits), got {tables!r}; or None to choose it from the size")  # fmt: skip
         self.tables = None if tables is None else int(tables)
         self.segments: list[Segment] = []
+        #: Queries (per segment) handed to the linear scan so far: what uniform-like codes cost.
+        self.scanned = 0
 
     def settings(self) -> dict:
         return {"tables": self.tables}
@@ -178,6 +180,7 @@ class MultiIndexHashing(HashIndex):
                                                      self._work_limit(segment))  # fmt: skip
             if not finished.all():
                 scanned = ~finished
+                self.scanned += int(scanned.sum())
                 distances[scanned], positions[scanned] = knn_search(rows[scanned], segment.codes, kk)
             parts_d.append(distances)
             parts_p.append(positions + start)
@@ -197,6 +200,7 @@ class MultiIndexHashing(HashIndex):
             answers, finished = mih_range(rows, segment.codes, substring_starts(self.bits, segment.tables), segment.key_bits,
                                           segment.offsets, segment.positions, radius, self._work_limit(segment))  # fmt: skip
             scanned = np.flatnonzero(~finished)
+            self.scanned += int(scanned.size)
             if scanned.size:
                 limits, distances, positions = range_search(rows[scanned], segment.codes, radius)
                 for j, q in enumerate(scanned):
