@@ -25,6 +25,10 @@ search; a row counts what was answered wrongly and what was lost.
   Trainer, the RetrievalEvaluator, the Pusher or the IndexBuilder, then the same command again,
   while a search service watches the run's folders: the rerun's exit, what ML Metadata served
   from its cache, every pushed version's index verified against it, what the service served.
+* **strangers**: the access matrix against services with TLS and a token, an expired server
+  certificate, and client certificates: each request's outcome, and how many reached a search.
+* **two_runs_one_directory**: a second ``tfhash pipeline run`` on a run directory the first holds:
+  its exit and message, the first's completion, the versions left.
 * **damaged_version**: a newer version published with a flipped byte in its index codes, a
   truncated SavedModel variables file, no index manifest, or an index naming another model
   version: the service keeps the version before, ``tfhash index verify`` exits 2 naming the reason.
@@ -53,7 +57,7 @@ from collections import Counter
 import numpy as np
 from tfhash.serving.processes import start_command
 
-from benchmarks.common import markdown_table, write_results
+from benchmarks.common import RESULTS_DIR, markdown_table, write_results
 from tests.serving_fixtures import database, push_version, reference, wait_for
 
 MODEL = "vectors"
@@ -612,6 +616,142 @@ def pipeline_killed(root: str, stage: str, rng: random.Random) -> dict:
             "serves_newest": bool(models) and str(models[-1]) in served, "rerun_error": again.stderr.strip().splitlines()[-1][:200] if again.returncode else ""}  # fmt: skip
 
 
+def two_runs_one_directory(root: str) -> dict:
+    """``tfhash pipeline run`` started twice on one run directory, the second once the first holds
+    it (its ML Metadata has an execution): the second's exit and message, the first's exit, and
+    the versions the run leaves (each verified with its index)."""
+    from tfhash.artifacts import RunLayout, list_versions
+
+    config = tiny_pipeline_config(root, f"twice-{time.time_ns()}")
+    layout = RunLayout.from_config_file(config)
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    command = [sys.executable, "-m", "tfhash.cli", "pipeline", "run", "--config", config]
+    first = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        holding = wait_for(lambda: first.poll() is None and bool(executions(layout.metadata)), 600)
+        second = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+        first_exit = first.wait(1800)
+    finally:
+        _end(first)
+    models = list_versions(layout.serving)
+    verified = [subprocess.run([sys.executable, "-m", "tfhash.cli", "index", "verify", os.path.join(layout.indexes, str(v)),
+                                "--model-dir", os.path.join(layout.serving, str(v))], capture_output=True, env=env).returncode == 0
+                for v in models]  # fmt: skip
+    return {"second_started_while_first_held": holding, "second_exit": second.returncode,
+            "second_names_the_holder": f"pid {first.pid}" in second.stderr, "second_message": second.stderr.strip().splitlines()[-1][:160],
+            "first_exit": first_exit, "model_versions": len(models), "model_versions_with_verified_index": sum(verified)}  # fmt: skip
+
+
+def strangers(setup: dict, root: str) -> dict:
+    """The access matrix (:mod:`tfhash.serving.access`) against a service with TLS and a token, one
+    with an expired certificate, and one that asks for client certificates: every request's
+    outcome, and how many reached a search (only the valid ones may)."""
+    from tfhash.serving.access import Access
+
+    from benchmarks.certificates import make_certificates
+
+    pki = make_certificates(os.path.join(root, f"pki-{time.time_ns()}"))
+    files = {**setup, **pki}
+    token, wrong = (open(pki[name]).read().strip() for name in ("token", "wrong_token"))
+    outcomes, reached, valid = {}, 0, 0
+    services = {
+        "TLS + token": (Access(tls_cert=pki["server"], tls_key=pki["server_key"], token_file=pki["token"]), {
+            "valid": (dict(ca_file=pki["ca"], token=token), dict(token=token, ca=pki["ca"])),
+            "no token": (dict(ca_file=pki["ca"]), dict(ca=pki["ca"])),
+            "wrong token": (dict(ca_file=pki["ca"], token=wrong), dict(token=wrong, ca=pki["ca"])),
+            "plaintext": (dict(token=token), dict(token=token, tls=False)),
+            "another CA": (dict(ca_file=pki["other_ca"], token=token), dict(token=token, ca=pki["other_ca"]))}),
+        "expired server certificate": (Access(tls_cert=pki["expired_server"], tls_key=pki["expired_server_key"], token_file=pki["token"]), {
+            "trusting client": (dict(ca_file=pki["ca"], token=token), dict(token=token, ca=pki["ca"]))}),
+        "client certificates": (Access(tls_cert=pki["server"], tls_key=pki["server_key"], client_ca=pki["ca"]), {
+            "own certificate": (dict(ca_file=pki["ca"], cert_file=pki["client"], key_file=pki["client_key"]),
+                                dict(ca=pki["ca"], cert=(pki["client"], pki["client_key"]))),
+            "none": (dict(ca_file=pki["ca"]), dict(ca=pki["ca"])),
+            "expired": (dict(ca_file=pki["ca"], cert_file=pki["expired_client"], key_file=pki["expired_client_key"]),
+                        dict(ca=pki["ca"], cert=(pki["expired_client"], pki["expired_client_key"]))),
+            "another CA's": (dict(ca_file=pki["ca"], cert_file=pki["stranger"], key_file=pki["stranger_key"]),
+                             dict(ca=pki["ca"], cert=(pki["stranger"], pki["stranger_key"])))}),
+    }  # fmt: skip
+    for service_name, (access, clients) in services.items():
+        server, answered = counted_server(files, access)
+        try:
+            for client, (grpc_credentials, rest_credentials) in clients.items():
+                outcomes[f"{service_name}, {client}, gRPC"] = grpc_outcome(server, files, **grpc_credentials)
+                outcomes[f"{service_name}, {client}, REST"] = rest_outcome(server, files, **rest_credentials)
+        finally:
+            server.stop(0)
+        reached += len(answered)
+        valid += sum(v == "ok" for k, v in outcomes.items() if k.startswith(service_name))
+    refused = {k: v for k, v in outcomes.items() if v != "ok"}
+    return {"requests": len(outcomes), "answered": len(outcomes) - len(refused), "refused": len(refused),
+            "reached_a_search": reached, "served_without_valid_credentials": reached - valid,
+            "refusals": dict(Counter(refused.values())), "answered_by": sorted(k for k, v in outcomes.items() if v == "ok")}  # fmt: skip
+
+
+def counted_server(files: dict, access):
+    """A started search service of ``files``' version whose searches are counted (a refused
+    request must never reach one): (server, the sizes of the queries that reached a search)."""
+    from tfhash.serving.requests import Limits
+    from tfhash.serving.search_service import SearchServer, in_process_searcher
+
+    searcher = in_process_searcher(files["models"], files["indexes"], limits=Limits(max_batch=64, max_k=100))
+    answered, answer = [], searcher.answer
+
+    def counting(query, timeout):
+        answered.append(query.size)
+        return answer(query, timeout)
+
+    searcher.answer = counting
+    return SearchServer(searcher, rest_port=0, poll_seconds=60, access=access).start(), answered
+
+
+def grpc_outcome(server, files: dict, **credentials) -> str:
+    """``ok`` (the library's answer) or the gRPC status name of one search over gRPC."""
+    from tfhash.serving.access import ClientCredentials
+    from tfhash.serving.errors import ServingError
+    from tfhash.serving.search_client import SearchClient
+
+    try:
+        with SearchClient(f"localhost:{server.port}", timeout=10, credentials=ClientCredentials(**credentials)) as client:
+            answer = client.search(features=files["queries"]["features"], k=10)
+    except ServingError as err:
+        return err.code.name
+    return "ok" if np.array_equal(np.stack(answer.ids), files["expected"].ids) else "wrong"
+
+
+def rest_outcome(server, files: dict, path: str = "/v1/search", token: str | None = None, ca: str | None = None,
+                 cert: tuple[str, str] | None = None, tls: bool = True) -> str:  # fmt: skip
+    """``ok``, ``wrong``, the HTTP status, or ``handshake`` (the TLS handshake or connection failed)
+    of one REST call; a 401 must carry ``WWW-Authenticate: Bearer`` and UNAUTHENTICATED."""
+    import http.client
+    import ssl
+
+    if tls:
+        context = ssl.create_default_context(cafile=ca)
+        if cert:
+            context.load_cert_chain(*cert)
+        connection = http.client.HTTPSConnection("localhost", server.rest_port, timeout=10, context=context)
+    else:
+        connection = http.client.HTTPConnection("localhost", server.rest_port, timeout=10)
+    body = json.dumps({"features": files["queries"]["features"].tolist(), "k": 10}).encode() if path == "/v1/search" else None
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
+    try:
+        connection.request("POST" if body else "GET", path, body=body, headers=headers)
+        response = connection.getresponse()
+        status, payload = response.status, json.loads(response.read() or b"null")
+    except (ssl.SSLError, ConnectionError, http.client.RemoteDisconnected, http.client.BadStatusLine):
+        return "handshake"
+    finally:
+        connection.close()
+    if status == 401 and not (response.getheader("WWW-Authenticate", "").startswith("Bearer") and payload["error"]["code"] == "UNAUTHENTICATED"):
+        return "401 without its Bearer challenge"
+    if status != 200:
+        return str(status)
+    if path == "/v1/search" and not np.array_equal(np.array([r["ids"] for r in payload["results"]]), files["expected"].ids):
+        return "wrong"
+    return "ok"
+
+
 def _pooled(trials: list[dict]) -> dict:
     """The trials of one row in one: counts summed, maxima as the largest, times and rates as
     min-max, flags as how many held, the rest as seen."""
@@ -622,6 +762,8 @@ def _pooled(trials: list[dict]) -> dict:
             pooled[key] = f"{sum(values)}/{len(values)}"
         elif key.startswith("max_"):
             pooled[key] = max(values)
+        elif key.endswith("_exit"):  # exit statuses: the ones seen, never a sum
+            pooled[key] = sorted(set(values)) if len(set(values)) > 1 else values[0]
         elif key.endswith("_s") or key.startswith("rate_"):
             pooled[key] = f"{min(values):g}-{max(values):g}"
         elif all(isinstance(v, int) for v in values):
@@ -633,34 +775,31 @@ def _pooled(trials: list[dict]) -> dict:
     return pooled
 
 
-def campaign(root: str, trials: int, seed: int) -> list[dict]:
-    """Every row, ``trials`` times (the damaged versions: ``trials`` spread over the four damages;
-    the full disks: once each, they are deterministic)."""
+def campaign(root: str, trials: int, seed: int, only: tuple[str, ...] = ()) -> list[dict]:
+    """Every row (those whose fault names one of ``only``, when given), ``trials`` times (the
+    damaged versions and the pipeline stages: ``trials`` spread over them; the full disks, the
+    memory, the strangers and the two runs: once each, they are deterministic)."""
     rng = random.Random(seed)
     rows = []
     with fixture_versions(root) as setup:
-        for fault, run, count in (("SIGKILL of one of two search processes under load", lambda: search_child_killed(setup, rng), trials),
-                                  ("SIGKILL of the supervising parent under load", lambda: parent_killed(setup, rng), trials),
-                                  ("SIGKILL of the model server under load", lambda: model_server_killed(setup, rng), trials),
-                                  ("disk full while an index version is saved", lambda: full_disk(setup, root, "index"), 1),
-                                  ("disk full while TFX's Pusher pushes a model", lambda: full_disk(setup, root, "push"), 1),
-                                  ("32 clients sending the costliest accepted request", lambda: memory_under_load(setup, root), 1)):  # fmt: skip
+        plan = [("SIGKILL of one of two search processes under load", lambda: search_child_killed(setup, rng), trials),
+                ("SIGKILL of the supervising parent under load", lambda: parent_killed(setup, rng), trials),
+                ("SIGKILL of the model server under load", lambda: model_server_killed(setup, rng), trials),
+                ("disk full while an index version is saved", lambda: full_disk(setup, root, "index"), 1),
+                ("disk full while TFX's Pusher pushes a model", lambda: full_disk(setup, root, "push"), 1),
+                ("32 clients sending the costliest accepted request", lambda: memory_under_load(setup, root), 1),
+                ("strangers: TLS, a bearer token, client certificates (search gRPC and REST)", lambda: strangers(setup, root), 1)]  # fmt: skip
+        plan += [(f"pipeline SIGKILLed in {stage}, then run again", lambda stage=stage: pipeline_killed(root, stage, rng),
+                  max(1, trials // len(PIPELINE_STAGES))) for stage in PIPELINE_STAGES]  # fmt: skip
+        plan += [("two tfhash pipeline run on one run directory at once", lambda: two_runs_one_directory(root), 1)]
+        plan += [(f"damaged version: {damage}", lambda damage=damage: damaged_version(setup, root, damage, rng), max(1, trials // len(DAMAGES)))
+                 for damage in DAMAGES]  # fmt: skip
+        for fault, run, count in plan:
+            if only and not any(word in fault for word in only):
+                continue
             started = time.monotonic()
             results = [run() for _ in range(count)]
             rows.append({"fault": fault, "trials": count, "seconds": round(time.monotonic() - started, 1), **_pooled(results)})
-            print(json.dumps(rows[-1]), flush=True)
-        for stage in PIPELINE_STAGES:
-            count = max(1, trials // len(PIPELINE_STAGES))
-            started = time.monotonic()
-            results = [pipeline_killed(root, stage, rng) for _ in range(count)]
-            rows.append({"fault": f"pipeline SIGKILLed in {stage}, then run again", "trials": count, "seconds": round(time.monotonic() - started, 1),
-                         **_pooled(results)})  # fmt: skip
-            print(json.dumps(rows[-1]), flush=True)
-        for damage in DAMAGES:
-            count = max(1, trials // len(DAMAGES))
-            started = time.monotonic()
-            results = [damaged_version(setup, root, damage, rng) for _ in range(count)]
-            rows.append({"fault": f"damaged version: {damage}", "trials": count, "seconds": round(time.monotonic() - started, 1), **_pooled(results)})
             print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -669,18 +808,31 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--only", nargs="+", default=(), help="run only the rows whose fault names one of these words; "
+                        "the other rows of the results file are kept")  # fmt: skip
     parser.add_argument("--name", default="faults")
     args = parser.parse_args(argv)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="tfhash-faults-") as root:
-        rows = campaign(root, args.trials, args.seed)
+        rows = campaign(root, args.trials, args.seed, tuple(args.only))
     seconds = round(time.monotonic() - started, 1)
+    runs = [{"command": " ".join(["python -m tests.faults", f"--trials {args.trials}", f"--seed {args.seed}",
+                                  *([f"--only {' '.join(repr(w) for w in args.only)}"] if args.only else [])]),
+             "seconds": seconds, "rows": [r["fault"] for r in rows]}]  # fmt: skip
+    previous = RESULTS_DIR / f"{args.name}.json"
+    if args.only and previous.is_file():  # the rows not run again stay, in the campaign's order
+        kept = json.loads(previous.read_text())
+        fresh = {r["fault"]: r for r in rows}
+        rows = [fresh.pop(r["fault"], r) for r in kept["rows"]] + list(fresh.values())
+        runs = kept.get("runs", [{"command": f"python -m tests.faults --trials {kept['settings']['trials']} --seed {kept['settings']['seed']}",
+                                  "seconds": kept["settings"]["seconds"]}]) + runs  # fmt: skip
     table = markdown_table([{"fault": r["fault"], "trials": r["trials"], "answered wrongly": r.get("wrong", 0),
                              "observed": "; ".join(f"{k} {v}" for k, v in r.items() if k not in ("fault", "trials", "wrong"))} for r in rows],
                            ["fault", "trials", "answered wrongly", "observed"])  # fmt: skip
-    write_results(args.name, {"settings": {"trials": args.trials, "seed": args.seed, "clients": CLIENTS, "seconds": seconds}, "rows": rows},
-                  f"# Fault campaign\n\n`python -m tests.faults --trials {args.trials} --seed {args.seed}`: {seconds} s, "
-                  f"{CLIENTS} client threads.\n\n{table}\n")  # fmt: skip
+    commands = "; ".join(f"`{run['command']}`: {run['seconds']} s" for run in runs)
+    write_results(args.name, {"settings": {"trials": args.trials, "seed": args.seed, "clients": CLIENTS, "seconds": seconds}, "runs": runs,
+                              "rows": rows},
+                  f"# Fault campaign\n\n{commands}; {CLIENTS} client threads.\n\n{table}\n")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -6,9 +6,7 @@ status (UNAUTHENTICATED / 401, or the handshake failing) and no refused request 
 from __future__ import annotations
 
 import dataclasses
-import http.client
 import json
-import ssl
 
 import grpc
 import numpy as np
@@ -20,12 +18,11 @@ from tfhash.serving.deployment import model_config, models_config
 from tfhash.serving.errors import ServingError
 from tfhash.serving.model_server import DevModelServer
 from tfhash.serving.processes import SearchOptions, start_command
-from tfhash.serving.requests import Limits
 from tfhash.serving.search_client import SearchClient
-from tfhash.serving.search_service import SearchServer, in_process_searcher, remote_searcher
+from tfhash.serving.search_service import SearchServer, remote_searcher
 
 from benchmarks.certificates import make_certificates
-from tests.faults import fixture_versions
+from tests.faults import counted_server, fixture_versions, grpc_outcome, rest_outcome
 from tests.serving_fixtures import cli_rest_port, stop_cli
 
 MODEL = "vectors"
@@ -43,59 +40,6 @@ def files(tmp_path_factory):
 def _token(path: str) -> str:
     with open(path) as file:
         return file.read().strip()
-
-
-def _counted_server(files, access: Access) -> tuple[SearchServer, list]:
-    """A started search service whose searches are counted (a refused request must never reach one)."""
-    searcher = in_process_searcher(files["models"], files["indexes"], limits=Limits(max_batch=64, max_k=100))
-    answered, answer = [], searcher.answer
-
-    def counting(query, timeout):
-        answered.append(query.size)
-        return answer(query, timeout)
-
-    searcher.answer = counting
-    return SearchServer(searcher, rest_port=0, poll_seconds=60, access=access).start(), answered
-
-
-def _grpc_outcome(server: SearchServer, files, **credentials) -> str:
-    """``ok`` (the right answer) or the gRPC status name of one search over gRPC."""
-    try:
-        with SearchClient(f"localhost:{server.port}", timeout=10, credentials=ClientCredentials(**credentials)) as client:
-            answer = client.search(features=files["queries"]["features"], k=10)
-    except ServingError as err:
-        return err.code.name
-    np.testing.assert_array_equal(np.stack(answer.ids), files["expected"].ids)
-    return "ok"
-
-
-def _rest_outcome(server: SearchServer, files, path: str = "/v1/search", token: str | None = None, ca: str | None = None,
-                  cert: tuple[str, str] | None = None, tls: bool = True) -> str:  # fmt: skip
-    """``ok``, the HTTP status, or ``handshake`` (the TLS handshake or connection failed) of one REST call."""
-    if tls:
-        context = ssl.create_default_context(cafile=ca)
-        if cert:
-            context.load_cert_chain(*cert)
-        connection = http.client.HTTPSConnection("localhost", server.rest_port, timeout=10, context=context)
-    else:
-        connection = http.client.HTTPConnection("localhost", server.rest_port, timeout=10)
-    body = json.dumps({"features": files["queries"]["features"].tolist(), "k": 10}).encode() if path == "/v1/search" else None
-    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
-    try:
-        connection.request("POST" if body else "GET", path, body=body, headers=headers)
-        response = connection.getresponse()
-        status, payload = response.status, json.loads(response.read() or b"null")
-    except (ssl.SSLError, ConnectionError, http.client.RemoteDisconnected, http.client.BadStatusLine):
-        return "handshake"
-    finally:
-        connection.close()
-    if status == 401:
-        assert response.getheader("WWW-Authenticate", "").startswith("Bearer") and payload["error"]["code"] == "UNAUTHENTICATED"
-    if status != 200:
-        return str(status)
-    if path == "/v1/search":
-        np.testing.assert_array_equal(np.array([r["ids"] for r in payload["results"]]), files["expected"].ids)
-    return "ok"
 
 
 def test_access_settings_are_checked_before_anything_binds(files, tmp_path):
@@ -171,25 +115,25 @@ def test_tls_and_a_token_refuse_every_stranger_on_grpc_and_rest(files):
     is answered; health and readiness answer without the token (over TLS); a refused request never
     reaches a search."""
     access = Access(tls_cert=files["server"], tls_key=files["server_key"], token_file=files["token"])
-    server, answered = _counted_server(files, access)
+    server, answered = counted_server(files, access)
     token, wrong = _token(files["token"]), _token(files["wrong_token"])
     try:
         grpc_rows = {
-            "valid": _grpc_outcome(server, files, ca_file=files["ca"], token_file=files["token"]),
-            "no token": _grpc_outcome(server, files, ca_file=files["ca"]),
-            "wrong token": _grpc_outcome(server, files, ca_file=files["ca"], token=wrong),
-            "plaintext": _grpc_outcome(server, files, token=token),
-            "another CA": _grpc_outcome(server, files, ca_file=files["other_ca"], token=token),
+            "valid": grpc_outcome(server, files, ca_file=files["ca"], token_file=files["token"]),
+            "no token": grpc_outcome(server, files, ca_file=files["ca"]),
+            "wrong token": grpc_outcome(server, files, ca_file=files["ca"], token=wrong),
+            "plaintext": grpc_outcome(server, files, token=token),
+            "another CA": grpc_outcome(server, files, ca_file=files["other_ca"], token=token),
         }
         rest_rows = {
-            "valid": _rest_outcome(server, files, token=token, ca=files["ca"]),
-            "no token": _rest_outcome(server, files, ca=files["ca"]),
-            "wrong token": _rest_outcome(server, files, token=wrong, ca=files["ca"]),
-            "plaintext": _rest_outcome(server, files, token=token, tls=False),
-            "another CA": _rest_outcome(server, files, token=token, ca=files["other_ca"]),
-            "status without token": _rest_outcome(server, files, "/v1/status", ca=files["ca"]),
-            "healthz without token": _rest_outcome(server, files, "/healthz", ca=files["ca"]),
-            "readyz without token": _rest_outcome(server, files, "/readyz", ca=files["ca"]),
+            "valid": rest_outcome(server, files, token=token, ca=files["ca"]),
+            "no token": rest_outcome(server, files, ca=files["ca"]),
+            "wrong token": rest_outcome(server, files, token=wrong, ca=files["ca"]),
+            "plaintext": rest_outcome(server, files, token=token, tls=False),
+            "another CA": rest_outcome(server, files, token=token, ca=files["other_ca"]),
+            "status without token": rest_outcome(server, files, "/v1/status", ca=files["ca"]),
+            "healthz without token": rest_outcome(server, files, "/healthz", ca=files["ca"]),
+            "readyz without token": rest_outcome(server, files, "/readyz", ca=files["ca"]),
         }
         with SearchClient(f"localhost:{server.port}", credentials=ClientCredentials(ca_file=files["ca"])) as client:
             assert client.health() == "SERVING"  # the health service asks no token
@@ -205,10 +149,10 @@ def test_tls_and_a_token_refuse_every_stranger_on_grpc_and_rest(files):
     assert answered == [8, 8]  # the two valid requests; warm-up searches do not pass through answer
 
     expired = Access(tls_cert=files["expired_server"], tls_key=files["expired_server_key"], token_file=files["token"])
-    server, answered = _counted_server(files, expired)
+    server, answered = counted_server(files, expired)
     try:
-        assert _grpc_outcome(server, files, ca_file=files["ca"], token=token) == "UNAVAILABLE"
-        assert _rest_outcome(server, files, token=token, ca=files["ca"]) == "handshake"
+        assert grpc_outcome(server, files, ca_file=files["ca"], token=token) == "UNAVAILABLE"
+        assert rest_outcome(server, files, token=token, ca=files["ca"]) == "handshake"
     finally:
         server.stop(0)
     assert answered == []
@@ -217,18 +161,18 @@ def test_tls_and_a_token_refuse_every_stranger_on_grpc_and_rest(files):
 @pytest.mark.server
 def test_client_certificates_are_required_when_the_service_names_a_client_ca(files):
     access = Access(tls_cert=files["server"], tls_key=files["server_key"], client_ca=files["ca"])
-    server, answered = _counted_server(files, access)
+    server, answered = counted_server(files, access)
     try:
         rows = {
-            "own certificate": _grpc_outcome(server, files, ca_file=files["ca"], cert_file=files["client"], key_file=files["client_key"]),
-            "none": _grpc_outcome(server, files, ca_file=files["ca"]),
-            "expired": _grpc_outcome(server, files, ca_file=files["ca"], cert_file=files["expired_client"],
+            "own certificate": grpc_outcome(server, files, ca_file=files["ca"], cert_file=files["client"], key_file=files["client_key"]),
+            "none": grpc_outcome(server, files, ca_file=files["ca"]),
+            "expired": grpc_outcome(server, files, ca_file=files["ca"], cert_file=files["expired_client"],
                                      key_file=files["expired_client_key"]),  # fmt: skip
-            "another CA's": _grpc_outcome(server, files, ca_file=files["ca"], cert_file=files["stranger"], key_file=files["stranger_key"]),
-            "REST own certificate": _rest_outcome(server, files, ca=files["ca"], cert=(files["client"], files["client_key"])),
-            "REST none": _rest_outcome(server, files, ca=files["ca"]),
-            "REST expired": _rest_outcome(server, files, ca=files["ca"], cert=(files["expired_client"], files["expired_client_key"])),
-            "REST another CA's": _rest_outcome(server, files, ca=files["ca"], cert=(files["stranger"], files["stranger_key"])),
+            "another CA's": grpc_outcome(server, files, ca_file=files["ca"], cert_file=files["stranger"], key_file=files["stranger_key"]),
+            "REST own certificate": rest_outcome(server, files, ca=files["ca"], cert=(files["client"], files["client_key"])),
+            "REST none": rest_outcome(server, files, ca=files["ca"]),
+            "REST expired": rest_outcome(server, files, ca=files["ca"], cert=(files["expired_client"], files["expired_client_key"])),
+            "REST another CA's": rest_outcome(server, files, ca=files["ca"], cert=(files["stranger"], files["stranger_key"])),
         }
     finally:
         server.stop(0)
@@ -293,8 +237,8 @@ def test_a_service_of_two_processes_serves_tls_and_checks_the_token_in_each(file
                 with pytest.raises(ServingError) as err:
                     client.search(features=files["queries"]["features"], k=10)
                 outcomes.append(err.value.code == grpc.StatusCode.UNAUTHENTICATED)
-            outcomes.append(_rest_outcome(rest, files, token=_token(files["token"]), ca=files["ca"]) == "ok")
-            outcomes.append(_rest_outcome(rest, files, ca=files["ca"]) == "401")
+            outcomes.append(rest_outcome(rest, files, token=_token(files["token"]), ca=files["ca"]) == "ok")
+            outcomes.append(rest_outcome(rest, files, ca=files["ca"]) == "401")
         assert all(outcomes), outcomes
     finally:
         stop_cli(process)

@@ -133,3 +133,10 @@ def test_a_pipeline_killed_in_training_reruns_from_its_cache_and_stays_version_l
     assert row["reached"] and row["killed_in"] == "Trainer" and row["rerun_exit"] == 0, row
     assert row["rerun_cached"] > 0 and row["model_versions"] == row["model_versions_with_verified_index"] == 1, row
     assert row["served_only_verified"] and row["serves_newest"] and row["partial_model_dirs"] == 0, row
+
+
+@pytest.mark.server
+def test_the_campaigns_strangers_are_all_refused_and_none_reaches_a_search(setup):
+    row = faults.strangers(setup, setup["root"])
+    assert row["served_without_valid_credentials"] == 0 and row["reached_a_search"] == row["answered"] == 4, row
+    assert row["requests"] == 20 and row["refusals"] == {"UNAUTHENTICATED": 2, "401": 2, "UNAVAILABLE": 6, "handshake": 6}, row
