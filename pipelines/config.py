@@ -126,7 +126,7 @@ class PipelineConfig:
     map_threshold: float = config_key(0.5, "bless a model when its mAP@all reaches this")
     max_regression: float = config_key(0.01, "and when it is at most this below the model serving now's (the newest pushed "
                                        "version's)")
-    index_kinds: list[str] = config_key(lambda: ["BFlat"], "the indexes built for the pushed model (`BFlat`, `BIVF<n>`, "
+    index_kinds: list[str] = config_key(lambda: ["BFlat"], "the indexes built for the pushed model (`BFlat`, `BMIH`, `BIVF<n>`, "
                                  "`BMultiHash<n>`, `ScaNN`, `ScaNNBrute`, `Milvus`)")
     index_embeddings: bool = config_key(True, "store each item's 8-bit embedding beside its codes, for the second stage of a "
                                         "search (8 bytes per code byte); false: the service answers in Hamming order only")

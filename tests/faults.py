@@ -109,6 +109,16 @@ class Load:
     def wrong(self) -> int:
         return sum(o[4] is False for o in self.outcomes)
 
+    def interruptions(self) -> Counter:
+        """Per client, its runs of consecutive failures: the request a killed process held fails,
+        and so do the client's retries while its channel connects again (gRPC fails a call at once
+        while the channel is in TRANSIENT_FAILURE); one run is one interruption."""
+        runs: Counter = Counter()
+        for client in {o[6] for o in self.outcomes}:
+            mine = sorted((o for o in self.outcomes if o[6] == client), key=lambda o: o[0])
+            runs[client] = sum(o[3] != "OK" and (i == 0 or mine[i - 1][3] == "OK") for i, o in enumerate(mine))
+        return runs
+
 
 def rate(outcomes: list, seconds: float) -> float:
     return round(sum(o[3] == "OK" for o in outcomes) / seconds, 1)
@@ -208,7 +218,8 @@ def search_child_killed(setup: dict, rng: random.Random, load_seconds: float = 1
         failures = [o for o in load.outcomes if o[3] != "OK"]
         per_client = Counter(o[6] for o in failures)
         return {"failed": len(failures), "failure_codes": dict(Counter(o[3] for o in failures)), "clients_failed": len(per_client),
-                "max_failures_one_client": max(per_client.values(), default=0), "wrong": load.wrong(),
+                "max_failures_one_client": max(per_client.values(), default=0),
+                "max_interruptions_one_client": max(load.interruptions().values(), default=0), "wrong": load.wrong(),
                 "answered": sum(o[3] == "OK" for o in load.outcomes), "recovered": recovered, "restart_s": round(back_at - killed, 2),
                 "rate_before": rate(load.between(killed - load_seconds, killed), load_seconds),
                 "rate_during": rate(load.between(killed, back_at), max(back_at - killed, 1e-3)),

@@ -82,7 +82,9 @@ def test_a_model_whose_variables_do_not_read_back_is_named(tmp_path):
 def test_a_killed_search_process_is_restarted_and_no_answer_is_wrong(setup):
     row = faults.search_child_killed(setup, random.Random(0))
     assert row["wrong"] == 0 and row["answered"] > 0 and set(row["failure_codes"]) <= {"UNAVAILABLE"}, row
-    assert row["max_failures_one_client"] <= 1, row  # each failed request was one the killed process held
+    # each client is interrupted once at most: the request the killed process held, and its retries
+    # while its channel connects again (under a loaded machine these may be many)
+    assert row["max_interruptions_one_client"] <= 1, row
     assert row["recovered"] and row["service_alive"] and row["rate_after"] > 0, row
 
 
