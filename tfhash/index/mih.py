@@ -3,6 +3,7 @@ in segments that adds append without rebuilding what is there."""
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 from dataclasses import dataclass
@@ -67,6 +68,11 @@ class Segment:
     def count(self) -> int:
         return int(self.ids.shape[0])
 
+    @functools.cached_property
+    def starts(self) -> np.ndarray:
+        """The first bit of each table's substring (:func:`tfhash.mih.substring_starts`)."""
+        return substring_starts(self.codes.shape[1] * 8, self.tables)
+
     def describe(self) -> dict:
         return {"count": self.count, "tables": self.tables, "key_bits": self.key_bits}
 
@@ -94,7 +100,7 @@ class MultiIndexHashing(HashIndex):
 
     Args:
         bits: code length K (multiple of 8).
-        method: ``"exact"``, the one method.
+        method: ``"mih"``, the one method.
         tables: substrings (tables) of every segment; ``None`` chooses it per segment from its size,
             about K / log2(n) (:func:`tfhash.mih.default_tables`).
 
@@ -175,7 +181,7 @@ class MultiIndexHashing(HashIndex):
         parts_d, parts_p, start = [], [], 0
         for segment in self.segments:
             kk = min(k, segment.count)
-            distances, positions, finished = mih_knn(rows, segment.codes, substring_starts(self.bits, segment.tables),
+            distances, positions, finished = mih_knn(rows, segment.codes, segment.starts,
                                                      segment.key_bits, segment.offsets, segment.positions, kk,
                                                      self._work_limit(segment))  # fmt: skip
             if not finished.all():
@@ -197,7 +203,7 @@ class MultiIndexHashing(HashIndex):
         found_p = [[] for _ in range(rows.shape[0])]
         start = 0
         for segment in self.segments:
-            answers, finished = mih_range(rows, segment.codes, substring_starts(self.bits, segment.tables), segment.key_bits,
+            answers, finished = mih_range(rows, segment.codes, segment.starts, segment.key_bits,
                                           segment.offsets, segment.positions, radius, self._work_limit(segment))  # fmt: skip
             scanned = np.flatnonzero(~finished)
             self.scanned += int(scanned.size)
