@@ -42,7 +42,7 @@ def assert_same(got, expected):
     np.testing.assert_array_equal(got.ids, expected.ids)
 
 
-@pytest.mark.parametrize("bits", [16, 48, 64, 128])
+@pytest.mark.parametrize("bits", [16, 40, 48, 64, 128])
 @pytest.mark.parametrize("tables", [1, 2, 3])
 def test_the_kernel_answers_as_the_linear_scan(bits, tables):
     """Every distance, position and tie order equal to tfhash.hamming's scan, for k-NN (k from 1 to
@@ -83,9 +83,10 @@ def test_the_tables_list_every_row_once_in_insertion_order_per_bucket():
 
 
 def test_the_number_of_tables_follows_the_paper_and_is_bounded():
-    assert default_tables(64, 100_000_000) == 2 and default_tables(64, 1_000_000) == 3 and default_tables(128, 10_000_000) == 6
+    assert default_tables(64, 100_000_000) == 3 and default_tables(64, 1_000_000) == 4 and default_tables(128, 10_000_000) == 6
     assert default_tables(64, 10) == 8 and default_tables(16, 1) == 2  # substrings of at least 8 bits
-    assert default_key_bits(64, 2, 100_000_000) == 24 and default_key_bits(64, 3, 1_000_000) == 18
+    assert default_key_bits(64, 2, 100_000_000) == 24 and default_key_bits(64, 3, 100_000_000) == 21
+    assert default_key_bits(64, 3, 1_000_000) == 18
     with pytest.raises(ValueError, match="tables must be in 1..16"):
         substring_starts(16, 17)
 
@@ -154,6 +155,47 @@ def test_adding_to_a_saved_index_writes_only_the_new_segment(tmp_path):
     whole.add(db)
     assert_same(load_index(tmp_path / "v2", mapped=True).search(queries, 10), whole.search(queries, 10))
     assert_same(load_index(tmp_path / "v1").search(queries, 10), index.search(queries, 10))
+
+
+def test_automatic_ids_are_kept_as_a_range_and_the_index_owns_its_codes(tmp_path):
+    """Consecutive ids (automatic ones) cost no array: a segment keeps its first id, writes no ids
+    file, and holds its codes and tables alone; two ranges that meet merge into one; a removal in
+    the middle, or ids out of order, keep an array. The index copies the codes it is given."""
+    rng = np.random.default_rng(5)
+    db = clustered(rng, 6000, 64)
+    queries = clustered(rng, 10, 64)
+    given = db[:4000].copy()
+    index, flat = MultiIndexHashing(64), index_factory(64, "BFlat")
+    index.add(given)
+    given[:] = 0  # the caller's array changes; the index's copy does not
+    flat.add(db[:4000])
+    assert_same(index.search(queries, 10), flat.search(queries, 10))
+    (segment,) = index.segments
+    assert segment.ids is None and segment.first_id == 0
+    assert sum(a.nbytes for a in segment.files().values()) == db[:4000].nbytes + segment.offsets.nbytes + segment.positions.nbytes
+    for added in (db[4000:5000], db[5000:5100]):  # the first merges into the range, the second stays a segment
+        index.add(added)
+        flat.add(added)
+    assert [(s.count, s.ids is None, s.first_id) for s in index.segments] == [(5000, True, 0), (100, True, 5000)]
+    index.add(db[5100:5200], np.arange(9000, 9100))  # a range that does not follow: merged, the ids become an array
+    flat.add(db[5100:5200], np.arange(9000, 9100))
+    assert [(s.count, s.ids is None) for s in index.segments] == [(5000, True), (200, False)]
+    assert index.ids().tolist() == flat.ids().tolist()
+    index.save(tmp_path / "idx")
+    assert not (tmp_path / "idx" / "segment-000" / "ids.npy").exists()
+    assert read_manifest(tmp_path / "idx")["params"]["segments"][0]["first_id"] == 0
+    loaded = load_index(tmp_path / "idx", mapped=True)
+    assert loaded.ids().tolist() == flat.ids().tolist()
+    assert_same(loaded.search(queries, 20), flat.search(queries, 20))
+    assert loaded.remove([10, 5050]) == flat.remove([10, 5050]) == 2  # a hole: the range becomes an array
+    assert [s.ids is None for s in loaded.segments] == [False, False]
+    assert_same(loaded.search(queries, 20), flat.search(queries, 20))
+    loaded.add(db[:3])
+    flat.add(db[:3])
+    assert loaded.ids()[-3:].tolist() == flat.ids()[-3:].tolist() == [9100, 9101, 9102]
+    shuffled = MultiIndexHashing(64)
+    shuffled.add(db[:300], np.arange(300)[::-1])
+    assert shuffled.segments[0].ids is not None
 
 
 def test_bad_input_and_damaged_files_are_refused(tmp_path):

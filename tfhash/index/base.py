@@ -308,7 +308,10 @@ class HashIndex(abc.ABC):
         """Append ``codes`` with int64 ``ids`` (default: consecutive ids after the largest one);
         an id already in the index is refused (see :meth:`upsert`)."""
         rows = self._read_rows(codes, "codes")
-        ids = validate_ids(self._next_ids(rows.shape[0]) if ids is None else ids, rows.shape[0])
+        if ids is None:  # consecutive after the largest id held: new and unique by construction
+            self._insert(rows, self._next_ids(rows.shape[0]))
+            return
+        ids = validate_ids(ids, rows.shape[0])
         clash = self._existing(ids) if self.ntotal else ids[:0]
         if clash.size:
             raise HashIndexError(f"ids {clash[:5].tolist()} are already in the index; use upsert() to replace them")

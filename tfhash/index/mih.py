@@ -33,51 +33,112 @@ from tfhash.mih import (
 __all__ = ["MultiIndexHashing", "Segment"]
 
 #: A query gives up the tables for a linear scan of a segment once its probes plus the items it
-#: read pass this share of the segment's items: a table's item costs a random read of its code, a
-#: scanned item a streamed one, a hundred or more times less.
-SCAN_SHARE = 1 / 256
+#: read pass this share of the segment's items. A unit of that work (a probe, or a random read of
+#: a row) costs about a hundred rows of a linear scan (40 ns against 0.4 ns at 100M 64-bit codes,
+#: AMD EPYC), so a query gives up once it has spent about a scan: never more than about twice a
+#: scan, and the far tail of clustered codes (k-th neighbour at 9-10 of 64 bits) still finishes.
+SCAN_SHARE = 1 / 100
 #: An add merges the newest segment into the one before while it holds at least this share of it:
 #: segments then grow geometrically, an add rebuilds at most a few times its own size (amortised),
 #: and a collection of n items has at most about log4(n) segments.
 MERGE_SHARE = 1 / 4
-#: The arrays of a segment, in its folder.
+#: The arrays of a segment, in its folder (``ids.npy`` only when its ids are not a range).
 SEGMENT_FILES = ("codes.npy", IDS_FILE, "offsets.npy", "positions.npy")
+#: Ids are checked for being a range this many at a time (no copy of the whole array).
+_RANGE_CHUNK = 1 << 20
 
 
 @dataclass
 class Segment:
-    """Codes and ids in insertion order with their tables (:func:`tfhash.mih.build_tables`), and the
-    folder its arrays were read from (a save links them from there instead of writing them)."""
+    """Codes in insertion order with their tables (:func:`tfhash.mih.build_tables`), their ids, and
+    the folder its arrays were read from (a save links them from there instead of writing them).
+
+    Ids that are a range (automatic ids are) are kept as its first id alone, ``ids`` ``None``: an
+    int64 array would weigh as much as 64-bit codes."""
 
     codes: np.ndarray
-    ids: np.ndarray
+    ids: np.ndarray | None
     tables: int
     key_bits: int
     offsets: np.ndarray
     positions: np.ndarray
     source: str | None = None
+    first_id: int = 0
 
     @classmethod
-    def build(cls, codes: np.ndarray, ids: np.ndarray, bits: int, tables: int | None) -> Segment:
+    def build(cls, codes: np.ndarray, ids: np.ndarray | int, bits: int, tables: int | None) -> Segment:
+        """The segment of ``codes`` under ``ids`` (an array, or the first id of a range)."""
         m = tables or default_tables(bits, codes.shape[0])
         key_bits = default_key_bits(bits, m, codes.shape[0])
+        first = ids if isinstance(ids, int) else _range_start(ids)
         offsets, positions = build_tables(codes, substring_starts(bits, m), key_bits)
-        return cls(codes, ids, m, key_bits, offsets, positions)
+        return cls(codes, None if first is not None else ids, m, key_bits, offsets, positions, first_id=first or 0)
+
+    @classmethod
+    def merged(cls, before: Segment, after: Segment, bits: int, tables: int | None) -> Segment:
+        """One segment of both, ``before``'s items first."""
+        if before.ids is None and after.ids is None and after.first_id == before.first_id + before.count:
+            ids = before.first_id
+        else:
+            ids = np.concatenate([before.id_array(), after.id_array()])
+        return cls.build(np.concatenate([before.codes, after.codes]), ids, bits, tables)
 
     @property
     def count(self) -> int:
-        return int(self.ids.shape[0])
+        return int(self.codes.shape[0])
 
     @functools.cached_property
     def starts(self) -> np.ndarray:
         """The first bit of each table's substring (:func:`tfhash.mih.substring_starts`)."""
         return substring_starts(self.codes.shape[1] * 8, self.tables)
 
-    def describe(self) -> dict:
-        return {"count": self.count, "tables": self.tables, "key_bits": self.key_bits}
+    def id_array(self) -> np.ndarray:
+        if self.ids is not None:
+            return self.ids
+        return np.arange(self.first_id, self.first_id + self.count, dtype=np.int64)
 
-    def arrays(self) -> tuple[np.ndarray, ...]:
-        return self.codes, self.ids, self.offsets, self.positions
+    def ids_at(self, positions: np.ndarray) -> np.ndarray:
+        """The ids of the items at ``positions`` in this segment."""
+        return self.first_id + positions.astype(np.int64) if self.ids is None else self.ids[positions]
+
+    def holds(self, ids: np.ndarray) -> np.ndarray:
+        """Which of ``ids`` this segment holds."""
+        if self.ids is None:
+            return (ids >= self.first_id) & (ids < self.first_id + self.count)
+        return np.isin(ids, self.ids)
+
+    def items_in(self, ids: np.ndarray) -> np.ndarray:
+        """Which of this segment's items have one of ``ids``."""
+        if self.ids is not None:
+            return np.isin(self.ids, ids)
+        inside = ids[self.holds(ids)] - self.first_id
+        mask = np.zeros(self.count, bool)
+        mask[inside] = True
+        return mask
+
+    def largest_id(self) -> int:
+        return self.first_id + self.count - 1 if self.ids is None else int(self.ids.max())
+
+    def describe(self) -> dict:
+        described = {"count": self.count, "tables": self.tables, "key_bits": self.key_bits}
+        return described if self.ids is not None else {**described, "first_id": self.first_id}
+
+    def files(self) -> dict[str, np.ndarray]:
+        """Its arrays by file name (no ids file for a range)."""
+        named = dict(zip(SEGMENT_FILES, (self.codes, self.ids, self.offsets, self.positions), strict=True))
+        return {name: array for name, array in named.items() if array is not None}
+
+
+def _range_start(ids: np.ndarray) -> int | None:
+    """The first id when ``ids`` are consecutive and ascending (``first, first + 1, ...``), else None."""
+    if not ids.size:
+        return None
+    first = int(ids[0])
+    for start in range(0, ids.size, _RANGE_CHUNK):
+        chunk = ids[start : start + _RANGE_CHUNK]
+        if not np.array_equal(chunk, np.arange(first + start, first + start + chunk.size)):
+            return None
+    return first
 
 
 class MultiIndexHashing(HashIndex):
@@ -136,7 +197,7 @@ class MultiIndexHashing(HashIndex):
 
     def ids(self) -> np.ndarray:
         """External ids in insertion order."""
-        return np.concatenate([s.ids for s in self.segments]) if self.segments else np.zeros(0, np.int64)
+        return np.concatenate([s.id_array() for s in self.segments]) if self.segments else np.zeros(0, np.int64)
 
     def codes(self) -> np.ndarray:
         """The packed codes in insertion order."""
@@ -145,32 +206,31 @@ class MultiIndexHashing(HashIndex):
     def _existing(self, ids: np.ndarray) -> np.ndarray:
         found = np.zeros(ids.shape, bool)
         for segment in self.segments:
-            found |= np.isin(ids, segment.ids)
+            found |= segment.holds(ids)
         return ids[found]
 
     def _next_ids(self, count: int) -> np.ndarray:
-        largest = max((int(s.ids.max()) for s in self.segments if s.count), default=-1)
+        largest = max((s.largest_id() for s in self.segments if s.count), default=-1)
         return next_ids(np.array([largest]) if largest >= 0 else np.zeros(0, np.int64), count)
 
     def _insert(self, rows: np.ndarray, ids: np.ndarray) -> None:
         if not rows.shape[0]:
             return
-        self.segments.append(Segment.build(rows, ids, self.bits, self.tables))
+        self.segments.append(Segment.build(np.array(rows), ids, self.bits, self.tables))  # its own copy of the rows
         while len(self.segments) > 1 and self.segments[-1].count >= MERGE_SHARE * self.segments[-2].count:
             last, before = self.segments.pop(), self.segments.pop()
-            self.segments.append(Segment.build(np.concatenate([before.codes, last.codes]),
-                                               np.concatenate([before.ids, last.ids]), self.bits, self.tables))  # fmt: skip
+            self.segments.append(Segment.merged(before, last, self.bits, self.tables))
 
     def _delete(self, ids: np.ndarray) -> int:
         """Rebuild the segments that lose items (and drop those that lose all)."""
         kept, removed = [], 0
         for segment in self.segments:
-            keep = ~np.isin(segment.ids, ids)
+            keep = ~segment.items_in(ids)
             removed += segment.count - int(keep.sum())
             if keep.all():
                 kept.append(segment)
             elif keep.any():
-                kept.append(Segment.build(segment.codes[keep], segment.ids[keep], self.bits, self.tables))
+                kept.append(Segment.build(segment.codes[keep], segment.id_array()[keep], self.bits, self.tables))
         self.segments = kept
         return removed
 
@@ -233,13 +293,13 @@ class MultiIndexHashing(HashIndex):
     def _ids_at(self, positions: np.ndarray) -> np.ndarray:
         """External ids at global positions (insertion order across the segments)."""
         if len(self.segments) == 1:
-            return self.segments[0].ids[positions]
+            return self.segments[0].ids_at(positions)
         starts = np.cumsum([0] + [s.count for s in self.segments])
         which = np.searchsorted(starts, positions, side="right") - 1
         ids = np.empty(positions.shape, np.int64)
         for i, segment in enumerate(self.segments):
             here = which == i
-            ids[here] = segment.ids[positions[here] - starts[i]]
+            ids[here] = segment.ids_at(positions[here] - starts[i])
         return ids
 
     # --- files -------------------------------------------------------------------------------
@@ -250,7 +310,7 @@ class MultiIndexHashing(HashIndex):
         for i, segment in enumerate(self.segments):
             folder = os.path.join(directory, f"segment-{i:03d}")
             os.makedirs(folder)
-            for name, array in zip(SEGMENT_FILES, segment.arrays(), strict=True):
+            for name, array in segment.files().items():
                 target = os.path.join(folder, name)
                 if segment.source is not None and _linked(os.path.join(segment.source, name), target):
                     continue
@@ -266,8 +326,12 @@ class MultiIndexHashing(HashIndex):
         mode = "c" if mapped else None  # copy-on-write: see InProcessIndex.read_files
         for i, described in enumerate(layout):
             folder = os.path.join(directory, f"segment-{i:03d}")
-            arrays = [np.load(os.path.join(folder, name), mmap_mode=mode, allow_pickle=False) for name in SEGMENT_FILES]
-            segment = Segment(*arrays[:2], int(described["tables"]), int(described["key_bits"]), *arrays[2:], source=folder)
+            ranged = "first_id" in described
+            arrays = {name: np.load(os.path.join(folder, name), mmap_mode=mode, allow_pickle=False)
+                      for name in SEGMENT_FILES if not (ranged and name == IDS_FILE)}  # fmt: skip
+            segment = Segment(arrays["codes.npy"], arrays.get(IDS_FILE), int(described["tables"]), int(described["key_bits"]),
+                              arrays["offsets.npy"], arrays["positions.npy"], source=folder,
+                              first_id=int(described.get("first_id", 0)))  # fmt: skip
             _check_segment(segment, index.bits, folder)
             index.segments.append(segment)
         if index.ntotal != manifest["count"]:
@@ -295,10 +359,12 @@ def _check_segment(segment: Segment, bits: int, folder: str) -> None:
     n, m = segment.count, segment.tables
     expected = {"codes.npy": (np.uint8, (n, bits // 8)), IDS_FILE: (np.int64, (n,)),
                 "offsets.npy": (np.uint32, (m, (1 << segment.key_bits) + 1)), "positions.npy": (np.uint32, (m, n))}  # fmt: skip
-    for name, array in zip(SEGMENT_FILES, segment.arrays(), strict=True):
+    for name, array in segment.files().items():
         dtype, shape = expected[name]
         if array.dtype != dtype or array.shape != shape:
             raise IndexFormatError(f"{folder}: {name} holds {array.dtype} {array.shape}; a segment of {n} {bits}-bit codes "
                                    f"with {m} tables of {segment.key_bits} key bits stores {np.dtype(dtype)} {shape}")  # fmt: skip
     if n and int(segment.offsets[:, -1].max()) != n:
         raise IndexFormatError(f"{folder}: the tables' offsets end at {int(segment.offsets[:, -1].max())}, not at the {n} items")
+    if segment.ids is None and segment.first_id < 0:
+        raise IndexFormatError(f"{folder}: the manifest gives the segment's ids as a range from {segment.first_id}; ids are >= 0")
