@@ -2,7 +2,8 @@
 indexes, from 1M to 100M codes.
 
     python -m benchmarks.mih [--sizes 1000000 10000000 100000000] [--bits 64] [--codes clustered uniform]
-                             [--faiss flat multihash ivf hnsw] [--faiss-up-to 10000000] [--add 1000000] [--seed 0]
+                             [--faiss flat multihash ivf hnsw] [--faiss-up-to 10000000] [--hnsw-up-to 1000000]
+                             [--add 1000000] [--seed 0]
 
 Codes: ``clustered``, the index benchmark's (1,000 random centres, each item a centre with every
 bit flipped with probability 1/8; queries drawn the same way), or ``uniform`` random bits (the
@@ -203,7 +204,8 @@ def run(n: int, bits: int, kind: str, args, rng) -> list[dict]:
             print(rows[-1], flush=True)
         del flat
         if n <= args.faiss_up_to:
-            rows += faiss_rows(args.faiss, db, checked, truth, base, segment.tables)
+            kinds = [name for name in args.faiss if name != "hnsw" or n <= args.hnsw_up_to]
+            rows += faiss_rows(kinds, db, checked, truth, base, segment.tables)
         if args.add:
             more = make_codes(kind, args.add, bits, rng, centres)
             start = time.perf_counter()
@@ -231,6 +233,7 @@ def main() -> None:
     parser.add_argument("--codes", nargs="+", choices=["clustered", "uniform"], default=["clustered", "uniform"])
     parser.add_argument("--faiss", nargs="*", choices=["flat", "multihash", "ivf", "hnsw"], default=["flat", "multihash", "ivf", "hnsw"])
     parser.add_argument("--faiss-up-to", type=int, default=10_000_000, help="sizes beyond this run no FAISS index")
+    parser.add_argument("--hnsw-up-to", type=int, default=1_000_000, help="sizes beyond this build no HNSW graph (the slowest build: see its build_s at 1M)")
     parser.add_argument("--singles", type=int, default=1000, help="queries timed one by one")
     parser.add_argument("--flat-singles", type=int, default=200, help="of them, the ones BFlat and FAISS answer too")
     parser.add_argument("--add", type=int, default=0, help="codes added to each built index (0: none)")
@@ -242,7 +245,7 @@ def main() -> None:
     rng = np.random.default_rng(args.seed)
     rows = [row for n in args.sizes for bits in args.bits for kind in args.codes for row in run(n, bits, kind, args, rng)]
     command = ("python -m benchmarks.mih --sizes " + " ".join(map(str, args.sizes)) + " --bits " + " ".join(map(str, args.bits))
-               + " --codes " + " ".join(args.codes) + " --faiss " + " ".join(args.faiss) + f" --faiss-up-to {args.faiss_up_to}"
+               + " --codes " + " ".join(args.codes) + " --faiss " + " ".join(args.faiss) + f" --faiss-up-to {args.faiss_up_to} --hnsw-up-to {args.hnsw_up_to}"
                + f" --singles {args.singles} --flat-singles {args.flat_singles} --add {args.add} --seed {args.seed}")  # fmt: skip
     columns = ["n", "bits", "codes", "index", "k", "p50_ms", "p99_ms", "qps_single", "qps_batch32", "recall", "vs_BFlat_single",
                "identical_to_BFlat", "kth_distance_median", "scanned", "tables", "key_bits", "build_s", "held_vs_codes",
