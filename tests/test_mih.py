@@ -106,6 +106,21 @@ def test_a_query_that_costs_more_than_a_scan_is_handed_to_the_scan():
     assert_same(index.search(queries, 10), flat.search(queries, 10))  # scanned, the same answers
 
 
+def test_a_query_gives_up_early_when_the_probes_still_needed_pass_its_limit():
+    """The probes of the steps after (rho, t) up to the first covering the target distance: after
+    key distance 1 in both of 2 tables of 24-bit keys, covering 12 needs key distances 2..5 in both
+    and 6 in the first; the count stops once it passes the most it may spend."""
+    from math import comb
+
+    from tfhash.mih import _probes_ahead
+
+    expected = 2 * sum(comb(24, r) for r in range(2, 6)) + comb(24, 6)
+    assert _probes_ahead(2, 24, 1, 1, 12, 1e12) == expected
+    assert _probes_ahead(2, 24, 1, 1, 5, 1e12) == 2 * comb(24, 2)  # (2, 1) covers 2 * 2 + 1 = 5
+    assert _probes_ahead(2, 24, 1, 1, 12, 1000) < 2 * comb(24, 2) + 2 * comb(24, 3)  # stopped past 1000
+    assert _probes_ahead(3, 8, 8, 2, 30, 1e12) == 0  # every key distance done: nothing ahead
+
+
 @pytest.mark.parametrize("tables", [None, 2])
 def test_bmih_answers_as_bflat_through_adds_removals_and_upserts(tables):
     rng = np.random.default_rng(2)
