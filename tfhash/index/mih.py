@@ -150,11 +150,11 @@ class MultiIndexHashing(HashIndex):
     into the one before only while it holds at least :data:`MERGE_SHARE` of it, so adding 1M codes
     to 100M builds tables for the 1M alone. A search runs on every segment and merges their answers
     by (distance, insertion order). A query whose work in a segment passes :data:`SCAN_SHARE` of its
-    items (codes far from everything, such as uniform random ones) scans that segment linearly with
-    ``BFlat``'s kernel instead: never much slower than ``BFlat``.
+    items, or would (codes far from everything, such as uniform random ones), scans that segment
+    linearly with ``BFlat``'s kernel instead: about ``BFlat``'s cost.
 
-    Saved, each segment is a folder of ``.npy`` arrays (codes, ids, the tables' offsets and
-    positions); loaded with ``mapped=True`` they are mapped, so every serving process shares one
+    Saved, each segment is a folder of ``.npy`` arrays (codes, the tables' offsets and positions,
+    and ids unless they are a range); loaded with ``mapped=True`` they are mapped, so every serving process shares one
     copy in the page cache. A save of a loaded index links the files of the segments it did not
     change (same file system; copied otherwise), so publishing an add as a new version writes only
     the new segment.
@@ -163,7 +163,7 @@ class MultiIndexHashing(HashIndex):
         bits: code length K (multiple of 8).
         method: ``"mih"``, the one method.
         tables: substrings (tables) of every segment; ``None`` chooses it per segment from its size,
-            about K / log2(n) (:func:`tfhash.mih.default_tables`).
+            K / log2(n) rounded up (:func:`tfhash.mih.default_tables`).
 
     Capability: :data:`~tfhash.index.base.RANGE_SEARCH`.
     """
