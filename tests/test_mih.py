@@ -3,6 +3,8 @@ segments, files mapped and linked, and bad input."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 
 import numpy as np
@@ -24,7 +26,11 @@ from tfhash.mih import (
     default_tables,
     mih_knn,
     mih_range,
+    pack_positions,
+    packed_words,
+    position_bits,
     substring_starts,
+    unpack_positions,
 )
 
 
@@ -73,13 +79,29 @@ def test_the_tables_list_every_row_once_in_insertion_order_per_bucket():
     db = clustered(rng, 500, 32)
     starts = substring_starts(32, 3)
     assert starts.tolist() == [0, 11, 22]  # 11, 11 and 10 bits
-    offsets, positions = build_tables(db, starts, 10)
+    offsets, packed = build_tables(db, starts, 10)
+    assert packed.dtype == np.uint64 and packed.shape == (3, (500 * 9 + 63) // 64 + 1)  # 9 bits a position
+    positions = unpack_positions(packed, 500)
     bits = np.unpackbits(db, axis=1)
     for t, start in enumerate(starts):
         keys = bits[:, start : start + 10] @ (1 << np.arange(9, -1, -1))
         assert sorted(positions[t].tolist()) == list(range(500))
         np.testing.assert_array_equal(positions[t], np.argsort(keys, kind="stable"))
         np.testing.assert_array_equal(offsets[t], np.searchsorted(np.sort(keys), np.arange(1025)))
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 64, 65, 1000, 2**20 + 1])
+def test_positions_are_packed_at_the_fewest_bits_and_read_back(count):
+    """ceil(log2(count)) bits a position (27 at 100M), across word boundaries, the largest value too."""
+    width = position_bits(count)
+    assert width == max(1, int(np.ceil(np.log2(count))))
+    rng = np.random.default_rng(count)
+    rows = rng.integers(0, count, (2, count)).astype(np.uint32)
+    rows[:, -1] = count - 1
+    packed = pack_positions(rows)
+    assert packed.shape == (2, packed_words(count)) and packed_words(count) == (count * width + 63) // 64 + 1
+    np.testing.assert_array_equal(unpack_positions(packed, count), rows)
+    assert position_bits(100_000_000) == 27 and position_bits(2**27) == 27 and position_bits(2**27 + 1) == 28
 
 
 def test_the_number_of_tables_follows_the_paper_and_is_bounded():
@@ -213,6 +235,27 @@ def test_automatic_ids_are_kept_as_a_range_and_the_index_owns_its_codes(tmp_path
     assert shuffled.segments[0].ids is not None
 
 
+def test_an_index_saved_with_uint32_positions_loads_and_is_saved_packed(tmp_path):
+    """Segments written before positions were packed ((m, n) uint32) load, answer the same, and a
+    save writes them packed (not linked from the old version)."""
+    rng = np.random.default_rng(6)
+    db, queries = clustered(rng, 3000, 64), clustered(rng, 10, 64)
+    index = MultiIndexHashing(64)
+    index.add(db)
+    index.save(tmp_path / "old")
+    folder = tmp_path / "old" / "segment-000"
+    np.save(folder / "positions.npy", unpack_positions(index.segments[0].positions, 3000))
+    manifest_path = tmp_path / "old" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["files"]["segment-000/positions.npy"] = hashlib.sha256((folder / "positions.npy").read_bytes()).hexdigest()
+    manifest_path.write_text(json.dumps(manifest))
+    loaded = load_index(tmp_path / "old", mapped=True)
+    np.testing.assert_array_equal(loaded.segments[0].positions, index.segments[0].positions)
+    assert_same(loaded.search(queries, 10), index.search(queries, 10))
+    loaded.save(tmp_path / "new")
+    assert np.load(tmp_path / "new" / "segment-000" / "positions.npy").dtype == np.uint64
+
+
 def test_bad_input_and_damaged_files_are_refused(tmp_path):
     with pytest.raises(HashIndexError, match=r"tables must be an integer in 1..8 for 64-bit codes"):
         MultiIndexHashing(64, tables=9)
@@ -227,7 +270,7 @@ def test_bad_input_and_damaged_files_are_refused(tmp_path):
         index.search(db[:1, :4], 1)
     offsets = np.zeros((1, 257), np.uint32)
     offsets[0, -1] = 7
-    damaged = mih_index.Segment(db, np.arange(300), 1, 8, offsets, np.zeros((1, 300), np.uint32))
+    damaged = mih_index.Segment(db, np.arange(300), 1, 8, offsets, np.zeros((1, packed_words(300)), np.uint64))
     with pytest.raises(IndexFormatError, match="offsets end at 7, not at the 300 items"):
         mih_index._check_segment(damaged, 64, "segment-000")
     index.save(tmp_path / "idx")

@@ -2,10 +2,10 @@
 Exact Search in Hamming Space with Multi-Index Hashing", CVPR 2012 / TPAMI 2014).
 
 A K-bit code is cut into ``m`` substrings (:func:`substring_starts`), each with a table of the items
-by the first ``key_bits`` bits of that substring (:func:`build_tables`). Two codes within distance
-``r`` share a substring within ``r // m`` (the pigeonhole argument, Sec. 3), so a query
-(:func:`mih_knn`, :func:`mih_range`) reads the buckets nearest its own keys first and stops once
-the buckets read guarantee its answer. Answers are a linear scan's (:func:`tfhash.hamming.knn_search`):
+by the first ``key_bits`` bits of that substring (:func:`build_tables`, positions bit-packed). Two
+codes within distance ``r`` share a substring within ``r // m`` (the pigeonhole argument, Sec. 3),
+so a query (:func:`mih_knn`, :func:`mih_range`) reads the buckets nearest its own keys first and
+stops once the buckets read guarantee its answer. Answers are a linear scan's (:func:`tfhash.hamming.knn_search`):
 the same distances, ties in insertion order; the cost grows with the k-th neighbour's distance.
 """
 
@@ -18,7 +18,9 @@ import numpy as np
 
 from tfhash.hamming import _distance, code_words, popcount, search_threads
 
-__all__ = ["MAX_KEY_BITS", "default_tables", "default_key_bits", "substring_starts", "build_tables", "mih_knn", "mih_range"]
+__all__ = ["MAX_KEY_BITS", "default_tables", "default_key_bits", "substring_starts", "position_bits", "packed_words",
+           "build_tables",
+           "pack_positions", "unpack_positions", "mih_knn", "mih_range"]
 
 #: The widest key a table is addressed by: 2**24 buckets, 64 MiB of uint32 offsets a table.
 MAX_KEY_BITS = 24
@@ -52,6 +54,75 @@ def default_key_bits(bits: int, tables: int, count: int) -> int:
     return int(min(shortest, MAX_KEY_BITS, wanted))
 
 
+@numba.njit(cache=True, nogil=True)
+def position_bits(count):  # pragma: no cover - compiled
+    """Bits a table stores a row's position in: ceil(log2(count)), at least 1 (27 at 100M rows, where
+    uint32 positions would hold 2.53x the 64-bit codes with three tables, packed ones 2.30x)."""
+    width = 1
+    while (1 << width) < count:
+        width += 1
+    return width
+
+
+def packed_words(count: int) -> int:
+    """uint64 words of one table's packed positions of ``count`` rows, and one more: a read of any
+    position may load the word after its own."""
+    return (count * position_bits(count) + 63) // 64 + 1
+
+
+@numba.njit(cache=True, nogil=True)
+def _position(positions, t, s, width):  # pragma: no cover - compiled
+    """The ``s``-th position of table ``t``, ``width`` bits wide, in the packed ``positions``
+    (little-endian within and across uint64 words; the word after may be read, never used past the value)."""
+    bit = np.uint64(s) * np.uint64(width)
+    w = bit >> np.uint64(6)
+    shift = bit & np.uint64(63)
+    value = (positions[t, w] >> shift) | ((positions[t, w + np.uint64(1)] << np.uint64(1)) << (np.uint64(63) - shift))
+    return value & ((np.uint64(1) << np.uint64(width)) - np.uint64(1))
+
+
+@numba.njit(cache=True, nogil=True)
+def _put(positions, t, s, width, value):  # pragma: no cover - compiled
+    """Store ``value`` as the ``s``-th position of table ``t`` (its bits zero before)."""
+    bit = np.uint64(s) * np.uint64(width)
+    w = bit >> np.uint64(6)
+    shift = bit & np.uint64(63)
+    v = np.uint64(value)
+    positions[t, w] |= v << shift
+    if shift + np.uint64(width) > np.uint64(64):
+        positions[t, w + np.uint64(1)] |= v >> (np.uint64(64) - shift)
+
+
+@numba.njit(cache=True, nogil=True)
+def _pack(rows, width, positions):  # pragma: no cover - compiled
+    for t in range(rows.shape[0]):
+        for s in range(rows.shape[1]):
+            _put(positions, t, s, width, rows[t, s])
+
+
+@numba.njit(cache=True, nogil=True)
+def _unpack(positions, width, rows):  # pragma: no cover - compiled
+    for t in range(rows.shape[0]):
+        for s in range(rows.shape[1]):
+            rows[t, s] = _position(positions, t, s, width)
+
+
+def pack_positions(rows: np.ndarray) -> np.ndarray:
+    """Tables' row positions ``(m, n)`` (any unsigned integers below n) packed as :func:`build_tables`
+    stores them: :func:`position_bits` (n) bits each, ``(m, words)`` ``uint64``."""
+    rows = np.ascontiguousarray(rows)
+    positions = np.zeros((rows.shape[0], packed_words(rows.shape[1])), np.uint64)
+    _pack(rows, position_bits(rows.shape[1]), positions)
+    return positions
+
+
+def unpack_positions(positions: np.ndarray, count: int) -> np.ndarray:
+    """The ``(m, count)`` ``uint32`` row positions of packed tables (the inverse of :func:`pack_positions`)."""
+    rows = np.empty((positions.shape[0], count), np.uint32)
+    _unpack(positions, position_bits(count), rows)
+    return rows
+
+
 @numba.njit(cache=True, nogil=True, inline="always")
 def _key(row_bytes, base, width, start, key_bits):  # pragma: no cover - compiled
     """Bits ``start .. start + key_bits`` of the packed row at ``row_bytes[base:base + width]``
@@ -83,7 +154,7 @@ def _row_distance(q_words, db_words, words, x):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True)
-def _build(db_bytes, width, n, starts, key_bits, offsets, positions):  # pragma: no cover - compiled
+def _build(db_bytes, width, n, starts, key_bits, offsets, positions, pos_bits):  # pragma: no cover - compiled
     for t in range(starts.shape[0]):
         for i in range(n):
             offsets[t, _key(db_bytes, i * width, width, starts[t], key_bits) + np.uint64(1)] += 1
@@ -92,15 +163,17 @@ def _build(db_bytes, width, n, starts, key_bits, offsets, positions):  # pragma:
         cursor = offsets[t, :-1].copy()
         for i in range(n):
             key = _key(db_bytes, i * width, width, starts[t], key_bits)
-            positions[t, cursor[key]] = i
+            _put(positions, t, cursor[key], pos_bits, i)
             cursor[key] += 1
 
 
 def build_tables(packed: np.ndarray, starts: np.ndarray, key_bits: int) -> tuple[np.ndarray, np.ndarray]:
     """The tables of the packed ``uint8`` codes ``(n, K/8)``: ``offsets`` ``(m, 2**key_bits + 1)``
-    and ``positions`` ``(m, n)``, both ``uint32``; bucket ``b`` of table ``t`` holds the rows
-    ``positions[t, offsets[t, b]:offsets[t, b + 1]]``, in insertion order (a stable counting sort
-    of each row's key: the first ``key_bits`` bits of substring ``t``)."""
+    ``uint32`` and ``positions``, bucket ``b`` of table ``t`` holding the rows at
+    ``offsets[t, b]:offsets[t, b + 1]`` of table ``t``'s positions, in insertion order (a stable
+    counting sort of each row's key: the first ``key_bits`` bits of substring ``t``). Positions are
+    bit-packed, :func:`position_bits` (n) bits each, ``(m, words)`` ``uint64``
+    (:func:`unpack_positions` reads them back)."""
     packed = np.ascontiguousarray(packed, dtype=np.uint8)
     n, width = packed.shape
     if n >= 2**32:
@@ -108,8 +181,8 @@ def build_tables(packed: np.ndarray, starts: np.ndarray, key_bits: int) -> tuple
     if not 1 <= key_bits <= 32:
         raise ValueError(f"key_bits must be in 1..32, got {key_bits}")
     offsets = np.zeros((len(starts), (1 << key_bits) + 1), dtype=np.uint32)
-    positions = np.empty((len(starts), n), dtype=np.uint32)
-    _build(packed.reshape(-1), width, n, np.asarray(starts, np.int64), key_bits, offsets, positions)
+    positions = np.zeros((len(starts), packed_words(n)), dtype=np.uint64)
+    _build(packed.reshape(-1), width, n, np.asarray(starts, np.int64), key_bits, offsets, positions, position_bits(n))
     return offsets, positions
 
 
@@ -121,6 +194,8 @@ def _probe_steps(q_bytes, q_words, db_bytes, db_words, width, words, bits, start
     (candidates, their count, the threshold, finished); ``finished`` is False when the work (probes
     plus items read) passed ``work_limit`` first."""
     m = starts.shape[0]
+    n = db_bytes.shape[0] // width
+    pos_bits = position_bits(n)
     q_keys = np.empty(m, np.uint64)
     for t in range(m):
         q_keys[t] = _key(q_bytes, 0, width, starts[t], key_bits)
@@ -141,7 +216,7 @@ def _probe_steps(q_bytes, q_words, db_bytes, db_words, width, words, bits, start
                 lo, hi = offsets[t, key], offsets[t, key + np.uint64(1)]
                 work += 1 + np.int64(hi - lo)
                 for s in range(lo, hi):
-                    x = np.uint64(positions[t, s])
+                    x = _position(positions, t, s, pos_bits)
                     d = _row_distance(q_words, db_words, words, x)
                     if d > threshold:
                         continue
@@ -202,7 +277,7 @@ def _probe_steps(q_bytes, q_words, db_bytes, db_words, width, words, bits, start
                 # after each round from key distance 1, give up at once when the probes still needed
                 # to reach the k-th candidate's distance (the radius) would alone pass the limit
                 budget = work_limit - work
-                per_probe = 1.0 + positions.shape[1] / (1 << key_bits)  # a probe and its bucket's items on average
+                per_probe = 1.0 + n / (1 << key_bits)  # a probe and its bucket's items on average
                 if _probes_ahead(m, key_bits, rho, t, radius if k == 0 else threshold, budget / per_probe) * per_probe > budget:
                     return cand_d, cand_p, size, threshold, False
     return cand_d, cand_p, size, threshold, True

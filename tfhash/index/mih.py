@@ -27,6 +27,8 @@ from tfhash.mih import (
     default_tables,
     mih_knn,
     mih_range,
+    pack_positions,
+    packed_words,
     substring_starts,
 )
 
@@ -329,8 +331,11 @@ class MultiIndexHashing(HashIndex):
             ranged = "first_id" in described
             arrays = {name: np.load(os.path.join(folder, name), mmap_mode=mode, allow_pickle=False)
                       for name in SEGMENT_FILES if not (ranged and name == IDS_FILE)}  # fmt: skip
+            positions, source = arrays["positions.npy"], folder
+            if positions.dtype == np.uint32 and positions.ndim == 2 and positions.shape[1] == arrays["codes.npy"].shape[0]:
+                positions, source = pack_positions(positions), None  # saved before positions were packed: written anew on save
             segment = Segment(arrays["codes.npy"], arrays.get(IDS_FILE), int(described["tables"]), int(described["key_bits"]),
-                              arrays["offsets.npy"], arrays["positions.npy"], source=folder,
+                              arrays["offsets.npy"], positions, source=source,
                               first_id=int(described.get("first_id", 0)))  # fmt: skip
             _check_segment(segment, index.bits, folder)
             index.segments.append(segment)
@@ -358,7 +363,8 @@ def _check_segment(segment: Segment, bits: int, folder: str) -> None:
     """Refuse arrays whose dtypes or shapes do not fit one another (a file swapped in by hand)."""
     n, m = segment.count, segment.tables
     expected = {"codes.npy": (np.uint8, (n, bits // 8)), IDS_FILE: (np.int64, (n,)),
-                "offsets.npy": (np.uint32, (m, (1 << segment.key_bits) + 1)), "positions.npy": (np.uint32, (m, n))}  # fmt: skip
+                "offsets.npy": (np.uint32, (m, (1 << segment.key_bits) + 1)),
+                "positions.npy": (np.uint64, (m, packed_words(n)))}  # fmt: skip
     for name, array in segment.files().items():
         dtype, shape = expected[name]
         if array.dtype != dtype or array.shape != shape:
