@@ -38,14 +38,15 @@ logger = logging.getLogger(__name__)
 def fill_index(index, shards) -> None:
     """Fill ``index`` with the codes and ids of ``shards`` (a
     :class:`tfhash.components.code_shards.CodeShards`), in record order. An index held in this
-    process (BFlat, BMIH, the FAISS binary types, ScaNN) takes every code in one ``add``, gathered
-    shard by shard into one array (so an IVF quantizer trains on all codes, as it would from arrays,
-    and BMIH builds one segment; ScaNN then builds its float rows from them: the exception to memory
-    of packed codes only); an index held elsewhere (Milvus) takes one shard at a time."""
+    process (BFlat, BMIH, the FAISS binary types, ScaNN) takes every code in one add
+    (:meth:`~tfhash.index.base.HashIndex.add_batches`), gathered shard by shard into one array (so
+    an IVF quantizer trains on all codes, as it would from arrays, and BMIH builds one segment on
+    that array, not a copy; ScaNN then builds its float rows from them: the exception to memory of
+    packed codes only); an index held elsewhere (Milvus) takes one shard at a time."""
     from tfhash.index import MilvusIndex
 
     if not isinstance(index, MilvusIndex):
-        index.add(*shards.codes_and_ids())
+        index.add_batches(((codes, ids) for codes, _, ids in shards), shards.count)
         return
     for codes, _, ids in shards:
         index.add(codes, ids)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -233,6 +234,47 @@ def test_automatic_ids_are_kept_as_a_range_and_the_index_owns_its_codes(tmp_path
     shuffled = MultiIndexHashing(64)
     shuffled.add(db[:300], np.arange(300)[::-1])
     assert shuffled.segments[0].ids is not None
+
+
+@pytest.mark.parametrize("kind", ["BMIH", "BFlat"])
+def test_codes_added_in_batches_are_one_add_and_bmih_keeps_the_gathered_array(kind):
+    """add_batches answers as one add of every batch (ids given or automatic); bad batches change
+    nothing; BMIH holds the gathered codes without a second copy (traced allocations)."""
+    rng = np.random.default_rng(7)
+    db, queries = clustered(rng, 4000, 64), clustered(rng, 10, 64)
+    batches = [(db[i : i + 1000], np.arange(i, i + 1000) * 3) for i in range(0, 4000, 1000)]
+    whole, batched = index_factory(64, kind), index_factory(64, kind)
+    whole.add(db, np.arange(4000) * 3)
+    batched.add_batches(iter(batches), 4000)
+    assert_same(batched.search(queries, 10), whole.search(queries, 10))
+    automatic = index_factory(64, kind)
+    automatic.add_batches(((codes, None) for codes, _ in batches), 4000)
+    assert automatic.ids().tolist() == list(range(4000))
+    refused = [
+        (batches, 3999, "hold more than the 3999 codes announced"),
+        (batches, 4001, "hold 4000 codes, 4001 were announced"),
+        ([batches[0], (db[1000:2000], None)], 2000, "some batches carry ids and some do not"),
+        ([(db[:10], np.arange(10) * 0.5)], 10, "carries ids of float64"),
+        ([(db[:10], np.arange(10)), (db[10:20], np.arange(5, 15))], 20, "ids must be unique; repeated: \\[5, 6"),
+        ([(db[:10], np.arange(10) * 3)], 10, "already in the index"),
+        ([(db[:10, :4], None)], 10, "have 32 bits, the index holds 64-bit codes"),
+    ]
+    for given, count, message in refused:
+        with pytest.raises(HashIndexError, match=message):
+            batched.add_batches(iter(given), count)
+        assert batched.ntotal == 4000
+    assert_same(batched.search(queries, 10), whole.search(queries, 10))
+    if kind == "BMIH":
+        big = clustered(rng, 200_000, 64)
+        parts = [(big[i : i + 20_000], None) for i in range(0, 200_000, 20_000)]
+        peaks = []
+        for fill in (lambda index: index.add_batches(iter(parts), 200_000), lambda index: index.add(np.concatenate([p for p, _ in parts]))):
+            fill(MultiIndexHashing(64))  # compiled and warm: only the arrays are traced below
+            tracemalloc.start()
+            fill(MultiIndexHashing(64))
+            peaks.append(tracemalloc.get_traced_memory()[1])
+            tracemalloc.stop()
+        assert peaks[0] < peaks[1] - 0.9 * big.nbytes  # one copy of the codes fewer
 
 
 def test_an_index_saved_with_uint32_positions_loads_and_is_saved_packed(tmp_path):

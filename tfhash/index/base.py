@@ -6,6 +6,7 @@ import abc
 import importlib
 import importlib.util
 import os
+from collections.abc import Callable, Iterable
 from typing import ClassVar, NamedTuple
 
 import numpy as np
@@ -114,6 +115,34 @@ def validate_ids(ids, count: int) -> np.ndarray:
     if values.size != ids.size:
         raise HashIndexError(f"ids must be unique; repeated: {values[counts > 1][:5].tolist()}")
     return ids
+
+
+def _gathered(batches: Iterable[tuple], count: int, read_rows: Callable) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The rows (read by ``read_rows``) and ids of ``(codes, ids)`` batches in one array each,
+    filled batch by batch; ids ``None`` when no batch carries any. Refuses batches that hold
+    another number of codes than ``count``, or carry ids in some batches only."""
+    rows = ids = None
+    at = 0
+    for codes, batch_ids in batches:
+        part = read_rows(codes, "codes")
+        if at + part.shape[0] > count:
+            raise HashIndexError(f"the batches hold more than the {count} codes announced; pass their number as count")
+        if rows is None:
+            rows = np.empty((count, *part.shape[1:]), part.dtype)
+            ids = None if batch_ids is None else np.empty(count, np.int64)
+        if (batch_ids is None) != (ids is None):
+            raise HashIndexError("some batches carry ids and some do not: give ids with every batch, or with none (automatic ids)")
+        rows[at : at + part.shape[0]] = part
+        if ids is not None:
+            given = np.asarray(batch_ids)
+            if given.shape != (part.shape[0],) or not np.issubdtype(given.dtype, np.integer):
+                raise HashIndexError(f"a batch of {part.shape[0]} codes carries ids of {given.dtype} {given.shape}; "
+                                     f"expected {part.shape[0]} integer ids")  # fmt: skip
+            ids[at : at + part.shape[0]] = given
+        at += part.shape[0]
+    if at != count:
+        raise HashIndexError(f"the batches hold {at} codes, {count} were announced; pass their number as count")
+    return rows, ids
 
 
 def next_ids(existing: np.ndarray, count: int) -> np.ndarray:
@@ -308,13 +337,29 @@ class HashIndex(abc.ABC):
         """Append ``codes`` with int64 ``ids`` (default: consecutive ids after the largest one);
         an id already in the index is refused (see :meth:`upsert`)."""
         rows = self._read_rows(codes, "codes")
+        self._insert(rows, self._new_ids(ids, rows.shape[0]))
+
+    def add_batches(self, batches: Iterable[tuple], count: int) -> None:
+        """Append ``count`` codes that arrive as ``(codes, ids)`` batches (ids ``None`` in every
+        batch: automatic ones), in order, as one :meth:`add`: all or nothing. Each batch is copied
+        into one array as it comes, one batch in memory beside it; an index that keeps a copy of its
+        codes (``BMIH``) keeps that array instead of copying it again."""
+        rows, ids = _gathered(batches, count, self._read_rows)
+        if count:
+            self._insert_gathered(rows, self._new_ids(ids, count))
+
+    def _new_ids(self, ids, count: int) -> np.ndarray:
+        """The ids of ``count`` new items: ``ids`` checked (valid, none already held), or automatic ones."""
         if ids is None:  # consecutive after the largest id held: new and unique by construction
-            self._insert(rows, self._next_ids(rows.shape[0]))
-            return
-        ids = validate_ids(ids, rows.shape[0])
+            return self._next_ids(count)
+        ids = validate_ids(ids, count)
         clash = self._existing(ids) if self.ntotal else ids[:0]
         if clash.size:
             raise HashIndexError(f"ids {clash[:5].tolist()} are already in the index; use upsert() to replace them")
+        return ids
+
+    def _insert_gathered(self, rows: np.ndarray, ids: np.ndarray) -> None:
+        """:meth:`_insert` of rows gathered for this add alone (no one else holds them)."""
         self._insert(rows, ids)
 
     def remove(self, ids) -> int:

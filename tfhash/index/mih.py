@@ -18,7 +18,6 @@ from tfhash.index.base import (
     HashIndex,
     HashIndexError,
     SearchResult,
-    next_ids,
 )
 from tfhash.index.persistence import IndexFormatError
 from tfhash.mih import (
@@ -211,14 +210,21 @@ class MultiIndexHashing(HashIndex):
             found |= segment.holds(ids)
         return ids[found]
 
-    def _next_ids(self, count: int) -> np.ndarray:
+    def _new_ids(self, ids, count: int) -> np.ndarray | int:
+        """As :meth:`HashIndex._new_ids`, but automatic ids as their first id alone: a segment keeps
+        a range so, and an array of them would weigh as much as 64-bit codes at the build's peak."""
+        if ids is not None:
+            return super()._new_ids(ids, count)
         largest = max((s.largest_id() for s in self.segments if s.count), default=-1)
-        return next_ids(np.array([largest]) if largest >= 0 else np.zeros(0, np.int64), count)
+        return largest + 1
 
-    def _insert(self, rows: np.ndarray, ids: np.ndarray) -> None:
+    def _insert(self, rows: np.ndarray, ids: np.ndarray | int) -> None:
+        self._insert_gathered(np.array(rows), ids)  # its own copy of the rows
+
+    def _insert_gathered(self, rows: np.ndarray, ids: np.ndarray | int) -> None:
         if not rows.shape[0]:
             return
-        self.segments.append(Segment.build(np.array(rows), ids, self.bits, self.tables))  # its own copy of the rows
+        self.segments.append(Segment.build(rows, ids, self.bits, self.tables))
         while len(self.segments) > 1 and self.segments[-1].count >= MERGE_SHARE * self.segments[-2].count:
             last, before = self.segments.pop(), self.segments.pop()
             self.segments.append(Segment.merged(before, last, self.bits, self.tables))
