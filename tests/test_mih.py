@@ -11,7 +11,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from tfhash.hamming import knn_search, range_search
+from tfhash.hamming import knn_search, knn_ties_search, range_search
 from tfhash.index import (
     HashIndexError,
     IndexFormatError,
@@ -26,6 +26,7 @@ from tfhash.mih import (
     default_key_bits,
     default_tables,
     mih_knn,
+    mih_knn_ties,
     mih_range,
     pack_positions,
     packed_words,
@@ -66,6 +67,13 @@ def test_the_kernel_answers_as_the_linear_scan(bits, tables):
         assert finished.all()
         np.testing.assert_array_equal(distances, expected_d)
         np.testing.assert_array_equal(found, expected_p)
+    for k in (1, 10, 701):
+        answers, finished = mih_knn_ties(queries, db, starts, key_bits, offsets, positions, k, 10**12)
+        limits, expected_d, expected_p = knn_ties_search(queries, db, k)
+        assert finished.all()
+        for q, (d, p) in enumerate(answers):
+            np.testing.assert_array_equal(d, expected_d[limits[q] : limits[q + 1]])
+            np.testing.assert_array_equal(p, expected_p[limits[q] : limits[q + 1]])
     for radius in (0, 2, bits // 4):
         answers, finished = mih_range(queries, db, starts, key_bits, offsets, positions, radius, 10**12)
         limits, expected_d, expected_p = range_search(queries, db, radius)
@@ -127,6 +135,8 @@ def test_a_query_that_costs_more_than_a_scan_is_handed_to_the_scan():
     flat = index_factory(64, "BFlat")
     flat.add(db)
     assert_same(index.search(queries, 10), flat.search(queries, 10))  # scanned, the same answers
+    for ours, theirs in zip(index.search_with_ties(queries, 10), flat.search_with_ties(queries, 10), strict=True):
+        assert_same(ours, theirs)
 
 
 def test_a_query_gives_up_early_when_the_probes_still_needed_pass_its_limit():
@@ -161,8 +171,9 @@ def test_bmih_answers_as_bflat_through_adds_removals_and_upserts(tables):
     assert [s.count for s in index.segments] == [4000, 900]  # the small adds merged, the first segment kept
     for ours, theirs in zip(index.range_search(queries, 6), flat.range_search(queries, 6), strict=True):
         assert_same(ours, theirs)
-    for ours, theirs in zip(index.search_with_ties(queries, 5), flat.search_with_ties(queries, 5), strict=True):
-        assert_same(ours, theirs)
+    for k in (1, 5, 301, 400):
+        for ours, theirs in zip(index.search_with_ties(queries, k), flat.search_with_ties(queries, k), strict=True):
+            assert_same(ours, theirs)
     gone = ids[[0, 4050, 4899]]
     assert index.remove(gone) == flat.remove(gone) == 3
     index.upsert(db[10:12], ids[[0, 4050]])

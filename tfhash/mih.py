@@ -20,7 +20,7 @@ from tfhash.hamming import _distance, code_words, popcount, search_threads
 
 __all__ = ["MAX_KEY_BITS", "default_tables", "default_key_bits", "substring_starts", "position_bits", "packed_words",
            "build_tables",
-           "pack_positions", "unpack_positions", "mih_knn", "mih_range"]
+           "pack_positions", "unpack_positions", "mih_knn", "mih_knn_ties", "mih_range"]
 
 #: The widest key a table is addressed by: 2**24 buckets, 64 MiB of uint32 offsets a table.
 MAX_KEY_BITS = 24
@@ -351,12 +351,14 @@ def _knn_parallel(query_bytes, query_words, db_bytes, db_words, width, words, bi
 
 
 @numba.njit(cache=True, nogil=True)
-def _range(query_bytes, query_words, db_bytes, db_words, width, words, bits, starts, key_bits, offsets, positions,
-           radius, work_limit, found, finished):  # fmt: skip  # pragma: no cover - compiled
+def _within(query_bytes, query_words, db_bytes, db_words, width, words, bits, starts, key_bits, offsets, positions,
+            k, radius, work_limit, found, finished):  # fmt: skip  # pragma: no cover - compiled
+    """Each query's rows within ``radius`` (``k`` = 0), or within its k-th distance (ties included:
+    when the steps stop, every row within the k-th candidate's distance has been found)."""
     for q in range(query_bytes.shape[0]):  # serial: each query's answer replaces an item of a typed list
-        cand_d, cand_p = np.empty(256, np.int32), np.empty(256, np.int64)
+        cand_d, cand_p = np.empty(max(4 * k, 256), np.int32), np.empty(max(4 * k, 256), np.int64)
         cand_d, cand_p, size, threshold, done = _probe_steps(query_bytes[q], query_words[q], db_bytes, db_words, width, words,
-                                                             bits, starts, key_bits, offsets, positions, 0, radius,
+                                                             bits, starts, key_bits, offsets, positions, k, radius,
                                                              work_limit, cand_d, cand_p)  # fmt: skip
         finished[q] = done
         if done:
@@ -407,11 +409,23 @@ def mih_range(query_packed: np.ndarray, db_packed: np.ndarray, starts: np.ndarra
     """Every row within Hamming distance ``radius`` (inclusive) of each packed query, through the
     tables: per query an ``(distances int32, positions int64)`` pair by distance, ties in insertion
     order, and ``finished`` as in :func:`mih_knn` (None in place of an unfinished query's pair)."""
+    return _found_within(query_packed, db_packed, starts, key_bits, offsets, positions, 0, radius, work_limit)
+
+
+def mih_knn_ties(query_packed: np.ndarray, db_packed: np.ndarray, starts: np.ndarray, key_bits: int, offsets: np.ndarray,
+                 positions: np.ndarray, k: int, work_limit: int) -> tuple[list, np.ndarray]:  # fmt: skip
+    """Every row within each packed query's k-th smallest distance, the ties at it included, in one
+    search (as :func:`tfhash.hamming.knn_ties_search` in one scan), ``1 <= k <= n``: per query a pair
+    as :func:`mih_range` returns, and ``finished`` as in :func:`mih_knn`."""
+    return _found_within(query_packed, db_packed, starts, key_bits, offsets, positions, k, 0, work_limit)
+
+
+def _found_within(query_packed, db_packed, starts, key_bits, offsets, positions, k, radius, work_limit):
     queries, query_words, width, words = _views(query_packed)
     db, db_words, _, _ = _views(db_packed)
     found = numba.typed.List([np.zeros(0, np.int64) for _ in range(queries.shape[0])])
     finished = np.zeros(queries.shape[0], np.bool_)
-    _range(queries, query_words, db.reshape(-1), db_words.reshape(-1), width, words, width * 8, np.asarray(starts, np.int64),
-           key_bits, offsets, positions, radius, work_limit, found, finished)  # fmt: skip
+    _within(queries, query_words, db.reshape(-1), db_words.reshape(-1), width, words, width * 8, np.asarray(starts, np.int64),
+            key_bits, offsets, positions, k, radius, work_limit, found, finished)  # fmt: skip
     low = (1 << 40) - 1
     return [((keys >> 40).astype(np.int32), keys & low) if done else None for keys, done in zip(found, finished, strict=True)], finished

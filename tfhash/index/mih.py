@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tfhash.hamming import knn_search, range_search
+from tfhash.hamming import knn_search, knn_ties_search, range_search
 from tfhash.index.base import (
     IDS_FILE,
     PACKED,
@@ -25,6 +25,7 @@ from tfhash.mih import (
     default_key_bits,
     default_tables,
     mih_knn,
+    mih_knn_ties,
     mih_range,
     pack_positions,
     packed_words,
@@ -267,16 +268,34 @@ class MultiIndexHashing(HashIndex):
 
     def _range_search(self, rows: np.ndarray, radius: int) -> list[SearchResult]:
         """Every item within ``radius``, by distance, ties in insertion order (exact)."""
+        return self._found_in_segments(rows, lambda s: mih_range(rows, s.codes, s.starts, s.key_bits, s.offsets, s.positions,
+                                                                  radius, self._work_limit(s)),
+                                       lambda some, s: range_search(some, s.codes, radius))  # fmt: skip
+
+    def _search_with_ties(self, rows: np.ndarray, k: int) -> list[SearchResult]:
+        """The k nearest and every item tied with the k-th, in one search of each segment (a
+        segment's items within its own k-th distance include those within the whole index's)."""
+        found = self._found_in_segments(rows, lambda s: mih_knn_ties(rows, s.codes, s.starts, s.key_bits, s.offsets, s.positions,
+                                                                     min(k, s.count), self._work_limit(s)),
+                                        lambda some, s: knn_ties_search(some, s.codes, min(k, s.count)))  # fmt: skip
+        if len(self.segments) == 1:
+            return found
+        return [SearchResult(r.distances[r.distances <= r.distances[k - 1]], r.ids[r.distances <= r.distances[k - 1]]) for r in found]
+
+    def _found_in_segments(self, rows: np.ndarray, search, scan) -> list[SearchResult]:
+        """Each query's items that ``search`` (a segment -> per query an ``(distances, positions)``
+        pair, and which queries finished) finds in every segment, ``scan`` (queries, segment ->
+        offsets, distances, positions) answering the queries that did not finish; by distance,
+        ties in insertion order."""
         found_d = [[] for _ in range(rows.shape[0])]
         found_p = [[] for _ in range(rows.shape[0])]
         start = 0
         for segment in self.segments:
-            answers, finished = mih_range(rows, segment.codes, segment.starts, segment.key_bits,
-                                          segment.offsets, segment.positions, radius, self._work_limit(segment))  # fmt: skip
+            answers, finished = search(segment)
             scanned = np.flatnonzero(~finished)
             self.scanned += int(scanned.size)
             if scanned.size:
-                limits, distances, positions = range_search(rows[scanned], segment.codes, radius)
+                limits, distances, positions = scan(rows[scanned], segment)
                 for j, q in enumerate(scanned):
                     answers[q] = distances[limits[j] : limits[j + 1]], positions[limits[j] : limits[j + 1]]
             for q, (distances, positions) in enumerate(answers):
@@ -289,11 +308,6 @@ class MultiIndexHashing(HashIndex):
             order = np.lexsort((positions, distances))
             results.append(SearchResult(distances[order].astype(np.int32), self._ids_at(positions[order])))
         return results
-
-    def _search_with_ties(self, rows: np.ndarray, k: int) -> list[SearchResult]:
-        """The k nearest and every item tied with the k-th: a range search at each query's k-th distance."""
-        kth = self._search(rows, k).distances[:, -1]
-        return [self._range_search(rows[q : q + 1], int(kth[q]))[0] for q in range(rows.shape[0])]
 
     def _work_limit(self, segment: Segment) -> int:
         return max(64, int(segment.count * SCAN_SHARE))
