@@ -67,16 +67,10 @@ def test_the_kernel_answers_as_the_linear_scan(bits, tables):
         assert finished.all()
         np.testing.assert_array_equal(distances, expected_d)
         np.testing.assert_array_equal(found, expected_p)
-    for k in (1, 10, 701):
-        answers, finished = mih_knn_ties(queries, db, starts, key_bits, offsets, positions, k, 10**12)
-        limits, expected_d, expected_p = knn_ties_search(queries, db, k)
-        assert finished.all()
-        for q, (d, p) in enumerate(answers):
-            np.testing.assert_array_equal(d, expected_d[limits[q] : limits[q + 1]])
-            np.testing.assert_array_equal(p, expected_p[limits[q] : limits[q + 1]])
-    for radius in (0, 2, bits // 4):
-        answers, finished = mih_range(queries, db, starts, key_bits, offsets, positions, radius, 10**12)
-        limits, expected_d, expected_p = range_search(queries, db, radius)
+    found_by = [(mih_knn_ties, knn_ties_search, k) for k in (1, 10, 701)] + [(mih_range, range_search, r) for r in (0, 2, bits // 4)]
+    for ours, scan, value in found_by:  # the k nearest with their ties, and every row within a radius
+        answers, finished = ours(queries, db, starts, key_bits, offsets, positions, value, 10**12)
+        limits, expected_d, expected_p = scan(queries, db, value)
         assert finished.all()
         for q, (d, p) in enumerate(answers):
             np.testing.assert_array_equal(d, expected_d[limits[q] : limits[q + 1]])
