@@ -269,11 +269,14 @@ def test_codes_added_in_batches_are_one_add_and_bmih_keeps_the_gathered_array(ki
             batched.add_batches(iter(given), count)
         assert batched.ntotal == 4000
     assert_same(batched.search(queries, 10), whole.search(queries, 10))
+    for count in (-1, 2.5, True):
+        with pytest.raises(HashIndexError, match="count must be the number of codes"):
+            batched.add_batches(iter(batches), count)
     if kind == "BMIH":
         big = clustered(rng, 200_000, 64)
-        parts = [(big[i : i + 20_000], None) for i in range(0, 200_000, 20_000)]
+        parts = [(big[i : i + 20_000], np.arange(i, i + 20_000) + 10**6) for i in range(0, 200_000, 20_000)]  # ids a range
         peaks = []
-        for fill in (lambda index: index.add_batches(iter(parts), 200_000), lambda index: index.add(np.concatenate([p for p, _ in parts]))):
+        for fill in (lambda index: index.add_batches(iter(parts), 200_000), lambda index: index.add(np.concatenate([p for p, _ in parts]), np.arange(200_000) + 10**6)):
             fill(MultiIndexHashing(64))  # compiled and warm: only the arrays are traced below
             tracemalloc.start()
             fill(MultiIndexHashing(64))
@@ -315,6 +318,21 @@ def test_bad_input_and_damaged_files_are_refused(tmp_path):
         index.search(db[:1], 301)
     with pytest.raises(HashIndexError, match="have 32 bits, the index holds 64-bit codes"):
         index.search(db[:1, :4], 1)
+    with pytest.raises(HashIndexError, match=r"ids \[250, 251, 252"):  # given ids that are a range, overlapping a range held
+        index.add(db[:60], np.arange(250, 310))
+    ranged = MultiIndexHashing(64)
+    ranged.add(db[:50], np.arange(100, 150))  # given ids that are a range are kept as one, as automatic ones
+    assert ranged.segments[0].ids is None and ranged.segments[0].first_id == 100
+    scattered = MultiIndexHashing(64)
+    scattered.add(db[:3], np.array([0, 55, 7]))
+    with pytest.raises(HashIndexError, match=r"ids \[55\] are already"):  # a range around an id held
+        scattered.add(db[:10], np.arange(50, 60))
+    scattered.add(db[:10], np.arange(60, 70))
+    assert scattered.ids().tolist() == [0, 55, 7, *range(60, 70)]
+    with pytest.raises(ValueError, match=r"positions of 4 rows lie in 0..3, got 0..4"):
+        pack_positions(np.array([[0, 1, 2, 4]], np.uint32))
+    with pytest.raises(ValueError, match=r"k must be in 1..300"):
+        mih_knn_ties(db[:1], db, substring_starts(64, 2), 8, *build_tables(db, substring_starts(64, 2), 8), 0, 10**6)
     offsets = np.zeros((1, 257), np.uint32)
     offsets[0, -1] = 7
     damaged = mih_index.Segment(db, np.arange(300), 1, 8, offsets, np.zeros((1, packed_words(300)), np.uint64))

@@ -31,7 +31,7 @@ _KEY_BITS_BELOW_LOG2 = 2
 def default_tables(bits: int, count: int) -> int:
     """The paper's choice of ``m`` (Sec. 4.1: ``m = K / log2 n``, substrings of about log2(n) bits),
     rounded up: at 100M x 64 bits 3 tables, not 2, put a query's far tail (k-th neighbour at 9-10
-    of 64 bits) at 3 ms rather than 13-60 ms for 0.5x the codes more memory. At least 1, at most
+    of 64 bits) at 3 ms rather than 13-60 ms for 0.42x the codes more memory. At least 1, at most
     K / 8 (substrings of at least 8 bits)."""
     return int(min(max(1, math.ceil(bits / math.log2(max(count, 2)))), bits // 8))
 
@@ -111,6 +111,8 @@ def pack_positions(rows: np.ndarray) -> np.ndarray:
     """Tables' row positions ``(m, n)`` (any unsigned integers below n) packed as :func:`build_tables`
     stores them: :func:`position_bits` (n) bits each, ``(m, words)`` ``uint64``."""
     rows = np.ascontiguousarray(rows)
+    if rows.size and not 0 <= int(rows.min()) <= int(rows.max()) < rows.shape[1]:
+        raise ValueError(f"positions of {rows.shape[1]} rows lie in 0..{rows.shape[1] - 1}, got {int(rows.min())}..{int(rows.max())}")
     positions = np.zeros((rows.shape[0], packed_words(rows.shape[1])), np.uint64)
     _pack(rows, position_bits(rows.shape[1]), positions)
     return positions
@@ -375,6 +377,11 @@ def _views(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, int]:
     return packed, words, packed.shape[1], words.shape[1]
 
 
+def _check_k(k: int, count: int) -> None:
+    if not 1 <= k <= count:
+        raise ValueError(f"k must be in 1..{count} (the rows searched), got {k}")
+
+
 def mih_knn(query_packed: np.ndarray, db_packed: np.ndarray, starts: np.ndarray, key_bits: int, offsets: np.ndarray,
             positions: np.ndarray, k: int, work_limit: int, threads: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
     """Exact Hamming k-NN of packed queries over ``db_packed`` through its tables
@@ -395,6 +402,7 @@ def mih_knn(query_packed: np.ndarray, db_packed: np.ndarray, starts: np.ndarray,
     ``work_limit`` (probes plus items read)."""
     queries, query_words, width, words = _views(query_packed)
     db, db_words, _, _ = _views(db_packed)
+    _check_k(k, db.shape[0])
     out_d = np.zeros((queries.shape[0], k), np.int32)
     out_p = np.zeros((queries.shape[0], k), np.int64)
     finished = np.zeros(queries.shape[0], np.bool_)
@@ -417,6 +425,7 @@ def mih_knn_ties(query_packed: np.ndarray, db_packed: np.ndarray, starts: np.nda
     """Every row within each packed query's k-th smallest distance, the ties at it included, in one
     search (as :func:`tfhash.hamming.knn_ties_search` in one scan), ``1 <= k <= n``: per query a pair
     as :func:`mih_range` returns, and ``finished`` as in :func:`mih_knn`."""
+    _check_k(k, np.shape(db_packed)[0])
     return _found_within(query_packed, db_packed, starts, key_bits, offsets, positions, k, 0, work_limit)
 
 

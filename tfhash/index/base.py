@@ -135,7 +135,7 @@ def _gathered(batches: Iterable[tuple], count: int, read_rows: Callable) -> tupl
         rows[at : at + part.shape[0]] = part
         if ids is not None:
             given = np.asarray(batch_ids)
-            if given.shape != (part.shape[0],) or not np.issubdtype(given.dtype, np.integer):
+            if given.shape != (part.shape[0],) or (given.size and not np.issubdtype(given.dtype, np.integer)):
                 raise HashIndexError(f"a batch of {part.shape[0]} codes carries ids of {given.dtype} {given.shape}; "
                                      f"expected {part.shape[0]} integer ids")  # fmt: skip
             ids[at : at + part.shape[0]] = given
@@ -344,9 +344,12 @@ class HashIndex(abc.ABC):
         batch: automatic ones), in order, as one :meth:`add`: all or nothing. Each batch is copied
         into one array as it comes, one batch in memory beside it; an index that keeps a copy of its
         codes (``BMIH``) keeps that array instead of copying it again."""
-        rows, ids = _gathered(batches, count, self._read_rows)
+        if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
+            raise HashIndexError(f"count must be the number of codes the batches hold (an integer >= 0), got {count!r}")
+        rows, ids = _gathered(batches, int(count), self._read_rows)
         if count:
-            self._insert_gathered(rows, self._new_ids(ids, count))
+            ids = self._new_ids(ids, count)  # the gathered array dropped where the index keeps less (a range's first id)
+            self._insert_gathered(rows, ids)
 
     def _new_ids(self, ids, count: int) -> np.ndarray:
         """The ids of ``count`` new items: ``ids`` checked (valid, none already held), or automatic ones."""

@@ -109,6 +109,12 @@ class Segment:
             return (ids >= self.first_id) & (ids < self.first_id + self.count)
         return np.isin(ids, self.ids)
 
+    def overlaps(self, first: int, count: int) -> bool:
+        """Whether this segment holds an id of ``first .. first + count - 1``."""
+        if self.ids is None:
+            return self.first_id < first + count and first < self.first_id + self.count
+        return bool(((self.ids >= first) & (self.ids < first + count)).any())
+
     def items_in(self, ids: np.ndarray) -> np.ndarray:
         """Which of this segment's items have one of ``ids``."""
         if self.ids is not None:
@@ -212,12 +218,18 @@ class MultiIndexHashing(HashIndex):
         return ids[found]
 
     def _new_ids(self, ids, count: int) -> np.ndarray | int:
-        """As :meth:`HashIndex._new_ids`, but automatic ids as their first id alone: a segment keeps
-        a range so, and an array of them would weigh as much as 64-bit codes at the build's peak."""
-        if ids is not None:
+        """As :meth:`HashIndex._new_ids`, but automatic ids, and given ids that are a range, as
+        their first id alone: a segment keeps a range so, and an array of them (with the sort that
+        checks them for repeats) would weigh more than 64-bit codes at the build's peak."""
+        if ids is None:
+            return max((s.largest_id() for s in self.segments if s.count), default=-1) + 1
+        ids = np.asarray(ids)
+        first = _range_start(ids) if ids.shape == (count,) and np.issubdtype(ids.dtype, np.integer) else None
+        if first is None or first < 0:
             return super()._new_ids(ids, count)
-        largest = max((s.largest_id() for s in self.segments if s.count), default=-1)
-        return largest + 1
+        if any(s.overlaps(first, count) for s in self.segments):  # the full check names the ids held
+            return super()._new_ids(ids, count)
+        return first
 
     def _insert(self, rows: np.ndarray, ids: np.ndarray | int) -> None:
         self._insert_gathered(np.array(rows), ids)  # its own copy of the rows
