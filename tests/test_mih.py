@@ -331,7 +331,7 @@ def test_bad_input_and_damaged_files_are_refused(tmp_path):
     assert scattered.ids().tolist() == [0, 55, 7, *range(60, 70)]
     with pytest.raises(ValueError, match=r"positions of 4 rows lie in 0..3, got 0..4"):
         pack_positions(np.array([[0, 1, 2, 4]], np.uint32))
-    with pytest.raises(ValueError, match=r"k must be in 1..300"):
+    with pytest.raises(ValueError, match=r"k must be an integer in 1..300"):
         mih_knn_ties(db[:1], db, substring_starts(64, 2), 8, *build_tables(db, substring_starts(64, 2), 8), 0, 10**6)
     offsets = np.zeros((1, 257), np.uint32)
     offsets[0, -1] = 7

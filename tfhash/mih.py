@@ -16,11 +16,10 @@ import math
 import numba
 import numpy as np
 
-from tfhash.hamming import _distance, code_words, popcount, search_threads
+from tfhash.hamming import _check_k, _distance, code_words, popcount, search_threads
 
 __all__ = ["MAX_KEY_BITS", "default_tables", "default_key_bits", "substring_starts", "position_bits", "packed_words",
-           "build_tables",
-           "pack_positions", "unpack_positions", "mih_knn", "mih_knn_ties", "mih_range"]
+           "build_tables", "pack_positions", "unpack_positions", "mih_knn", "mih_knn_ties", "mih_range"]
 
 #: The widest key a table is addressed by: 2**24 buckets, 64 MiB of uint32 offsets a table.
 MAX_KEY_BITS = 24
@@ -375,11 +374,6 @@ def _views(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, int]:
         packed = packed.copy()
     words = code_words(packed)
     return packed, words, packed.shape[1], words.shape[1]
-
-
-def _check_k(k: int, count: int) -> None:
-    if not 1 <= k <= count:
-        raise ValueError(f"k must be in 1..{count} (the rows searched), got {k}")
 
 
 def mih_knn(query_packed: np.ndarray, db_packed: np.ndarray, starts: np.ndarray, key_bits: int, offsets: np.ndarray,

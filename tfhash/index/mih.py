@@ -292,7 +292,8 @@ class MultiIndexHashing(HashIndex):
                                         lambda some, s: knn_ties_search(some, s.codes, min(k, s.count)))  # fmt: skip
         if len(self.segments) == 1:
             return found
-        return [SearchResult(r.distances[r.distances <= r.distances[k - 1]], r.ids[r.distances <= r.distances[k - 1]]) for r in found]
+        within = [r.distances <= r.distances[k - 1] for r in found]  # the whole index's k-th distance
+        return [SearchResult(r.distances[keep], r.ids[keep]) for r, keep in zip(found, within, strict=True)]
 
     def _found_in_segments(self, rows: np.ndarray, search, scan) -> list[SearchResult]:
         """Each query's items that ``search`` (a segment -> per query an ``(distances, positions)``
