@@ -193,6 +193,23 @@ def test_a_step_that_makes_a_weight_non_finite_stops_training():
         model.encode(x)  # what the diverged step left behind is not encoded either
 
 
+@pytest.mark.parametrize("method", ["scdh", "hyp2", "mt-scdh"])
+def test_a_model_compiled_with_xla_trains(method):
+    """``jit_compile=True`` (Keras's "auto" on a GPU): the step compiles (the weights' check, whose
+    message gathers a weight's name, a string op XLA lacks, stays out of it) and learns as without."""
+    x, ids = data()
+    semi = get_method(method).semi_supervised
+    codes = {}
+    for jit in (False, True):
+        keras.utils.set_random_seed(1)
+        model = Recipe(method=method, hidden=(16,), epochs=2, batch_size=32).build(x, multi_hot(ids, C, unlabelled=semi), BITS)
+        model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.01), jit_compile=jit)
+        history = model.fit(x, ids, epochs=2, batch_size=32, verbose=0)
+        assert np.isfinite(history.history["loss"]).all()
+        codes[jit] = model.encode(x)
+    assert np.mean(codes[False] == codes[True]) > 0.95  # the same steps, up to XLA's rounding
+
+
 def test_encode_takes_lists_and_datasets():
     x, ids = data()
     model = trained("scdh", x, ids, epochs=1)

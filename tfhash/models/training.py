@@ -166,8 +166,11 @@ class TrainingMixin:
         step, whose cost ``benchmarks/keras_checks.py`` measures). A failed check on a ``tf.data``
         batch raises the error the same check raises on arrays
         (:func:`~tfhash.models.inputs.readable_checks`). The in-graph checks are ``tf.debugging``
-        assertions, which XLA drops: with ``compile(jit_compile=True)`` only the checks on arrays
-        before the first step remain (Keras leaves XLA off on a CPU-only machine).
+        assertions, which XLA drops: with ``compile(jit_compile=True)`` (Keras's ``"auto"`` on a
+        machine with a GPU, outside ``tf.distribute``) only the checks on arrays before the first
+        step remain, and the weights' check is left out of the step. Keras leaves XLA off on a
+        CPU-only machine, where it is also many times slower (a step of EfficientNet-Lite1 above
+        ``block10``: 13 s against 0.5 s).
         """
         x, y, kwargs["sample_weight"] = self.checked_data(x, y, kwargs.get("sample_weight"))
         kwargs["validation_data"] = self._checked_validation(kwargs.get("validation_data"))
@@ -183,7 +186,8 @@ class TrainingMixin:
 
     def train_step(self, data):
         logs = super().train_step(data)
-        assert_finite_weights(self.trainable_variables)
+        if not self.jit_compile:  # XLA drops assertions and compiles no string ops (the weight's name)
+            assert_finite_weights(self.trainable_variables)
         return logs
 
     # --- compile -------------------------------------------------------------------------------
