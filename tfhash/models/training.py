@@ -170,7 +170,7 @@ class TrainingMixin:
         machine with a GPU, outside ``tf.distribute``) only the checks on arrays before the first
         step remain, and the weights' check is left out of the step. Keras leaves XLA off on a
         CPU-only machine, where it is also many times slower (a step of EfficientNet-Lite1 above
-        ``block10``: 13 s against 0.5 s).
+        ``block10``: 13 s against 0.5 s on a 2-core AMD EPYC).
         """
         x, y, kwargs["sample_weight"] = self.checked_data(x, y, kwargs.get("sample_weight"))
         kwargs["validation_data"] = self._checked_validation(kwargs.get("validation_data"))
