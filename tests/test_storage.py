@@ -2,11 +2,16 @@
 (here TensorFlow's in-memory ``ram://`` file system, whose listings leave out folders and whose
 writes to an existing file append: flat folders, new files; the Cloud Storage bucket is
 tests/test_remote_pipeline.py's), an index saved to and loaded from a URI, and a scheme TensorFlow
-cannot open refused with what to install."""
+cannot open refused with what to install; staging folders a killed process left are removed by the
+next one."""
 
 from __future__ import annotations
 
 import os
+import signal
+import socket
+import subprocess
+import sys
 import uuid
 
 import numpy as np
@@ -50,6 +55,29 @@ def test_local_writes_are_whole_and_missing_files_are_file_not_found(tmp_path):
             storage.read_bytes(missing)
     storage.remove(str(tmp_path / "none"))  # nothing to remove is no error
     storage.rmtree(str(tmp_path / "none"))
+
+
+@pytest.mark.process
+def test_a_staging_folder_a_killed_process_left_is_removed_by_the_next_build(tmp_path):
+    # a real builder killed mid-write (SIGKILL: no cleanup runs), as a crash or the OOM killer does
+    builder = subprocess.Popen([sys.executable, "-c", "import os, sys, time; from tfhash import storage; "
+                                "p = storage.staging_folder(sys.argv[1], '.building-'); "
+                                "open(os.path.join(p, 'activations.npy'), 'wb').write(bytes(1000)); "
+                                "print(p, flush=True); time.sleep(120)", str(tmp_path)],
+                               stdout=subprocess.PIPE, text=True)  # fmt: skip
+    left = builder.stdout.readline().strip()
+    builder.send_signal(signal.SIGKILL)
+    builder.wait()
+    builder.stdout.close()
+    assert os.path.isfile(os.path.join(left, "activations.npy"))
+    elsewhere = tmp_path / f".building-{socket.gethostname()}x-1-abc"  # another host's (shared disk)
+    other = tmp_path / ".index.tmp-1-abc"  # another kind of staging
+    elsewhere.mkdir(), other.mkdir()
+    alive = storage.staging_folder(tmp_path, ".building-")
+    assert not os.path.exists(left) and elsewhere.is_dir() and other.is_dir()
+    fresh = storage.staging_folder(tmp_path, ".building-")
+    assert os.path.isdir(alive)  # this process's is alive: kept
+    assert os.path.isdir(fresh) and not os.listdir(fresh) and fresh != alive
 
 
 def test_files_under_a_uri_and_a_copy_with_its_marker_last(ram, tmp_path):

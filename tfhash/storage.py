@@ -18,12 +18,13 @@ import json
 import os
 import re
 import shutil
+import socket
 import tempfile
 import uuid
 
 __all__ = ["NO_SPACE", "space_reported", "is_uri", "check_scheme", "join", "resolve", "parent", "basename", "isdir", "isfile", "listdir", "glob", "makedirs", "remove",
            "rmtree", "read_bytes", "read_text", "read_json", "write_bytes", "write_text", "write_json", "files_under",
-           "copy_tree", "local_copy", "cache_dir", "key_of"]  # fmt: skip
+           "copy_tree", "local_copy", "cache_dir", "key_of", "staging_folder"]  # fmt: skip
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")  # two letters at least: not a Windows drive
 
@@ -330,6 +331,33 @@ def cache_dir(*parts: str) -> str:
     return folder
 
 
+def staging_folder(folder, prefix: str) -> str:
+    """A new empty folder in the local ``folder`` to write a result into before renaming it into
+    place, named ``<prefix><host>-<pid>-<random>``. Staging folders of ``prefix`` that a process of
+    this host left when it died without cleaning up (killed, out of memory, the machine stopped) are
+    removed first: a half-written trunk cache or 100M-code index weighs gigabytes, and the next
+    build's free-space check would count against it. A live process's folder and another host's
+    (a shared file system) are kept."""
+    host = socket.gethostname().replace(os.sep, "_")
+    mine = f"{prefix}{host}-"
+    for name in os.listdir(folder):
+        pid = name[len(mine):].split("-", 1)[0] if name.startswith(mine) else ""
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"{mine}{os.getpid()}-", dir=folder)
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process ``pid`` runs on this host (one of another user counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def key_of(text: str) -> str:
     """A short stable name for ``text`` (a URI) in the local cache."""
     return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -362,7 +390,7 @@ def local_copy(path, kind: str = "copies", fresh: bool = False) -> str:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if os.path.isdir(target) and not fresh:
             return target
-        staging = tempfile.mkdtemp(prefix=f".{uri_key}.tmp-", dir=folder)
+        staging = staging_folder(folder, f".{uri_key}.tmp-")
         try:
             copy_tree(path, staging, names=[name for name, _, _ in files])
             shutil.rmtree(target, ignore_errors=True)

@@ -17,13 +17,13 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import keras
 import numpy as np
 
+from tfhash import storage
 from tfhash.networks import augmentation_policy
 from tfhash.optimizers import compile_fine_tuning
 
@@ -313,7 +313,7 @@ def build_cache(split: Split, images: np.ndarray, labels: np.ndarray, directory:
                          "cut or image size, or a cache directory on a larger disk")  # fmt: skip
     logger.info("trunk cache: computing %d views of %d images at the output of %s (%.2f GB) in %s",
                 views, len(images), split.cut, need / 1e9, path)  # fmt: skip
-    staging = tempfile.mkdtemp(prefix=".building-", dir=directory)
+    staging = storage.staging_folder(directory, ".building-")
     try:
         activations = np.lib.format.open_memmap(os.path.join(staging, ACTIVATIONS), mode="w+", dtype=np.float16,
                                                 shape=(int(views), len(images), *shape))  # fmt: skip

@@ -76,7 +76,7 @@ def save_index(index, path, model_version: str | None = None, signature_fingerpr
         return _upload_index(index, path, model_version, signature_fingerprint, embeddings)
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    staging = Path(storage.staging_folder(target.parent, f".{target.name}.tmp-"))
     try:
         with storage.space_reported(target, "the index"):
             index.write_files(staging)
