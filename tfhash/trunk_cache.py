@@ -306,15 +306,15 @@ def build_cache(split: Split, images: np.ndarray, labels: np.ndarray, directory:
         logger.info("trunk cache: reusing %s", path)
         return open_cache(path, key)
     os.makedirs(directory, exist_ok=True)
-    need, free = cache_bytes(len(images), views, shape), shutil.disk_usage(directory).free
-    if need > 0.9 * free:
-        raise CacheError(f"a trunk cache of {views} views x {len(images)} images x {shape} float16 needs "
-                         f"{need / 1e9:.2f} GB, and {directory} has {free / 1e9:.2f} GB free: use fewer views, a lower "
-                         "cut or image size, or a cache directory on a larger disk")  # fmt: skip
-    logger.info("trunk cache: computing %d views of %d images at the output of %s (%.2f GB) in %s",
-                views, len(images), split.cut, need / 1e9, path)  # fmt: skip
-    staging = storage.staging_folder(directory, ".building-")
+    staging = storage.staging_folder(directory, ".building-")  # first: a killed build's leftovers free their space
     try:
+        need, free = cache_bytes(len(images), views, shape), shutil.disk_usage(directory).free
+        if need > 0.9 * free:
+            raise CacheError(f"a trunk cache of {views} views x {len(images)} images x {shape} float16 needs "
+                             f"{need / 1e9:.2f} GB, and {directory} has {free / 1e9:.2f} GB free: use fewer views, a lower "
+                             "cut or image size, or a cache directory on a larger disk")  # fmt: skip
+        logger.info("trunk cache: computing %d views of %d images at the output of %s (%.2f GB) in %s",
+                    views, len(images), split.cut, need / 1e9, path)  # fmt: skip
         activations = np.lib.format.open_memmap(os.path.join(staging, ACTIVATIONS), mode="w+", dtype=np.float16,
                                                 shape=(int(views), len(images), *shape))  # fmt: skip
         for view in range(int(views)):
