@@ -134,6 +134,31 @@ def test_fine_tuning_fit_trains_above_the_cache_or_end_to_end(weights, tmp_path)
     assert np.isfinite(model.history.history["loss"]).all() and model.encode(images[:3]).shape == (3, 16)
 
 
+def test_the_cache_streams_epoch_after_epoch_from_one_iterator(weights, tmp_path):
+    """``fit`` keeps one iterator for the run (a new one each epoch stalled the next epoch's first
+    step): the dataset runs on past an epoch, each epoch every row once, in an order and with views
+    drawn anew from the seed and the epoch."""
+    _, history, cache, _, _ = cached_fit(weights, tmp_path, epochs=2)
+    assert len(history.history["loss"]) == 2
+    count, batch = len(cache.labels), 16
+    steps = -(-count // batch)
+    row_of = {cache.activations[v, i].tobytes(): i for v in range(cache.activations.shape[0]) for i in range(count)}
+
+    def epochs(seed):
+        batches = [np.asarray(features) for features, _ in cache.dataset(batch, seed).take(3 * steps)]
+        assert len(batches) == 3 * steps  # three epochs from one iterator
+        rows = [[row_of[f.tobytes()] for b in batches[e * steps:(e + 1) * steps] for f in b] for e in range(3)]
+        features = [np.concatenate(batches[e * steps:(e + 1) * steps]) for e in range(3)]
+        return rows, features
+
+    rows, features = epochs(0)
+    assert all(sorted(r) == list(range(count)) for r in rows)
+    assert rows[0] != rows[1] != rows[2]
+    again, features_again = epochs(0)
+    assert again == rows and all(np.array_equal(a, b) for a, b in zip(features, features_again, strict=True))
+    assert epochs(1)[0] != rows
+
+
 def test_mixup_mixes_rows_and_their_scul_weights_alike():
     features = np.arange(12, dtype=np.float16).reshape(3, 2, 2)
     labels = np.array([[1, 0, 0], [0, 1, 1], [1, 0, 0]], np.float32)
