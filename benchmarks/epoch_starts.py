@@ -69,7 +69,7 @@ def train(args, recipe, images, labels, form: str) -> list[dict]:
         model = build(args.method, args.bits, args.seed)(split.top)
         cache = build_cache(split, images, labels, recipe.trunk_cache.directory, args.backbone, recipe.trunk_cache.views,
                             recipe.augment, args.seed)  # fmt: skip
-        steps = -(-len(labels) // BATCH)
+        steps = cache.steps_per_epoch(BATCH)
         compile_fine_tuning(model, recipe, args.epochs, steps)
         data, clock = cache.dataset(BATCH, args.seed, recipe.trunk_cache.mixup), EpochClock()
         if form == FORMS[0]:

@@ -141,7 +141,7 @@ def test_the_cache_streams_epoch_after_epoch_from_one_iterator(weights, tmp_path
     _, history, cache, _, _ = cached_fit(weights, tmp_path, epochs=2)
     assert len(history.history["loss"]) == 2
     count, batch = len(cache.labels), 16
-    steps = -(-count // batch)
+    steps = cache.steps_per_epoch(batch)
     row_of = {cache.activations[v, i].tobytes(): i for v in range(cache.activations.shape[0]) for i in range(count)}
 
     def epochs(seed):

@@ -195,9 +195,14 @@ class Cache:
     key: CacheKey
     path: str
 
+    def steps_per_epoch(self, batch_size: int) -> int:
+        """The batches in one epoch of :meth:`dataset`, ``ceil(rows / batch_size)``: ``fit``'s
+        ``steps_per_epoch`` for that endless stream."""
+        return -(-int(self.activations.shape[1]) // int(batch_size))
+
     def dataset(self, batch_size: int, seed: int, mixup: float = 0.0):
-        """An endless ``tf.data`` stream of epochs over the cache, ``ceil(rows / batch_size)``
-        batches each (``fit``'s ``steps_per_epoch``): the rows reshuffled and one view drawn per row
+        """An endless ``tf.data`` stream of epochs over the cache, :meth:`steps_per_epoch`
+        batches each: the rows reshuffled and one view drawn per row
         each epoch (from ``seed`` and the epoch), in batches of ``(float16 activations, labels)``;
         the rows of a batch are read in file order (memory-map friendly). ``mixup`` > 0 mixes each
         row with a partner of its batch (:func:`mixup_batch`); the targets are then ``{"labels",
@@ -395,7 +400,7 @@ def fit_on_cache(recipe, build, make_backbone, images, labels, *, epochs: int, b
             raise CacheError(f"trunk_cache.mixup mixes SCUL's label weights; {type(cached).__name__} has no semantic "
                              "clusters (use it with SCDH, or set mixup to 0)")  # fmt: skip
         cache = build_cache(split, images, labels, settings.directory, backbone_name, settings.views, recipe.augment, seed)
-        steps = -(-len(labels) // int(batch_size))
+        steps = cache.steps_per_epoch(batch_size)
         compile_fine_tuning(cached, recipe, int(epochs), steps)
         callbacks = callbacks(split) if callable(callbacks) else list(callbacks)
         history = cached.fit(cache.dataset(int(batch_size), seed, settings.mixup), epochs=int(epochs), steps_per_epoch=steps,
