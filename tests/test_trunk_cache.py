@@ -191,6 +191,10 @@ def test_mixup_trains_scdh_and_is_refused_for_a_method_without_clusters(weights,
                                                                               batch_size=16, seed=0, backbone_name="squeezenet")  # fmt: skip
     with pytest.raises(ValueError, match="mixup must be a finite number"):
         TrunkCacheSettings(mixup=-1)
+    for bad in ({"epochs": 0, "batch_size": 16}, {"epochs": 1, "batch_size": 0}, {"epochs": 1, "batch_size": 2.5}, {"epochs": 1, "batch_size": float("nan")}):
+        with pytest.raises(ValueError, match=f"fit_on_cache's {'epochs' if bad['epochs'] == 0 else 'batch_size'} must be a positive integer"):
+            fit_on_cache(recipe, scdh(), lambda: backbone(weights), images, labels, seed=0, backbone_name="squeezenet", **bad)
+    assert not (tmp_path / "c").exists()  # refused before the cache was built
 
 
 def test_the_returned_model_encodes_raw_images_with_the_trained_weights(weights, tmp_path):

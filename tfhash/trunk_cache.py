@@ -15,6 +15,8 @@ import difflib
 import hashlib
 import json
 import logging
+import math
+import numbers
 import os
 import shutil
 from collections.abc import Callable
@@ -383,9 +385,13 @@ def fit_on_cache(recipe, build, make_backbone, images, labels, *, epochs: int, b
     Raises:
         CacheError: no ``trunk_cache`` set; as :func:`split_backbone` and :func:`build_cache`;
             a method with several backbones (cross-modal, Mean Teacher).
+        ValueError: ``epochs`` or ``batch_size`` not a positive integer (before the cache is built).
     """
     if recipe.trunk_cache is None:
         raise CacheError("these fine-tuning settings have no trunk_cache; set trunk_cache=True (or its settings) or call fit")
+    for name, value in (("epochs", epochs), ("batch_size", batch_size)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value != int(value) or value < 1:
+            raise ValueError(f"fit_on_cache's {name} must be a positive integer, got {value!r}")
     previous = keras.mixed_precision.global_policy().name
     keras.mixed_precision.set_global_policy(policy)
     try:
