@@ -15,8 +15,6 @@ import difflib
 import hashlib
 import json
 import logging
-import math
-import numbers
 import os
 import shutil
 from collections.abc import Callable
@@ -26,6 +24,7 @@ import keras
 import numpy as np
 
 from tfhash import storage
+from tfhash.config_keys import check_count
 from tfhash.networks import augmentation_policy
 from tfhash.optimizers import compile_fine_tuning
 
@@ -389,9 +388,8 @@ def fit_on_cache(recipe, build, make_backbone, images, labels, *, epochs: int, b
     """
     if recipe.trunk_cache is None:
         raise CacheError("these fine-tuning settings have no trunk_cache; set trunk_cache=True (or its settings) or call fit")
-    for name, value in (("epochs", epochs), ("batch_size", batch_size)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value != int(value) or value < 1:
-            raise ValueError(f"fit_on_cache's {name} must be a positive integer, got {value!r}")
+    check_count("fit_on_cache's epochs", epochs)
+    check_count("fit_on_cache's batch_size", batch_size)
     previous = keras.mixed_precision.global_policy().name
     keras.mixed_precision.set_global_policy(policy)
     try:
