@@ -71,16 +71,18 @@ def make_backbone(backbone: str, size: int, recipe: FineTuning):
     return lambda: image_backbone(backbone, (32, 32, 3), size=size, **recipe.backbone_options())
 
 
-def build(method: str, bits: int, seed: int):
-    """backbone -> the method's model, its initial weights drawn from ``seed``."""
+def build(method: str, bits: int, seed: int, options: dict | None = None):
+    """backbone -> the method's model, its initial weights drawn from ``seed``; ``options`` are the
+    builder's settings over its defaults (e.g. HCLM's ``triplet_weight``)."""
+    options = options or {}
 
     def model(backbone):
         keras.utils.set_random_seed(seed)
         if method == "SCDH":
-            return build_scdh(backbone, 10, bits, preset="cifar10")
+            return build_scdh(backbone, 10, bits, **{"preset": "cifar10", **options})
         if method == "HCLM":
-            return build_hclm(backbone, 10, bits, seed=seed)
-        return build_hyp2(backbone, 10, bits)
+            return build_hclm(backbone, 10, bits, **{"seed": seed, **options})
+        return build_hyp2(backbone, 10, bits, **options)
 
     return model
 
@@ -182,7 +184,7 @@ def run(args, images, labels, split) -> dict:
 
     policy = run_policy(args.precision)
     start = time.perf_counter()
-    model, history, cache = fit_on_cache(recipe, build(args.method, args.bits, args.seed), make_backbone(args.backbone, args.size, recipe),
+    model, history, cache = fit_on_cache(recipe, build(args.method, args.bits, args.seed, args.options), make_backbone(args.backbone, args.size, recipe),
                                                 x_train, y_train, epochs=args.epochs, batch_size=BATCH, seed=args.seed,
                                          backbone_name=args.backbone, policy=policy, callbacks=callbacks)  # fmt: skip
     seconds = time.perf_counter() - start - sum(c.seconds for c in curve)
@@ -192,7 +194,7 @@ def run(args, images, labels, split) -> dict:
               for i, value in enumerate(history.get("curve_map", []))]  # fmt: skip
     row = {"label": args.label, "backbone": args.backbone, "mode": "validation" if args.validation else "test", "method": args.method, "bits": args.bits, "size": args.size,
            "cut": args.cut, "views": args.views, "mixup": args.mixup, "precision": ran_in(policy), "cpu": cpu_description(), "epochs": args.epochs, "seed": args.seed,
-           "train images": int(len(train)), "curve": points, "recipe": {**BASE, **args.recipe},
+           "train images": int(len(train)), "curve": points, "recipe": {**BASE, **args.recipe}, **({"options": args.options} if args.options else {}),
            "cache + train seconds": round(seconds, 1), "cache GB": round(cache.activations.nbytes / 1e9, 2),
            "curve mAP@all with flips": flipped.get("mAP@all"),
            **{f"curve mAP@all with flips, ema {m}": flipped[f"ema{m}"] for m in args.ema}}  # fmt: skip
@@ -231,7 +233,7 @@ def timing(args, images, labels, split) -> dict:
     try:
         cached_times = EpochTimes()
         start = time.perf_counter()
-        _, _, cache = fit_on_cache(recipe, build(args.method, args.bits, args.seed), make_backbone(args.backbone, args.size, recipe), x_train,
+        _, _, cache = fit_on_cache(recipe, build(args.method, args.bits, args.seed, args.options), make_backbone(args.backbone, args.size, recipe), x_train,
                                           y_train, epochs=measured + 1, batch_size=BATCH, seed=args.seed, backbone_name=args.backbone,
                                    policy=policy, callbacks=[cached_times])  # fmt: skip
         cached_total = time.perf_counter() - start
@@ -240,7 +242,7 @@ def timing(args, images, labels, split) -> dict:
         full_times = EpochTimes()
         keras.mixed_precision.set_global_policy(policy)
         try:
-            model = build(args.method, args.bits, args.seed)(make_backbone(args.backbone, args.size, recipe)())
+            model = build(args.method, args.bits, args.seed, args.options)(make_backbone(args.backbone, args.size, recipe)())
             compile_fine_tuning(model, recipe, measured + 1, -(-len(y_train) // BATCH))
             model.fit(x_train, y_train, batch_size=BATCH, epochs=measured + 1, verbose=0, callbacks=[full_times])
         finally:
@@ -275,6 +277,8 @@ def main() -> None:
     parser.add_argument("--timing", action="store_true", help="--epochs measured epochs each, after one warm-up epoch")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--recipe", type=json.loads, default={}, help="FineTuning settings over BASE, as JSON")
+    parser.add_argument("--options", type=json.loads, default={},
+                        help="the method's builder settings over its defaults, as JSON (e.g. '{\"triplet_weight\": 2.0}' for HCLM)")
     parser.add_argument("--label", default="base", help="names the settings in the results (rows are keyed by it)")
     parser.add_argument("--cache-dir", default=None, help="where caches are kept (default: a folder in the temp dir)")
     args = parser.parse_args()
@@ -300,7 +304,8 @@ def markdown(rows: list[dict]) -> str:
                              "mAP@all mirrored", "P@H<=2 mirrored",
                              "cache + train seconds", "cache GB", "peak RSS GB", "seed", "cpu", "note"]), "",
              "## Validation (500 held-out training images against the other 500; 4,000 train)", "",
-             markdown_table([{**r, "last mAP@all": r["curve"][-1]["mAP@all"] if r["curve"] else None, "settings": json.dumps(r["recipe"])}
+             markdown_table([{**r, "last mAP@all": r["curve"][-1]["mAP@all"] if r["curve"] else None,
+                              "settings": json.dumps({**r["recipe"], **({"options": r["options"]} if r.get("options") else {})})}
                              for r in rows if r["mode"] == "validation"],
                             ["label", "backbone", "method", "bits", "size", "cut", "views", "mixup", "precision", "epochs", "last mAP@all",
                              "curve mAP@all with flips", "settings", "cache + train seconds", "seed", "cpu", "note"]), "",
