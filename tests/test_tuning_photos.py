@@ -43,6 +43,13 @@ def test_the_cifar10_config_trains_the_recommended_photo_recipe_and_the_space_re
     other = space.spec({**values, "mixup": 0.0, "schedule": "step", "epochs": 20}, RECOMMENDED_PHOTOS)
     assert (other.fine_tuning.trunk_cache.mixup, other.fine_tuning.schedule, other.epochs) == (0.0, "step", 20)
     assert (other.backbone, other.image_size, other.fine_tuning.trunk_cache.cut) == ("efficientnet_lite1", 160, "block10")
+    # the rates are searched as factors on the base's own, so one space suits Adam's rates and SGD's
+    tuning = RECOMMENDED_PHOTOS.fine_tuning
+    sgd = replace(RECOMMENDED_PHOTOS, fine_tuning=replace(tuning, optimizer="sgd", learning_rate=0.01, backbone_learning_rate=None))
+    for base, rates in ((RECOMMENDED_PHOTOS, (0.003, 0.00004)), (sgd, (0.03, 0.004))):
+        scaled = space.spec({**space.values_of(base), "learning_rate_scale": 3.0, "backbone_rate_scale": 0.4}, base).fine_tuning
+        assert scaled.optimizer == base.fine_tuning.optimizer
+        assert (scaled.learning_rate, scaled.backbone_learning_rate) == pytest.approx(rates)
 
 
 def test_photos_are_their_own_kind_and_bad_inputs_are_refused_before_any_trial(tmp_path):
@@ -84,7 +91,7 @@ def test_pipeline_configs_accept_a_photo_tuner_only_above_a_trunk_cache(tmp_path
 def test_every_trial_reads_one_trunk_cache_and_the_chosen_spec_trains_on_all_rows(tmp_path, monkeypatch):
     monkeypatch.setenv("TFHASH_CACHE_DIR", str(tmp_path / "machine"))  # where the final training's cache goes
     images, labels = photos()
-    space = PhotoSpace(backbone_learning_rate=(0.005, 0.01), epochs=(4, 2))
+    space = PhotoSpace(backbone_rate_scale=(1.0, 2.0), epochs=(4, 2))
     result = tune(images, labels, 16, seed=0, budget=Budget(max_units=2, factor=2, trials=3), base=SMALL, space=space,
                   directory=str(tmp_path))  # fmt: skip
     first = result.trials[0]

@@ -44,8 +44,11 @@ class PhotoSpace:
         methods: ``{variant: (registered method, its options)}`` (:data:`tfhash.registry.VARIANTS`);
             SCDH alone by default, the one whose label weights mixup mixes.
         mixup: the trunk cache's mixup (:class:`tfhash.fine_tuning.TrunkCacheSettings`; 0 is off).
-        learning_rate, backbone_learning_rate: the new layers' rate and the rate of the pretrained
-            layers above the cut (:class:`tfhash.fine_tuning.FineTuning`).
+        learning_rate_scale, backbone_rate_scale: factors on the base spec's rate for the new layers
+            and on its rate for the pretrained layers above the cut (its ``learning_rate`` where it
+            has no ``backbone_learning_rate``; :class:`tfhash.fine_tuning.FineTuning`). Factors, not
+            rates, so that one space suits the base's optimizer, whose good rates differ by tenfold
+            (SGD 0.01 / 0.005 and Adam 0.001 / 0.0001 above Lite1's ``block10``).
         dropout: dropout on the network's feature vector.
         schedule: the rate's schedule (``"step"``: cut by ``decay_rate`` at 60% and 80% of the
             epochs; ``"cosine"``: to 0 over them).
@@ -54,16 +57,16 @@ class PhotoSpace:
 
     methods: dict[str, tuple[str, dict]] = field(default_factory=lambda: {"scdh": variant("scdh")})
     mixup: tuple[float, ...] = (0.4, 0.0)
-    learning_rate: tuple[float, ...] = (0.01, 0.03)
-    backbone_learning_rate: tuple[float, ...] = (0.005, 0.002, 0.01)
+    learning_rate_scale: tuple[float, ...] = (1.0, 3.0)
+    backbone_rate_scale: tuple[float, ...] = (1.0, 0.4, 2.0)
     dropout: tuple[float, ...] = (0.5, 0.2)
     schedule: tuple[str, ...] = ("cosine", "step")
     epochs: tuple[int, ...] = (40, 60, 20)
 
     def choices(self) -> dict[str, tuple]:
         """``{hyperparameter name: values}`` as KerasTuner holds them."""
-        return {"variant": tuple(self.methods), "mixup": self.mixup, "learning_rate": self.learning_rate,
-                "backbone_learning_rate": self.backbone_learning_rate, "dropout": self.dropout, "schedule": self.schedule,
+        return {"variant": tuple(self.methods), "mixup": self.mixup, "learning_rate_scale": self.learning_rate_scale,
+                "backbone_rate_scale": self.backbone_rate_scale, "dropout": self.dropout, "schedule": self.schedule,
                 "epochs": self.epochs}  # fmt: skip
 
     def hyperparameters(self, default: TrainingSpec | None = None):
@@ -77,7 +80,7 @@ class PhotoSpace:
         tuning = spec.fine_tuning
         variants = [v for v, (name, options) in self.methods.items() if (name, options) == (spec.method, spec.overrides)]
         return {**({"variant": variants[0]} if variants else {}), "mixup": tuning.trunk_cache.mixup,
-                "learning_rate": tuning.learning_rate, "backbone_learning_rate": tuning.backbone_learning_rate,
+                "learning_rate_scale": 1.0, "backbone_rate_scale": 1.0,
                 "dropout": tuning.dropout, "schedule": tuning.schedule, "epochs": spec.epochs}  # fmt: skip
 
     def around(self, spec: TrainingSpec) -> PhotoSpace:
@@ -94,7 +97,9 @@ class PhotoSpace:
         the pipeline's Trainer."""
         method, options = self.methods[values["variant"]]
         tuning = base.fine_tuning
-        tuning = replace(tuning, learning_rate=float(values["learning_rate"]), backbone_learning_rate=float(values["backbone_learning_rate"]),
+        above = tuning.learning_rate if tuning.backbone_learning_rate is None else tuning.backbone_learning_rate
+        tuning = replace(tuning, learning_rate=tuning.learning_rate * float(values["learning_rate_scale"]),
+                         backbone_learning_rate=above * float(values["backbone_rate_scale"]),
                          dropout=float(values["dropout"]), schedule=str(values["schedule"]), decay_epochs=[],
                          trunk_cache=replace(tuning.trunk_cache, mixup=float(values["mixup"])))  # fmt: skip
         return replace(base, method=method, overrides=dict(options), epochs=int(values["epochs"]), fine_tuning=tuning)
