@@ -50,6 +50,9 @@ def test_the_cifar10_config_trains_the_recommended_photo_recipe_and_the_space_re
         scaled = space.spec({**space.values_of(base), "learning_rate_scale": 3.0, "backbone_rate_scale": 0.4}, base).fine_tuning
         assert scaled.optimizer == base.fine_tuning.optimizer
         assert (scaled.learning_rate, scaled.backbone_learning_rate) == pytest.approx(rates)
+    old = {**{k: v for k, v in values.items() if not k.endswith("_scale")}, "learning_rate": 0.01, "backbone_learning_rate": 0.005}
+    with pytest.raises(ValueError, match=r"missing \['backbone_rate_scale', 'learning_rate_scale'\].*run the search again"):
+        space.spec(old, RECOMMENDED_PHOTOS)  # a search saved before the rates were factors
 
 
 def test_photos_are_their_own_kind_and_bad_inputs_are_refused_before_any_trial(tmp_path):

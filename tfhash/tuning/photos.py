@@ -94,7 +94,17 @@ class PhotoSpace:
     def spec(self, values: dict, base: TrainingSpec) -> TrainingSpec:
         """``base`` with the settings of hyperparameter ``values`` (KerasTuner's own ``tuner/...``
         entries and ``kind`` are ignored): the one reading of a search's result, by the library and
-        the pipeline's Trainer."""
+        the pipeline's Trainer.
+
+        Raises:
+            ValueError: ``values`` without a setting of this space (a search made by another
+                version of tfhash, e.g. rates before they were factors), or an unknown variant.
+        """
+        missing = sorted(set(self.choices()) - set(values))
+        if missing or values["variant"] not in self.methods:
+            raise ValueError(f"these hyperparameters do not read as a photo recipe of this space: missing {missing}, variant "
+                             f"{values.get('variant')!r} of {sorted(self.methods)} (given: {sorted(values)}); a search made by "
+                             "another tfhash version: run the search again")  # fmt: skip
         method, options = self.methods[values["variant"]]
         tuning = base.fine_tuning
         above = tuning.learning_rate if tuning.backbone_learning_rate is None else tuning.backbone_learning_rate
