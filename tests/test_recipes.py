@@ -38,6 +38,27 @@ def test_recipe_values_are_checked(bad):
         Recipe(method="scdh", **bad)
 
 
+@pytest.mark.parametrize(("bad", "message"), [
+    ({"weight_decay": -0.05}, r"weight_decay must be a finite number >= 0 \(0: no decay\); got -0.05"),
+    ({"weight_decay": float("nan")}, r"weight_decay .*; got nan"), ({"weight_decay": float("inf")}, r"weight_decay .*; got inf"),
+    ({"weight_decay": "0.1"}, r"weight_decay .*; got '0.1'"), ({"momentum": float("nan")}, r"momentum must be .* in \[0, 1\); got nan"),
+    ({"momentum": 1.0}, r"momentum .*; got 1.0"), ({"decay_rate": -1}, r"decay_rate must be .* in \(0, 1\]"),
+    ({"decay_rate": float("nan")}, r"decay_rate .*; got nan"), ({"frozen_epochs": 1.5}, r"frozen_epochs .*; got 1.5"),
+    ({"frozen_epochs": float("nan")}, r"frozen_epochs .*; got nan"), ({"decay_epochs": [-3]}, r"decay_epochs .*; got \[-3\]"),
+    ({"decay_epochs": 100}, r"decay_epochs must be a list .*; got 100")])  # fmt: skip
+def test_fine_tuning_values_are_checked_and_named(bad, message):
+    """Every optimisation number of FineTuning is checked where it enters (NaN and infinity
+    included, which comparisons let through), and the error echoes the value given."""
+    from tfhash.fine_tuning import FineTuning
+
+    with pytest.raises(ValueError, match=message):
+        FineTuning(**bad)
+    own = {f.name for f in dataclasses.fields(Recipe)}
+    with pytest.raises(ValueError, match=message):  # a recipe's settings enter the same way
+        Recipe(method="scdh", **bad) if set(bad) <= own else Recipe(method="scdh", fine_tuning=bad)
+    FineTuning(weight_decay=0, momentum=0.0, decay_rate=1, frozen_epochs=0, decay_epochs=(5, 7))  # the edges are allowed
+
+
 def test_optimizer_follows_weight_decay_and_schedule():
     plain = Recipe(method="scdh").optimizer(10)
     assert isinstance(plain, keras.optimizers.Adam) and not isinstance(plain, keras.optimizers.AdamW)

@@ -12,6 +12,7 @@ settings are checked before anything heavy loads.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import asdict, dataclass, field, fields, replace
 
 from tfhash.config_keys import check_keys
@@ -151,8 +152,17 @@ class FineTuning:
         rates = [self.learning_rate] + ([self.backbone_learning_rate] if self.backbone_learning_rate is not None else [])
         if not all(isinstance(r, (int, float)) and math.isfinite(r) and r >= 0 for r in rates) or self.learning_rate <= 0:
             raise ValueError(f"learning rates must be finite, learning_rate > 0 and backbone_learning_rate >= 0; got {rates}")
-        if self.weight_decay < 0 or self.frozen_epochs < 0 or not 0 <= self.momentum < 1:
-            raise ValueError("weight_decay and frozen_epochs must be >= 0 and momentum in [0, 1)")
+        for name, within, wanted in (("weight_decay", lambda v: v >= 0, ">= 0 (0: no decay)"),
+                                     ("momentum", lambda v: 0 <= v < 1, "in [0, 1)"),
+                                     ("decay_rate", lambda v: 0 < v <= 1, "in (0, 1], the factor applied at each decay epoch")):  # fmt: skip
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or not within(value):
+                raise ValueError(f"{name} must be a finite number {wanted}; got {value!r}")
+        if isinstance(self.frozen_epochs, bool) or not isinstance(self.frozen_epochs, numbers.Integral) or self.frozen_epochs < 0:
+            raise ValueError(f"frozen_epochs must be a whole number of epochs >= 0; got {self.frozen_epochs!r}")
+        if not isinstance(self.decay_epochs, (list, tuple)) or not all(
+                isinstance(e, numbers.Integral) and not isinstance(e, bool) and e >= 1 for e in self.decay_epochs):  # fmt: skip
+            raise ValueError(f"decay_epochs must be a list of epochs >= 1 (e.g. [100, 140]); got {self.decay_epochs!r}")
         object.__setattr__(self, "dropout", dropout_rate(self.dropout, "dropout"))
         object.__setattr__(self, "input_dropout", checked_input_dropout(self.input_dropout))
         if isinstance(self.weight_averaging, bool) or not isinstance(self.weight_averaging, (int, float)) \
