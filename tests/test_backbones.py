@@ -331,3 +331,59 @@ def test_pipeline_config_backbone_settings(tmp_path):
             PipelineConfig(name="x", training=training)
     with pytest.raises(BackboneError, match="takes images, but this input holds vectors"):
         make_backbone(TrainingSpec(backbone="squeezenet", backbone_weights=None), [128])
+
+
+def batch_norm_statistics(backbone) -> list[np.ndarray]:
+    return [np.concatenate([layer.moving_mean.numpy(), layer.moving_variance.numpy()])
+            for layer in backbone.get_layer("network").layers if isinstance(layer, keras.layers.BatchNormalization)]  # fmt: skip
+
+
+def test_recalibrating_batch_norm_reads_the_pictures_statistics_without_augmentation():
+    """recalibrate_batch_norm (AdaBN): the first batch-norm layer's statistics become the mean and
+    variance of its input over the pictures (the mean of the batches' when there are several);
+    augmentation stays off (two runs agree exactly); trainable and momentum are restored."""
+    from tfhash.models.backbones import recalibrate_batch_norm
+
+    images = pixels(24, seed=5)
+    results = []
+    for batch_size in (24, 24, 12):
+        keras.utils.set_random_seed(0)
+        backbone = image_backbone("efficientnet_lite0", SHAPE, size=32, weights=None, augment=True, dropout=0.5)
+        before = batch_norm_statistics(backbone)
+        assert recalibrate_batch_norm(backbone, images, batch_size=batch_size) == len(before)
+        results.append(batch_norm_statistics(backbone))
+        network = backbone.get_layer("network")
+        norms = [layer for layer in network.layers if isinstance(layer, keras.layers.BatchNormalization)]
+        assert all(not layer.trainable and layer.momentum == pytest.approx(0.99) for layer in norms)
+    first = norms[0]
+    entry = keras.Model(backbone.input, backbone.get_layer("network")._inbound_nodes[0].input_tensors[0])
+    read = keras.Model(network.input, first.input)(entry(images.astype("float32"), training=False), training=False).numpy()
+    channels = read.reshape(-1, read.shape[-1])
+    np.testing.assert_allclose(results[0][0], np.concatenate([channels.mean(0), channels.var(0)]), rtol=1e-4, atol=1e-5)
+    halves = [c.reshape(-1, read.shape[-1]) for c in (read[:12], read[12:])]
+    np.testing.assert_allclose(results[2][0], np.concatenate([np.mean([h.mean(0) for h in halves], 0),
+                                                              np.mean([h.var(0) for h in halves], 0)]), rtol=1e-4, atol=1e-5)  # fmt: skip
+    assert all(np.array_equal(a, b) for a, b in zip(results[0], results[1], strict=True))  # no random augmentation
+    assert not np.allclose(results[0][-1], before[-1])  # the deepest layer moved too
+    assert recalibrate_batch_norm(image_backbone("squeezenet", SHAPE, size=32, weights=None), images) == 0  # none to read
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_fine_tuning_recalibrates_before_training_when_asked(cached, tmp_path):
+    """FineTuning(recalibrate_batch_norm=True).fit, end to end or on a trunk cache: the frozen
+    statistics the model ends with are the pictures' (a random network starts at mean 0, variance 1
+    and keeps them when frozen); a cache of the recalibrated trunk is a cache of its own."""
+    images, labels = pixels(16, seed=2), np.eye(4, dtype=np.float32)[np.arange(16) % 4]
+    cache = {"cut": "block7", "views": 1, "directory": str(tmp_path)} if cached else False
+    means = {}
+    for recalibrate in (False, True):
+        keras.utils.set_random_seed(1)
+        recipe = FineTuning.for_backbone("efficientnet_lite0", recalibrate_batch_norm=recalibrate, trunk_cache=cache, augment=False)
+        model = recipe.fit(lambda backbone: build_scdh(backbone, 4, BITS), images, labels, "efficientnet_lite0", epochs=1,
+                           batch_size=8, size=32, weights=None, verbose=0)  # fmt: skip
+        means[recalibrate] = batch_norm_statistics(model.modality_backbone())[0]
+    assert np.array_equal(means[False], np.concatenate([np.zeros(len(means[False]) // 2), np.ones(len(means[False]) // 2)]))
+    assert not np.allclose(means[True], means[False])
+    assert len(list(tmp_path.iterdir())) == (2 if cached else 0)  # two keys, two caches
+    with pytest.raises(ValueError, match="recalibrate_batch_norm must be true or false; got 'yes'"):
+        FineTuning(recalibrate_batch_norm="yes")

@@ -25,6 +25,7 @@ import numpy as np
 
 from tfhash import storage
 from tfhash.config_keys import check_count
+from tfhash.models.backbones import network_node
 from tfhash.networks import augmentation_policy
 from tfhash.optimizers import compile_fine_tuning
 
@@ -37,8 +38,6 @@ logger = logging.getLogger(__name__)
 #: The file names of a cache entry: the activations (``.npy``, shape ``(views, n, *cut shape)``),
 #: the labels and the key with its fields.
 ACTIVATIONS, LABELS_FILE, META = "activations.npy", "labels.npy", "cache.json"
-#: The nested network inside a backbone of :func:`tfhash.models.image_backbone`.
-NETWORK = "network"
 
 
 class CacheError(ValueError):
@@ -94,20 +93,9 @@ class Split:
     size: int | None
 
 
-def _network_node(backbone: keras.Model):
-    """The nested network of an :func:`image_backbone` and the tensors of the backbone's graph that
-    enter and leave it; the backbone itself (its input and output) for a plain functional model."""
-    names = [layer.name for layer in backbone.layers]
-    if NETWORK in names:
-        network = backbone.get_layer(NETWORK)
-        node = network._inbound_nodes[0]
-        return network, node.input_tensors[0], node.output_tensors[0]
-    return backbone, backbone.input, backbone.output
-
-
 def layer_names(backbone: keras.Model) -> list[str]:
     """The layers a backbone may be cut at (its network's)."""
-    network, _, _ = _network_node(backbone)
+    network, _, _ = network_node(backbone)
     return [layer.name for layer in network.layers[1:]]
 
 
@@ -119,7 +107,7 @@ def split_backbone(backbone: keras.Model, cut: str) -> Split:
             separate the network (a skip connection passes over it, as inside a ResNet block:
             cut at a block's output instead).
     """
-    network, entry, exit_ = _network_node(backbone)
+    network, entry, exit_ = network_node(backbone)
     names = layer_names(backbone)
     if cut not in names:
         near = difflib.get_close_matches(cut, names, n=3, cutoff=0.5)
@@ -394,6 +382,10 @@ def fit_on_cache(recipe, build, make_backbone, images, labels, *, epochs: int, b
     keras.mixed_precision.set_global_policy(policy)
     try:
         backbone = make_backbone()
+        if recipe.recalibrate_batch_norm:  # before the cut: the trunk's statistics are part of the cache's key
+            from tfhash.models.backbones import recalibrate_batch_norm
+
+            recalibrate_batch_norm(backbone, images)
         settings = recipe.trunk_cache
         split = split_backbone(backbone, settings.cut)
         cached = build(split.top)  # refused before the cache costs anything

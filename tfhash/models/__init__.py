@@ -23,6 +23,7 @@ from tfhash.codes import check_bits
 from tfhash.models.backbones import (
     image_backbone,
     mlp,
+    recalibrate_batch_norm,
     small_cnn,
     squeezenet,
 )
@@ -144,6 +145,7 @@ __all__ = [
     "InputError",
     "NonFiniteWeightsError",
     "image_backbone",
+    "recalibrate_batch_norm",
     "squeezenet",
     "HCLMModel",
     "HyP2Model",

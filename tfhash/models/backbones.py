@@ -29,10 +29,14 @@ from tfhash.networks import (
 )
 from tfhash.state_dicts import CheckpointError
 
-__all__ = ["small_cnn", "mlp", "Augmentation", "squeezenet_network", "image_backbone", "squeezenet"]
+__all__ = ["small_cnn", "mlp", "Augmentation", "squeezenet_network", "image_backbone", "squeezenet", "NETWORK", "network_node", "recalibrate_batch_norm"]
 
 
 logger = logging.getLogger(__name__)
+
+#: The name of the nested network inside a backbone of :func:`image_backbone` (the layers that
+#: hold the pretrained weights, between the preprocessing and the feature dropout).
+NETWORK = "network"
 
 
 def small_cnn(input_shape: Sequence[int] = (28, 28), width: int = 32, features: int = 256, name: str = "small_cnn") -> keras.Model:
@@ -158,11 +162,11 @@ def _network(backbone: str, side: int, weights: str | None, data_root) -> keras.
         if backbone in EFFICIENTNET_LITE:
             from tfhash.models.efficientnet_lite import efficientnet_lite
 
-            return efficientnet_lite(backbone, (side, side, 3), path, name="network")
+            return efficientnet_lite(backbone, (side, side, 3), path, name=NETWORK)
         if network.constructor is None:
-            return squeezenet_network((side, side, 3), path, "network")
+            return squeezenet_network((side, side, 3), path, NETWORK)
         build = getattr(keras.applications, network.constructor)
-        return build(include_top=False, weights=path, input_shape=(side, side, 3), pooling="avg", name="network", **network.options)
+        return build(include_top=False, weights=path, input_shape=(side, side, 3), pooling="avg", name=NETWORK, **network.options)
     except CheckpointError as err:
         raise BackboneError(f"backbone {backbone!r}: weights {path!r} refused: {err}") from err
     except (ValueError, KeyError, OSError) as err:
@@ -186,7 +190,7 @@ def load_encoder(path: str) -> keras.Model | keras.layers.Layer:
         import tensorflow as tf
 
         try:
-            return keras.layers.TFSMLayer(path, call_endpoint=tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY, trainable=False, name="network")
+            return keras.layers.TFSMLayer(path, call_endpoint=tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY, trainable=False, name=NETWORK)
         except Exception as err:  # TF raises many types for a folder that is not a SavedModel
             raise BackboneError(f"{path}: not a SavedModel with a serving_default signature ({str(err).splitlines()[0][:300]})") from err
     if not os.path.isfile(path):
@@ -306,3 +310,56 @@ def squeezenet(input_shape: Sequence[int] = (128, 128, 3), weights: str | None =
     image_shape = tuple(resize_from or input_shape)
     return image_backbone("squeezenet", image_shape, size=int(input_shape[0]),
                           weights=IMAGENET if weights == "shared" else weights, data_root=data_root, name=name)  # fmt: skip
+
+
+def network_node(backbone: keras.Model):
+    """The nested network of an :func:`image_backbone` and the tensors of the backbone's graph that
+    enter and leave it; the backbone itself (its input and output) for a plain functional model."""
+    names = [layer.name for layer in backbone.layers]
+    if NETWORK in names:
+        network = backbone.get_layer(NETWORK)
+        node = network._inbound_nodes[0]
+        return network, node.input_tensors[0], node.output_tensors[0]
+    return backbone, backbone.input, backbone.output
+
+
+def recalibrate_batch_norm(backbone: keras.Model, images, batch_size: int = 128) -> int:
+    """Re-estimate the moving mean and variance of every batch-norm layer of ``backbone`` on
+    ``images`` (AdaBN: Li, Wang, Shi, Liu and Hou, "Revisiting Batch Normalization For Practical
+    Domain Adaptation", ICLR workshop 2017): each layer's statistics become the mean over the batches
+    of the batch's own mean and variance, with the layers below already recalibrated. ImageNet's
+    statistics describe ImageNet's pictures; a frozen trunk sees the training pictures (small images
+    enlarged, a camera of its own) through them. Nothing else changes (scales and offsets stay), and
+    the flags ``trainable`` and ``momentum`` are restored. Only the network runs in training mode:
+    the pictures reach it through the backbone's preprocessing in inference mode (no augmentation),
+    so the statistics, and a trunk cache's key made from them, depend on the pictures alone.
+
+    Args:
+        backbone: a model holding batch-norm layers (at any depth).
+        images: the pictures as the backbone takes them, at least one.
+        batch_size: images per step (the statistics of a step are its batch's).
+
+    Returns:
+        the number of batch-norm layers recalibrated (0: none, nothing done).
+    """
+    layers = [layer for layer in backbone._flatten_layers(include_self=False) if isinstance(layer, keras.layers.BatchNormalization)]
+    if not layers:
+        return 0
+    if len(images) == 0 or int(batch_size) < 1:
+        raise ValueError(f"recalibrating batch norm needs images and a positive batch_size; got {len(images)} images, batch_size {batch_size}")
+    network, entry, _ = network_node(backbone)
+    preprocess = None if network is backbone else keras.Model(backbone.input, entry)
+    saved = [(layer.trainable, layer.momentum) for layer in layers]
+    try:
+        for layer in layers:
+            layer.trainable = True
+        for step, start in enumerate(range(0, len(images), int(batch_size)), start=1):
+            for layer in layers:
+                layer.momentum = (step - 1) / step  # a running mean of the batches' statistics
+            batch = images[start:start + int(batch_size)]
+            network(batch if preprocess is None else preprocess(batch, training=False), training=True)
+    finally:
+        for layer, (trainable, momentum) in zip(layers, saved, strict=True):
+            layer.trainable, layer.momentum = trainable, momentum
+    logger.info("recalibrated %d batch-norm layers on %d images", len(layers), len(images))
+    return len(layers)
