@@ -45,7 +45,8 @@ def test_recipe_values_are_checked(bad):
     ({"momentum": 1.0}, r"momentum .*; got 1.0"), ({"decay_rate": -1}, r"decay_rate must be .* in \(0, 1\]"),
     ({"decay_rate": float("nan")}, r"decay_rate .*; got nan"), ({"frozen_epochs": 1.5}, r"frozen_epochs .*; got 1.5"),
     ({"frozen_epochs": float("nan")}, r"frozen_epochs .*; got nan"), ({"decay_epochs": [-3]}, r"decay_epochs .*; got \[-3\]"),
-    ({"decay_epochs": 100}, r"decay_epochs must be a list .*; got 100")])  # fmt: skip
+    ({"decay_epochs": 100}, r"decay_epochs must be a list .*; got 100"),
+    ({"freeze_batch_norm": "yes"}, r"freeze_batch_norm must be true or false; got 'yes'")])  # fmt: skip
 def test_fine_tuning_values_are_checked_and_named(bad, message):
     """Every optimisation number of FineTuning is checked where it enters (NaN and infinity
     included, which comparisons let through), and the error echoes the value given."""

@@ -113,10 +113,6 @@ class FineTuning:
         frozen_epochs: epochs at the start during which the backbone does not move.
         freeze_batch_norm: keep the backbone's batch-norm statistics (see
             :func:`tfhash.models.backbones.image_backbone`).
-        recalibrate_batch_norm: before training, re-estimate the batch-norm statistics of the
-            whole backbone on the training images
-            (:func:`tfhash.models.backbones.recalibrate_batch_norm`, AdaBN), so that frozen layers
-            standardise the user's pictures rather than ImageNet's; off by default.
         augment: augmentation of the training images: False, True (random shift and flip) or a
             policy of :data:`tfhash.networks.AUGMENTATIONS`.
         dropout: dropout rate on the backbone's feature vector in training (the papers' AlexNet
@@ -142,7 +138,6 @@ class FineTuning:
     decay_rate: float = 0.2
     frozen_epochs: int = 0
     freeze_batch_norm: bool = True
-    recalibrate_batch_norm: bool = False
     augment: bool | str = False
     dropout: float = 0.0
     input_dropout: float | dict = 0.0
@@ -168,9 +163,8 @@ class FineTuning:
         if not isinstance(self.decay_epochs, (list, tuple)) or not all(
                 isinstance(e, numbers.Integral) and not isinstance(e, bool) and e >= 1 for e in self.decay_epochs):  # fmt: skip
             raise ValueError(f"decay_epochs must be a list of epochs >= 1 (e.g. [100, 140]); got {self.decay_epochs!r}")
-        for name in ("freeze_batch_norm", "recalibrate_batch_norm"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be true or false; got {getattr(self, name)!r}")
+        if not isinstance(self.freeze_batch_norm, bool):
+            raise ValueError(f"freeze_batch_norm must be true or false; got {self.freeze_batch_norm!r}")
         object.__setattr__(self, "dropout", dropout_rate(self.dropout, "dropout"))
         object.__setattr__(self, "input_dropout", checked_input_dropout(self.input_dropout))
         if isinstance(self.weight_averaging, bool) or not isinstance(self.weight_averaging, (int, float)) \
@@ -255,12 +249,7 @@ class FineTuning:
                                        verbose=verbose)  # fmt: skip
             return model
         keras.utils.set_random_seed(seed)
-        network = make_backbone()
-        if self.recalibrate_batch_norm:
-            from tfhash.models.backbones import recalibrate_batch_norm
-
-            recalibrate_batch_norm(network, images)
-        model = build(network)
+        model = build(make_backbone())
         compile_fine_tuning(model, self, epochs, math.ceil(len(images) / batch_size))
         model.fit(images, labels, epochs=epochs, batch_size=batch_size, callbacks=list(callbacks), verbose=verbose)
         return model

@@ -382,10 +382,6 @@ def fit_on_cache(recipe, build, make_backbone, images, labels, *, epochs: int, b
     keras.mixed_precision.set_global_policy(policy)
     try:
         backbone = make_backbone()
-        if recipe.recalibrate_batch_norm:  # before the cut: the trunk's statistics are part of the cache's key
-            from tfhash.models.backbones import recalibrate_batch_norm
-
-            recalibrate_batch_norm(backbone, images)
         settings = recipe.trunk_cache
         split = split_backbone(backbone, settings.cut)
         cached = build(split.top)  # refused before the cache costs anything

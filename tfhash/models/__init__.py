@@ -23,7 +23,6 @@ from tfhash.codes import check_bits
 from tfhash.models.backbones import (
     image_backbone,
     mlp,
-    recalibrate_batch_norm,
     small_cnn,
     squeezenet,
 )
@@ -145,7 +144,6 @@ __all__ = [
     "InputError",
     "NonFiniteWeightsError",
     "image_backbone",
-    "recalibrate_batch_norm",
     "squeezenet",
     "HCLMModel",
     "HyP2Model",

@@ -29,7 +29,7 @@ from tfhash.networks import (
 )
 from tfhash.state_dicts import CheckpointError
 
-__all__ = ["small_cnn", "mlp", "Augmentation", "squeezenet_network", "image_backbone", "squeezenet", "NETWORK", "network_node", "recalibrate_batch_norm"]
+__all__ = ["small_cnn", "mlp", "Augmentation", "squeezenet_network", "image_backbone", "squeezenet", "NETWORK", "network_node"]
 
 
 logger = logging.getLogger(__name__)
@@ -321,45 +321,3 @@ def network_node(backbone: keras.Model):
         node = network._inbound_nodes[0]
         return network, node.input_tensors[0], node.output_tensors[0]
     return backbone, backbone.input, backbone.output
-
-
-def recalibrate_batch_norm(backbone: keras.Model, images, batch_size: int = 128) -> int:
-    """Re-estimate the moving mean and variance of every batch-norm layer of ``backbone`` on
-    ``images`` (AdaBN: Li, Wang, Shi, Liu and Hou, "Revisiting Batch Normalization For Practical
-    Domain Adaptation", ICLR workshop 2017): each layer's statistics become the mean over the batches
-    of the batch's own mean and variance, with the layers below already recalibrated. ImageNet's
-    statistics describe ImageNet's pictures; a frozen trunk sees the training pictures (small images
-    enlarged, a camera of its own) through them. Nothing else changes (scales and offsets stay), and
-    the flags ``trainable`` and ``momentum`` are restored. Only the network runs in training mode:
-    the pictures reach it through the backbone's preprocessing in inference mode (no augmentation),
-    so the statistics, and a trunk cache's key made from them, depend on the pictures alone.
-
-    Args:
-        backbone: a model holding batch-norm layers (at any depth).
-        images: the pictures as the backbone takes them, at least one.
-        batch_size: images per step (the statistics of a step are its batch's).
-
-    Returns:
-        the number of batch-norm layers recalibrated (0: none, nothing done).
-    """
-    layers = [layer for layer in backbone._flatten_layers(include_self=False) if isinstance(layer, keras.layers.BatchNormalization)]
-    if not layers:
-        return 0
-    if len(images) == 0 or int(batch_size) < 1:
-        raise ValueError(f"recalibrating batch norm needs images and a positive batch_size; got {len(images)} images, batch_size {batch_size}")
-    network, entry, _ = network_node(backbone)
-    preprocess = None if network is backbone else keras.Model(backbone.input, entry)
-    saved = [(layer.trainable, layer.momentum) for layer in layers]
-    try:
-        for layer in layers:
-            layer.trainable = True
-        for step, start in enumerate(range(0, len(images), int(batch_size)), start=1):
-            for layer in layers:
-                layer.momentum = (step - 1) / step  # a running mean of the batches' statistics
-            batch = images[start:start + int(batch_size)]
-            network(batch if preprocess is None else preprocess(batch, training=False), training=True)
-    finally:
-        for layer, (trainable, momentum) in zip(layers, saved, strict=True):
-            layer.trainable, layer.momentum = trainable, momentum
-    logger.info("recalibrated %d batch-norm layers on %d images", len(layers), len(images))
-    return len(layers)
