@@ -50,9 +50,24 @@ def serve(versions, *extra: str):
     return process, address
 
 
-def status(address: str) -> search_pb2.StatusResponse:
+def status(address: str, attempts: int = 5) -> search_pb2.StatusResponse:
+    """GetStatus on a new connection, asked again (up to ``attempts`` times) when it is reset.
+
+    Right after a process is killed, a connection the kernel had queued on its socket but that it
+    never accepted is reset (UNAVAILABLE, "Connection reset by peer"); a client asks again, and the
+    next connection goes to a living process. ``wait_for_ready`` covers only a refused connect."""
+    for _ in range(attempts - 1):
+        try:
+            return _status_once(address)
+        except grpc.RpcError as err:
+            if err.code() != grpc.StatusCode.UNAVAILABLE:
+                raise
+        time.sleep(0.1)
+    return _status_once(address)
+
+
+def _status_once(address: str) -> search_pb2.StatusResponse:
     with grpc.insecure_channel(address) as channel:
-        # waits for a connection: one that a killed process had queued but not accepted is reset
         return search_pb2_grpc.HashSearchStub(channel).GetStatus(search_pb2.StatusRequest(), timeout=10, wait_for_ready=True)
 
 
