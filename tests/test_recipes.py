@@ -253,18 +253,48 @@ def test_a_section_naming_the_photo_recipe_trains_it_under_its_own_keys():
     from tfhash.training_spec import PHOTOS, TrainingSpec
 
     assert TrainingSpec.from_dict(with_recipe({"recipe": PHOTOS})) == replace(RECOMMENDED_PHOTOS, recipe=PHOTOS)
-    mine = TrainingSpec.from_dict(with_recipe({"recipe": PHOTOS, "bits": 32, "fine_tuning": {"dropout": 0.2, "trunk_cache": {"views": 4}}}))
+    mine = TrainingSpec.from_dict(with_recipe({"recipe": PHOTOS, "bits": 64, "fine_tuning": {"dropout": 0.2, "trunk_cache": {"views": 4}}}))
     cache = mine.fine_tuning.trunk_cache
-    assert (mine.bits, mine.fine_tuning.dropout, cache.views) == (32, 0.2, 4)  # the section's keys win
+    assert (mine.bits, mine.fine_tuning.dropout, cache.views) == (64, 0.2, 4)  # the section's keys win
     assert (cache.cut, cache.mixup, mine.fine_tuning.backbone_learning_rate) == (RECOMMENDED_PHOTOS.fine_tuning.trunk_cache.cut,
                                                                                  RECOMMENDED_PHOTOS.fine_tuning.trunk_cache.mixup,
                                                                                  RECOMMENDED_PHOTOS.fine_tuning.backbone_learning_rate)  # fmt: skip
     assert TrainingSpec.from_dict(with_recipe({"recipe": PHOTOS, "fine_tuning": {"trunk_cache": None}})).fine_tuning.trunk_cache is None
     with pytest.raises(ValueError, match="trains a pretrained image network; drop backbone 'mlp'"):
         with_recipe({"recipe": PHOTOS, "backbone": "mlp"})
-    with pytest.raises(ValueError, match="trains 'scdh'; drop method 'hyp2'"):
+    with pytest.raises(ValueError, match="trains 'scdh' at 48 bits; drop method 'hyp2'"):
         with_recipe({"recipe": PHOTOS, "method": "hyp2"})
     with pytest.raises(ValueError, match="'single-label photos' for single-label images"):
         with_recipe({"recipe": "single-label", "backbone": "efficientnet_lite0"})
     with pytest.raises(ValueError, match="with an image network"):
         TrainingSpec(recipe=PHOTOS, backbone="mlp")
+
+
+def test_the_photo_recipe_takes_the_loss_validation_chose_for_its_code_length():
+    from dataclasses import replace
+
+    from tfhash.recipes import (
+        RECOMMENDED_PHOTOS,
+        SHORT_PHOTO_CODES,
+        recommended_photos,
+        with_recipe,
+    )
+    from tfhash.training_spec import PHOTOS, TrainingSpec
+
+    assert recommended_photos() == RECOMMENDED_PHOTOS and RECOMMENDED_PHOTOS.bits > SHORT_PHOTO_CODES
+    assert recommended_photos(SHORT_PHOTO_CODES + 8, seed=2) == replace(RECOMMENDED_PHOTOS, bits=SHORT_PHOTO_CODES + 8, seed=2)
+    for bits in (16, SHORT_PHOTO_CODES):
+        short = recommended_photos(bits, seed=1)
+        assert (short.method, short.overrides, short.bits, short.seed) == ("hclm", {"triplet_weight": 2.0, "pairwise_weight": 1.0}, bits, 1)
+        # no mixup (it mixes SCDH's label weights); the network, cut, views, rates and schedule are the recipe's
+        assert short.fine_tuning == replace(RECOMMENDED_PHOTOS.fine_tuning,
+                                            trunk_cache=replace(RECOMMENDED_PHOTOS.fine_tuning.trunk_cache, mixup=0.0))
+        assert (short.backbone, short.image_size, short.epochs) == (RECOMMENDED_PHOTOS.backbone, RECOMMENDED_PHOTOS.image_size,
+                                                                    RECOMMENDED_PHOTOS.epochs)  # fmt: skip
+        # a pipeline section naming the recipe takes it at the section's bits
+        assert TrainingSpec.from_dict(with_recipe({"recipe": PHOTOS, "bits": bits, "seed": 1})) == replace(short, recipe=PHOTOS)
+    with pytest.raises(ValueError, match="trains 'hclm' at 32 bits; drop method 'scdh' or the recipe"):
+        with_recipe({"recipe": PHOTOS, "bits": 32, "method": "scdh"})
+    for bits in (12, "32", 0):
+        with pytest.raises(ValueError, match=f"bits must be a positive multiple of 8.*got {bits!r}"):
+            recommended_photos(bits)

@@ -104,10 +104,11 @@ def test_an_unknown_method_is_refused_everywhere():
 def test_variants_are_one_table_that_the_tuner_and_the_benchmarks_read():
     from benchmarks import methods
     from tfhash.registry import VARIANTS, variant
+    from tfhash.tuning.photos import PhotoSpace
     from tfhash.tuning.search import SEARCH_SPACES
 
     assert methods.method_of("sHCLM+triplet") == VARIANTS["shclm triplet 1"] == ("shclm", {"triplet_weight": 1.0})
-    searched = {name: entry for space in SEARCH_SPACES.values() for name, entry in space.methods.items()}
+    searched = {name: entry for space in (*SEARCH_SPACES.values(), PhotoSpace()) for name, entry in space.methods.items()}
     assert {name: searched[name] for name in VARIANTS if name in searched} == VARIANTS
     assert variant("hyp2") == ("hyp2", {})
     with pytest.raises(ValueError, match="unknown method or variant 'shclm triplet 9'"):

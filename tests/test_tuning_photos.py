@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from pipelines.config import PipelineConfig
-from tfhash.recipes import RECOMMENDED_PHOTOS
+from tfhash.recipes import RECOMMENDED_PHOTOS, recommended_photos
 from tfhash.training_spec import PHOTOS, TrainingSpec
 from tfhash.tuning import Budget, PhotoSpace, TuningError, data_kind, tune
 
@@ -50,6 +50,11 @@ def test_the_cifar10_config_trains_the_recommended_photo_recipe_and_the_space_re
         scaled = space.spec({**space.values_of(base), "learning_rate_scale": 3.0, "backbone_rate_scale": 0.4}, base).fine_tuning
         assert scaled.optimizer == base.fine_tuning.optimizer
         assert (scaled.learning_rate, scaled.backbone_learning_rate) == pytest.approx(rates)
+    # both losses of the recommended recipe are searched; HCLM, without label weights, trains without mixup
+    short = recommended_photos(32)
+    assert space.spec(space.values_of(short), short) == short and space.values_of(short)["variant"] != values["variant"]
+    hclm = space.spec({**values, "variant": space.values_of(short)["variant"]}, RECOMMENDED_PHOTOS)
+    assert (hclm.method, hclm.overrides, hclm.fine_tuning.trunk_cache.mixup, hclm.bits) == (short.method, short.overrides, 0.0, 48)
     old = {**{k: v for k, v in values.items() if not k.endswith("_scale")}, "learning_rate": 0.01, "backbone_learning_rate": 0.005}
     with pytest.raises(ValueError, match=r"missing \['backbone_rate_scale', 'learning_rate_scale'\].*run the search again"):
         space.spec(old, RECOMMENDED_PHOTOS)  # a search saved before the rates were factors
@@ -136,6 +141,7 @@ def test_cli_tune_searches_photos_above_a_base_file_and_refuses_a_base_for_vecto
     assert result.exit_code == 0, result.output
     chosen = TrainingSpec.from_dict(json.loads((out / "tuning.json").read_text())["recipe"])
     assert (chosen.backbone, chosen.fine_tuning.trunk_cache.cut) == (RECOMMENDED_PHOTOS.backbone, RECOMMENDED_PHOTOS.fine_tuning.trunk_cache.cut)
+    assert (chosen.bits, chosen.method) == (32, "hclm")  # the recipe at --bits: the loss of short codes
     np.savez(data, x=images.reshape(len(images), -1).astype("float32"), labels=labels)
     refused = CliRunner().invoke(main, ["tune", str(data), "--base", str(base), "--output-dir", str(out)])
     assert refused.exit_code == 2 and "base is the spec photos are searched above" in refused.output

@@ -214,9 +214,10 @@ def data_image_query(image: str, data_dir: str) -> None:
         raise BadInput(str(err)) from err
 
 
-def _training_section(path: str):
+def _training_section(path: str, bits: int):
     """The :class:`tfhash.training_spec.TrainingSpec` of a JSON file holding a pipeline config or
-    its training section alone, parsed as the pipeline parses it (a named ``recipe`` laid under it)."""
+    its training section alone, at ``bits``, parsed as the pipeline parses it (a named ``recipe``
+    laid under it, at ``bits``: the recipe for photos differs by code length)."""
     from tfhash.recipes import with_recipe
     from tfhash.training_spec import TrainingSpec
 
@@ -227,7 +228,9 @@ def _training_section(path: str):
         raise ValueError(f"{path} is not a JSON file of training settings ({err}); write a pipeline config or its "
                          "training section") from err  # fmt: skip
     section = raw.get("training", raw) if isinstance(raw, dict) else raw
-    return TrainingSpec.from_dict(with_recipe(section) if isinstance(section, dict) else section, where=f"{path}: training.")
+    if isinstance(section, dict):
+        section = with_recipe({**section, "bits": bits})
+    return TrainingSpec.from_dict(section, where=f"{path}: training.")
 
 
 @main.command()
@@ -244,7 +247,7 @@ def _training_section(path: str):
 @click.option("--seconds", default=None, type=click.FloatRange(min=0, min_open=True), help="Start no trial after this wall time.")
 @click.option("--base", "base_file", default=None, type=click.Path(exists=True, dir_okay=False),
               help="Photos: a JSON file holding the training section to search above (a pipeline config, or its "
-                   "training section alone), instead of tfhash.recipes.RECOMMENDED_PHOTOS; --bits and --seed replace its own.")
+                   "training section alone), instead of tfhash.recipes.recommended_photos; --bits and --seed replace its own.")
 @click.option("--output-dir", required=True, help="Where tuning.json (recipe, trials, cost) and trials.md go.")
 def tune(data_file: str, bits: int, seed: int, kind: str | None, max_units: int, trials: int | None, seconds: float | None,
          base_file: str | None, output_dir: str) -> None:  # fmt: skip
@@ -255,7 +258,7 @@ def tune(data_file: str, bits: int, seed: int, kind: str | None, max_units: int,
     \b
       x            (n, d) feature vectors; or x_<modality> for each of two modalities; or
                    (n, H, W[, 3]) photos, uint8 (their recipe searched above the trunk cache
-                   of tfhash.recipes.RECOMMENDED_PHOTOS, or of --base: tfhash.tuning.PhotoSpace)
+                   of tfhash.recipes.recommended_photos at --bits, or of --base: tfhash.tuning.PhotoSpace)
       labels       (n,) integer class ids, or (n, C) one-hot / multi-hot
       unlabelled   optional (m, d) rows without labels (the semi-supervised MT-SCDH variants
                    join the search, the only ones that train on them)
@@ -286,7 +289,7 @@ def tune(data_file: str, bits: int, seed: int, kind: str | None, max_units: int,
             labels = arrays["labels"]
         photos = are_photos(x, kind)
         max_units = max_units or (PHOTO_BUDGET.max_units if photos else Budget().max_units)
-        base = None if base_file is None else _training_section(base_file)
+        base = None if base_file is None else _training_section(base_file, bits)
         result = run_tune(x, labels, bits, seed=seed, budget=Budget(max_units=max_units, trials=trials, seconds=seconds),
                           kind=kind, unlabelled=unlabelled, base=base)  # fmt: skip
     except ValueError as err:

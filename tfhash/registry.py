@@ -242,6 +242,7 @@ def build_model(spec: TrainingSpec, inputs: dict, num_classes: int, *, statistic
 VARIANTS: dict[str, tuple[str, dict]] = {
     "shclm triplet 1": ("shclm", {"triplet_weight": 1.0}),
     "shclm triplet 2": ("shclm", {"triplet_weight": 2.0}),
+    "hclm triplet 2 pairwise 1": ("hclm", {"triplet_weight": 2.0, "pairwise_weight": 1.0}),
     "hyp2 beta 4 labelled": ("hyp2", {"beta": 4.0, "pair_scope": "labelled"}),
     "hyp2 beta 8 labelled": ("hyp2", {"beta": 8.0, "pair_scope": "labelled"}),
     "jcch beta 0.1": ("jcch", {"beta": 0.1}),

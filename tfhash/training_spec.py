@@ -71,8 +71,8 @@ class TrainingSpec:
                                 "standardised); one for every vector input or `{modality: map}`")
     recipe: str | None = config_key(None, "a kind of data of `tfhash.recipes.RECOMMENDED` (`multi-label`, `cross-modal`): "
                              "its method, settings, MLP and optimizer, under whatever this section sets itself; or "
-                             "`single-label photos`: `tfhash.recipes.RECOMMENDED_PHOTOS` (network, side, trunk cache, "
-                             "schedule) likewise")
+                             "`single-label photos`: `tfhash.recipes.recommended_photos` at the section's bits (network, "
+                             "side, trunk cache, schedule; the hash loss by code length) likewise")
 
     def __post_init__(self) -> None:
         from tfhash.networks import OTHER_BACKBONES, check_backbone_name

@@ -15,7 +15,7 @@ import time
 from dataclasses import replace
 
 from tfhash.labels import multi_hot
-from tfhash.recipes import RECOMMENDED_PHOTOS
+from tfhash.recipes import recommended_photos
 from tfhash.training_spec import PHOTOS, TrainingSpec
 from tfhash.tuning.photos import PhotoSpace, PhotoTuneResult, prepare_photos
 from tfhash.tuning.search import (
@@ -107,7 +107,7 @@ def tune(x, labels, bits: int, seed: int = 0, budget: Budget | None = None, *, k
             changes which recipe wins.
         base: photos: the spec the search starts from and keeps but for the searched settings (the
             network, its side and cut, the views, the precision; default
-            :data:`tfhash.recipes.RECOMMENDED_PHOTOS` at ``bits`` and ``seed``); its trunk cache is
+            :func:`tfhash.recipes.recommended_photos` at ``bits`` and ``seed``); its trunk cache is
             kept in ``directory`` unless it names its own. Other data refuse it.
         data_root: photos: where the network's local ImageNet weights are looked for.
 
@@ -126,8 +126,8 @@ def tune(x, labels, bits: int, seed: int = 0, budget: Budget | None = None, *, k
         if are_photos(x, kind):
             if unlabelled is not None:
                 raise TuningError(f"{PHOTOS!r} train on labelled images only; drop unlabelled")
-            base = RECOMMENDED_PHOTOS if base is None else base
-            task, default = prepare_photos(x, multi_hot(labels, num_classes), replace(base, bits=bits, seed=seed), budget, space=space,
+            base = recommended_photos(bits, seed) if base is None else replace(base, bits=bits, seed=seed)
+            task, default = prepare_photos(x, multi_hot(labels, num_classes), base, budget, space=space,
                                            cache_dir=os.path.join(directory or scratch, "trunk_cache"),
                                            train_in_database=train_in_database, data_root=data_root)  # fmt: skip
         else:

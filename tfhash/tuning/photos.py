@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from tfhash.networks import OTHER_BACKBONES
-from tfhash.registry import variant
+from tfhash.registry import get_method, variant
 from tfhash.training_spec import PHOTOS, TrainingSpec
 from tfhash.tuning.search import (
     Budget,
@@ -41,9 +41,11 @@ class PhotoSpace:
     space without a default starts from.
 
     Args:
-        methods: ``{variant: (registered method, its options)}`` (:data:`tfhash.registry.VARIANTS`);
-            SCDH alone by default, the one whose label weights mixup mixes.
-        mixup: the trunk cache's mixup (:class:`tfhash.fine_tuning.TrunkCacheSettings`; 0 is off).
+        methods: ``{variant: (registered method, its options)}`` (:data:`tfhash.registry.VARIANTS`):
+            by default SCDH and HCLM with the triplet and pairwise terms, the losses the recommended
+            recipe takes for long and short codes (:func:`tfhash.recipes.recommended_photos`).
+        mixup: the trunk cache's mixup (:class:`tfhash.fine_tuning.TrunkCacheSettings`; 0 is off);
+            it mixes SCDH's label weights, so a method without them (HCLM) trains without mixup.
         learning_rate_scale, backbone_rate_scale: factors on the base spec's rate for the new layers
             and on its rate for the pretrained layers above the cut (its ``learning_rate`` where it
             has no ``backbone_learning_rate``; :class:`tfhash.fine_tuning.FineTuning`). Factors, not
@@ -55,7 +57,7 @@ class PhotoSpace:
         epochs: the recipe's epochs (a trial of ``u`` units trains ``u / max_units`` of them).
     """
 
-    methods: dict[str, tuple[str, dict]] = field(default_factory=lambda: {"scdh": variant("scdh")})
+    methods: dict[str, tuple[str, dict]] = field(default_factory=lambda: {name: variant(name) for name in ("scdh", "hclm triplet 2 pairwise 1")})
     mixup: tuple[float, ...] = (0.4, 0.0)
     learning_rate_scale: tuple[float, ...] = (1.0, 3.0)
     backbone_rate_scale: tuple[float, ...] = (1.0, 0.4, 2.0)
@@ -106,12 +108,13 @@ class PhotoSpace:
                              f"{values.get('variant')!r} of {sorted(self.methods)} (given: {sorted(values)}); a search made by "
                              "another tfhash version: run the search again")  # fmt: skip
         method, options = self.methods[values["variant"]]
+        mixup = float(values["mixup"]) if get_method(method).label_coefficients else 0.0
         tuning = base.fine_tuning
         above = tuning.learning_rate if tuning.backbone_learning_rate is None else tuning.backbone_learning_rate
         tuning = replace(tuning, learning_rate=tuning.learning_rate * float(values["learning_rate_scale"]),
                          backbone_learning_rate=above * float(values["backbone_rate_scale"]),
                          dropout=float(values["dropout"]), schedule=str(values["schedule"]), decay_epochs=[],
-                         trunk_cache=replace(tuning.trunk_cache, mixup=float(values["mixup"])))  # fmt: skip
+                         trunk_cache=replace(tuning.trunk_cache, mixup=mixup))  # fmt: skip
         return replace(base, method=method, overrides=dict(options), epochs=int(values["epochs"]), fine_tuning=tuning)
 
 
