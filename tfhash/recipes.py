@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # Keras loads when a recipe builds or trains, not when a conf
     import keras
 
 __all__ = ["Recipe", "recommended", "recommended_photos", "with_recipe", "DATA_KINDS", "RECOMMENDED", "RECOMMENDED_PHOTOS",
-           "SHORT_PHOTO_CODES", "MEAN_TEACHER", "PAPER_LIKE"]
+           "SHORT_PHOTO_CODES", "SHORT_PHOTO_LOSS", "MEAN_TEACHER", "PAPER_LIKE"]
 
 SCHEDULES = ("constant", "cosine")
 DATA_KINDS = ("single-label", "single-label pixels", "multi-label", "cross-modal")
@@ -281,6 +281,10 @@ RECOMMENDED_PHOTOS = TrainingSpec(
 #: the codes grow, so longer codes keep SCDH.
 SHORT_PHOTO_CODES = 32
 
+#: The short-code loss of :data:`SHORT_PHOTO_CODES`: its name in :data:`tfhash.registry.VARIANTS`
+#: (what :func:`recommended_photos` trains and :class:`tfhash.tuning.PhotoSpace` searches beside SCDH).
+SHORT_PHOTO_LOSS = "hclm triplet 2 pairwise 1"
+
 #: The settings tfhash's benchmarks used before the recipes were chosen (one hidden layer, Adam
 #: 1e-3, constant rate, the papers' loss weights): the "paper-like" rows beside the recommended ones.
 PAPER_LIKE: dict[str, Recipe] = {
@@ -360,7 +364,7 @@ def recommended_photos(bits: int = RECOMMENDED_PHOTOS.bits, seed: int = RECOMMEN
     spec = replace(RECOMMENDED_PHOTOS, bits=bits, seed=seed)  # checks both
     if bits > SHORT_PHOTO_CODES:
         return spec
-    method, options = variant("hclm triplet 2 pairwise 1")
+    method, options = variant(SHORT_PHOTO_LOSS)
     tuning = spec.fine_tuning
     return replace(spec, method=method, overrides=options,
                    fine_tuning=replace(tuning, trunk_cache=replace(tuning.trunk_cache, mixup=0.0)))  # fmt: skip

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from tfhash.networks import OTHER_BACKBONES
+from tfhash.recipes import SHORT_PHOTO_LOSS
 from tfhash.registry import get_method, variant
 from tfhash.training_spec import PHOTOS, TrainingSpec
 from tfhash.tuning.search import (
@@ -57,7 +58,7 @@ class PhotoSpace:
         epochs: the recipe's epochs (a trial of ``u`` units trains ``u / max_units`` of them).
     """
 
-    methods: dict[str, tuple[str, dict]] = field(default_factory=lambda: {name: variant(name) for name in ("scdh", "hclm triplet 2 pairwise 1")})
+    methods: dict[str, tuple[str, dict]] = field(default_factory=lambda: {name: variant(name) for name in ("scdh", SHORT_PHOTO_LOSS)})
     mixup: tuple[float, ...] = (0.4, 0.0)
     learning_rate_scale: tuple[float, ...] = (1.0, 3.0)
     backbone_rate_scale: tuple[float, ...] = (1.0, 0.4, 2.0)
