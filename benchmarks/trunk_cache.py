@@ -13,6 +13,13 @@ over the whole ranking). Three modes:
   least 3 measured epochs each, after one warm-up epoch), the cache's build time, disk and the
   process's peak memory.
 
+Two designs are scored paired within a run: ``--test-shift P`` also encodes the curve's images
+over their mirrors and four diagonal shifts by P stored pixels; ``--distil W`` first trains a
+teacher with the same settings, then the reported model from the teacher's cluster centres with W x
+the squared distance of its codes to the teacher's added to its loss (W = 0: an independent second
+model), and scores the two models' codes averaged (an ensemble of two); the teacher's numbers go in
+the row.
+
 Results accumulate in ``benchmarks/results/trunk_cache.{json,md}`` (a rerun replaces its row)::
 
     python -m benchmarks.trunk_cache --validation --bits 48 --epochs 60 --eval-every 10 --seed 0 --label base
@@ -71,13 +78,14 @@ def make_backbone(backbone: str, size: int, recipe: FineTuning):
     return lambda: image_backbone(backbone, (32, 32, 3), size=size, **recipe.backbone_options())
 
 
-def build(method: str, bits: int, seed: int, options: dict | None = None):
-    """backbone -> the method's model, its initial weights drawn from ``seed``; ``options`` are the
-    builder's settings over its defaults (e.g. HCLM's ``triplet_weight``)."""
+def build(method: str, bits: int, seed: int, options: dict | None = None, init_seed: int | None = None):
+    """backbone -> the method's model, its initial weights drawn from ``init_seed`` (default
+    ``seed``; HCLM's proxies always from ``seed``); ``options`` are the builder's settings over its
+    defaults (e.g. HCLM's ``triplet_weight``)."""
     options = options or {}
 
     def model(backbone):
-        keras.utils.set_random_seed(seed)
+        keras.utils.set_random_seed(seed if init_seed is None else init_seed)
         if method == "SCDH":
             return build_scdh(backbone, 10, bits, **{"preset": "cifar10", **options})
         if method == "HCLM":
@@ -93,7 +101,73 @@ def cached_recipe(args, cache_dir: str) -> FineTuning:
     return FineTuning.for_backbone(args.backbone, **{**BASE, **args.recipe, "trunk_cache": cache})
 
 
+def shifted(images: np.ndarray, dy: int, dx: int) -> np.ndarray:
+    """``images`` moved by ``dy`` rows and ``dx`` columns of stored pixels, the borders reflected
+    (the training views' pad-and-crop, :data:`tfhash.networks.AUGMENTATIONS`' ``"shift"``)."""
+    pad = max(abs(dy), abs(dx))
+    padded = np.pad(images, ((0, 0), (pad, pad), (pad, pad), (0, 0)), mode="reflect")
+    return padded[:, pad + dy:pad + dy + images.shape[1], pad + dx:pad + dx + images.shape[2]]
+
+
+def encoded_views(images: np.ndarray, shift: int) -> list[np.ndarray]:
+    """The views encoded at test time: each image and its mirror, and with ``shift`` > 0 the same
+    for the four diagonal shifts by ``shift`` stored pixels (10 views)."""
+    moved = [images] + [shifted(images, dy, dx) for dy in (-shift, shift) for dx in (-shift, shift)] if shift else [images]
+    return [view for m in moved for view in (m, m[:, :, ::-1])]
+
+
+def distilled(student, teacher, weight: float):
+    """``student`` trained with ``weight`` x the mean squared distance of its continuous codes to
+    ``teacher``'s on the same (cached, possibly mixed) inputs added to its own loss (a
+    "born-again" distillation); an SCDH student starts from the teacher's cluster centres, so
+    both codes live in one frame."""
+    own = student.compute_loss
+
+    def compute_loss(x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        target = tf.stop_gradient(tf.cast(teacher(x, training=False)["codes"], tf.float32))
+        gap = tf.reduce_mean(tf.square(tf.cast(y_pred["codes"], tf.float32) - target))
+        return own(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=training) + weight * gap
+
+    student.compute_loss = compute_loss
+    return student
+
+
+class CopyCentres(keras.callbacks.Callback):
+    """At the start of training: the model's semantic cluster centres set to the teacher's."""
+
+    def __init__(self, teacher):
+        super().__init__()
+        self.teacher = teacher
+
+    def on_train_begin(self, logs=None):
+        self.model.clusters.set_weights(self.teacher.clusters.get_weights())
+
+
 def run(args, images, labels, split) -> dict:
+    if args.distil is None:
+        return train_row(args, images, labels, split, build(args.method, args.bits, args.seed, args.options))
+    teachers = []
+
+    def teacher_build(top):
+        teachers.append(build(args.method, args.bits, args.seed, args.options)(top))
+        return teachers[-1]
+
+    teacher = train_row(args, images, labels, split, teacher_build)
+    student_seed = args.seed + 1000 if args.student_seed is None else args.student_seed
+    student = train_row(args, images, labels, split,
+                        lambda top: distilled(build(args.method, args.bits, args.seed, args.options, student_seed)(top), teachers[0], args.distil),
+                        extra_callbacks=[CopyCentres(teachers[0])] if hasattr(teachers[0], "clusters") else [], partner=teachers[0])  # fmt: skip
+    teacher_keys = ("curve", "curve mAP@all with flips", "curve mAP@all with flips and shifts", "mAP@all", "mAP@all mirrored",
+                    "mAP@all mirrored and shifted", "cache + train seconds")  # fmt: skip
+    return {**student, "distil": {"weight": args.distil, "student init seed": student_seed},
+            "teacher": {k: teacher[k] for k in teacher_keys if k in teacher},
+            "cache + train seconds": round(teacher["cache + train seconds"] + student["cache + train seconds"], 1)}
+
+
+def train_row(args, images, labels, split, build_model, extra_callbacks=(), partner=None) -> dict:
+    """One model trained on the cache as ``args`` say (``build_model``: the cached top -> the
+    model), scored: the result row; with a ``partner`` (a model on the same cache, in the same
+    code frame) also the two models' codes averaged before the sign (an ensemble of two)."""
     keras.utils.set_random_seed(args.seed)
     cache_dir = args.cache_dir or os.path.join(tempfile.gettempdir(), "tfhash-trunk-cache")
     recipe = cached_recipe(args, cache_dir)
@@ -110,27 +184,32 @@ def run(args, images, labels, split) -> dict:
 
     class FlipEval(keras.callbacks.Callback):
         """At the end: the curve's mAP@all with each image's codes averaged with its mirror's
-        before the sign (encoding with flips)."""
+        before the sign (encoding with flips), and with ``--test-shift`` over the shifted views too."""
 
         def __init__(self, activations):
             super().__init__()
             self.activations = activations
 
         def on_train_end(self, logs=None):
-            (q, q_flip), (db, db_flip) = self.activations
-            codes = lambda a, b: sign_codes(self.model.continuous_codes(a) + self.model.continuous_codes(b))  # noqa: E731
-            flipped["mAP@all"] = evaluate_retrieval(codes(q, q_flip), codes(db, db_flip), labels[curve_q],
-                                                    labels[curve_db]).mean_average_precision()  # fmt: skip
+            codes = lambda views: sign_codes(sum(self.model.continuous_codes(v) for v in views))  # noqa: E731
+            score = lambda q, db: evaluate_retrieval(codes(q), codes(db), labels[curve_q], labels[curve_db]).mean_average_precision()  # noqa: E731
+            (q, db) = self.activations
+            flipped["mAP@all"] = score(q[:2], db[:2])
+            if partner is not None:
+                pair = lambda views: sign_codes(sum(m.continuous_codes(v) for v in views for m in (self.model, partner)))  # noqa: E731
+                flipped["ensemble"] = evaluate_retrieval(pair(q[:2]), pair(db[:2]), labels[curve_q], labels[curve_db]).mean_average_precision()
+            if args.test_shift:
+                flipped["shifts"] = score(q, db)
 
     def callbacks(cut):
         trunk = lambda x: np.asarray(cut.trunk.predict(x, batch_size=256, verbose=0), np.float32)  # noqa: E731
-        activations = [(trunk(images[rows]), trunk(images[rows][:, :, ::-1])) for rows in (curve_q, curve_db)]
+        activations = [[trunk(view) for view in encoded_views(images[rows], args.test_shift)] for rows in (curve_q, curve_db)]
         curve.append(TimedRetrievalEval(activations[0][0], labels[curve_q], activations[1][0], labels[curve_db],
                                         frequency=args.eval_every, prefix="curve_"))  # fmt: skip
         flips = FlipEval(activations)
         if args.ema:
             curve.append(WeightAverages(args.ema, args.eval_every, flips))
-        return [*curve, flips]
+        return [*curve, *extra_callbacks, flips]
 
     class WeightAverages(keras.callbacks.Callback):
         """Exponential moving averages of the trained weights at each of ``momenta``, updated after
@@ -184,7 +263,7 @@ def run(args, images, labels, split) -> dict:
 
     policy = run_policy(args.precision)
     start = time.perf_counter()
-    model, history, cache = fit_on_cache(recipe, build(args.method, args.bits, args.seed, args.options), make_backbone(args.backbone, args.size, recipe),
+    model, history, cache = fit_on_cache(recipe, build_model, make_backbone(args.backbone, args.size, recipe),
                                                 x_train, y_train, epochs=args.epochs, batch_size=BATCH, seed=args.seed,
                                          backbone_name=args.backbone, policy=policy, callbacks=callbacks)  # fmt: skip
     seconds = time.perf_counter() - start - sum(c.seconds for c in curve)
@@ -197,6 +276,8 @@ def run(args, images, labels, split) -> dict:
            "train images": int(len(train)), "curve": points, "recipe": {**BASE, **args.recipe}, **({"options": args.options} if args.options else {}),
            "cache + train seconds": round(seconds, 1), "cache GB": round(cache.activations.nbytes / 1e9, 2),
            "curve mAP@all with flips": flipped.get("mAP@all"),
+           **({"curve mAP@all with flips and shifts": flipped["shifts"], "test shift": args.test_shift} if args.test_shift else {}),
+           **({"curve mAP@all with flips, with the teacher's codes": flipped["ensemble"]} if partner is not None else {}),
            **{f"curve mAP@all with flips, ema {m}": flipped[f"ema{m}"] for m in args.ema}}  # fmt: skip
     if not args.validation:
         start = time.perf_counter()
@@ -207,6 +288,10 @@ def run(args, images, labels, split) -> dict:
         mirrored = lambda rows: sign_codes(model.continuous_codes(images[rows]) + model.continuous_codes(images[rows][:, :, ::-1]))  # noqa: E731
         report = evaluate_retrieval(mirrored(split.query), mirrored(split.database), labels[split.query], labels[split.database])
         row.update({"mAP@all mirrored": report.mean_average_precision(), "P@H<=2 mirrored": float(report.precision_at_radius(2))})
+        if args.test_shift:
+            viewed = lambda rows: sign_codes(sum(model.continuous_codes(v) for v in encoded_views(images[rows], args.test_shift)))  # noqa: E731
+            row["mAP@all mirrored and shifted"] = evaluate_retrieval(viewed(split.query), viewed(split.database), labels[split.query],
+                                                                     labels[split.database]).mean_average_precision()  # fmt: skip
     row["peak RSS GB"] = round(peak_rss_gb(), 2)
     return row
 
@@ -279,6 +364,13 @@ def main() -> None:
     parser.add_argument("--recipe", type=json.loads, default={}, help="FineTuning settings over BASE, as JSON")
     parser.add_argument("--options", type=json.loads, default={},
                         help="the method's builder settings over its defaults, as JSON (e.g. '{\"triplet_weight\": 2.0}' for HCLM)")
+    parser.add_argument("--test-shift", type=int, default=0,
+                        help="also score codes averaged over mirrors and four diagonal shifts by this many stored pixels (0: mirrors only)")
+    parser.add_argument("--distil", type=float, default=None,
+                        help="train a teacher with these settings first, then the reported model with this weight x the mean squared "
+                             "distance of its codes to the teacher's added to its loss (0: a second model in the teacher's code frame); "
+                             "the two models' codes averaged are scored too (default: one model, no teacher)")
+    parser.add_argument("--student-seed", type=int, default=None, help="with --distil: the second model's initial weights' seed (default: --seed + 1000)")
     parser.add_argument("--label", default="base", help="names the settings in the results (rows are keyed by it)")
     parser.add_argument("--cache-dir", default=None, help="where caches are kept (default: a folder in the temp dir)")
     args = parser.parse_args()

@@ -1,0 +1,52 @@
+"""The CIFAR-10 trunk-cache benchmark's own pieces: the views encoded at test time and the
+distillation term (``python -m benchmarks.trunk_cache --test-shift / --distil``)."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+
+from benchmarks.trunk_cache import distilled, encoded_views, shifted
+from tfhash.models import build_scdh
+from tfhash.models.backbones import mlp
+
+
+def test_a_shift_moves_the_stored_pixels_and_reflects_the_border():
+    images = np.arange(2 * 5 * 6 * 3, dtype=np.float32).reshape(2, 5, 6, 3)
+    np.testing.assert_array_equal(shifted(images, 0, 0), images)
+    down = shifted(images, 1, 0)
+    np.testing.assert_array_equal(down[:, :-1], images[:, 1:])
+    np.testing.assert_array_equal(down[:, -1], images[:, -2])  # reflected, not wrapped or zero
+    left = shifted(images, 0, -2)
+    np.testing.assert_array_equal(left[:, :, 2:], images[:, :, :-2])
+    np.testing.assert_array_equal(left[:, :, 0], images[:, :, 2])
+    assert shifted(images, 2, -1).shape == images.shape
+
+
+def test_the_test_views_are_each_image_and_its_mirror_then_four_shifts_of_both():
+    images = np.random.default_rng(0).random((3, 8, 8, 3)).astype(np.float32)
+    plain = encoded_views(images, 0)
+    assert len(plain) == 2
+    np.testing.assert_array_equal(plain[0], images)
+    np.testing.assert_array_equal(plain[1], images[:, :, ::-1])
+    views = encoded_views(images, 1)
+    assert len(views) == 10
+    np.testing.assert_array_equal(views[2], shifted(images, -1, -1))
+    np.testing.assert_array_equal(views[3], shifted(images, -1, -1)[:, :, ::-1])
+
+
+def test_distillation_adds_its_weight_times_the_codes_squared_distance_to_the_teachers():
+    x = np.random.default_rng(1).normal(size=(16, 6)).astype(np.float32)
+    labels = keras.utils.to_categorical(np.arange(16) % 3, 3)
+    keras.utils.set_random_seed(0)
+    teacher = build_scdh(mlp(6, (8,), dropout=0.0), 3, 8)
+    keras.utils.set_random_seed(1)
+    student = build_scdh(mlp(6, (8,), dropout=0.0), 3, 8)
+    y_pred = student(x)
+    own = float(student.compute_loss(x=x, y=labels, y_pred=y_pred))
+    gap = float(np.mean((np.asarray(y_pred["codes"]) - np.asarray(teacher(x)["codes"])) ** 2))
+    assert gap > 0
+    distilled(student, teacher, 2.5)
+    np.testing.assert_allclose(float(student.compute_loss(x=x, y=labels, y_pred=y_pred)), own + 2.5 * gap, rtol=1e-5)
+    distilled(student, student, 0.0)  # weight 0 (and its own codes as the target): nothing more added
+    np.testing.assert_allclose(float(student.compute_loss(x=x, y=labels, y_pred=y_pred)), own + 2.5 * gap, rtol=1e-5)
