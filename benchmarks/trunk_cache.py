@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import shutil
@@ -344,7 +345,8 @@ def timing(args, images, labels, split) -> dict:
             "curve": []}  # fmt: skip
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line's settings, checked (``parser.error`` on a value the run cannot honour)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backbone", choices=("squeezenet", *EFFICIENTNET_LITE), default="squeezenet")
     parser.add_argument("--method", choices=("SCDH", "HCLM", "HyP2"), default="SCDH")
@@ -373,9 +375,15 @@ def main() -> None:
     parser.add_argument("--student-seed", type=int, default=None, help="with --distil: the second model's initial weights' seed (default: --seed + 1000)")
     parser.add_argument("--label", default="base", help="names the settings in the results (rows are keyed by it)")
     parser.add_argument("--cache-dir", default=None, help="where caches are kept (default: a folder in the temp dir)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    check_designs(parser, args)
     if not args.timing and args.epochs % args.eval_every:
         parser.error(f"--eval-every {args.eval_every} must divide --epochs {args.epochs} (the last epoch is on the curve)")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
     ds = load_cifar10(seed=args.seed)
     row = (timing if args.timing else run)(args, ds.inputs["image"], ds.labels, ds.split)
     print(json.dumps({k: v for k, v in row.items() if k not in ("recipe",)}), flush=True)
@@ -384,6 +392,21 @@ def main() -> None:
     key = ("label", "backbone", "mode", "method", "bits", "size", "seed")
     rows = [r for r in rows if tuple(r.get(k, "squeezenet") for k in key) != tuple(row[k] for k in key)] + [row]
     write_results("trunk_cache", {"rows": rows, "scdh_table_i_alexnet": SCDH_TABLE_I_ALEXNET}, markdown(rows))
+
+
+def check_designs(parser: argparse.ArgumentParser, args) -> None:
+    """Refuse ``--test-shift``, ``--distil`` and ``--student-seed`` values the run cannot honour,
+    before anything is loaded (``parser.error``: usage and exit status 2)."""
+    if not 0 <= args.test_shift <= 16:
+        parser.error(f"--test-shift {args.test_shift}: a shift of 0 to 16 stored pixels (CIFAR-10's pictures are 32x32)")
+    if args.distil is not None and not (math.isfinite(args.distil) and args.distil >= 0):
+        parser.error(f"--distil {args.distil}: the distillation weight is a finite number >= 0 (0: no distillation term)")
+    if args.student_seed is not None and args.distil is None:
+        parser.error("--student-seed names the second model's seed; it needs --distil")
+    if args.distil is not None and args.method == "HyP2":
+        parser.error("--distil: HyP2 learns its proxies, so a second model's codes are not in the teacher's frame; use SCDH or HCLM")
+    if args.timing and (args.distil is not None or args.test_shift):
+        parser.error("--timing measures seconds per epoch; --distil and --test-shift score quality: drop them or --timing")
 
 
 def markdown(rows: list[dict]) -> str:

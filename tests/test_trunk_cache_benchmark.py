@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import keras
 import numpy as np
+import pytest
 
-from benchmarks.trunk_cache import distilled, encoded_views, shifted
+from benchmarks.trunk_cache import distilled, encoded_views, parse_args, shifted
 from tfhash.models import build_scdh
 from tfhash.models.backbones import mlp
 
@@ -50,3 +51,24 @@ def test_distillation_adds_its_weight_times_the_codes_squared_distance_to_the_te
     np.testing.assert_allclose(float(student.compute_loss(x=x, y=labels, y_pred=y_pred)), own + 2.5 * gap, rtol=1e-5)
     distilled(student, student, 0.0)  # weight 0 (and its own codes as the target): nothing more added
     np.testing.assert_allclose(float(student.compute_loss(x=x, y=labels, y_pred=y_pred)), own + 2.5 * gap, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "flags, names",
+    [
+        (["--test-shift", "-1"], "--test-shift -1"),
+        (["--test-shift", "17"], "--test-shift 17"),
+        (["--distil", "nan"], "--distil nan"),
+        (["--distil", "-0.5"], "--distil -0.5"),
+        (["--student-seed", "3"], "needs --distil"),
+        (["--distil", "1", "--method", "HyP2"], "HyP2 learns its proxies"),
+        (["--distil", "0", "--timing"], "--timing measures"),
+    ],
+)
+def test_designs_the_run_cannot_honour_are_refused_before_anything_loads(flags, names, capsys):
+    with pytest.raises(SystemExit) as stop:
+        parse_args(flags)
+    assert stop.value.code == 2
+    assert names in capsys.readouterr().err
+    args = parse_args(["--test-shift", "2", "--distil", "0", "--student-seed", "0", "--method", "HCLM"])
+    assert (args.test_shift, args.distil, args.student_seed) == (2, 0.0, 0)
