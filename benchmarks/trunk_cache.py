@@ -14,11 +14,13 @@ over the whole ranking). Three modes:
   process's peak memory.
 
 Two designs are scored paired within a run: ``--test-shift P`` also encodes the curve's images
-over their mirrors and four diagonal shifts by P stored pixels; ``--distil W`` first trains a
-teacher with the same settings, then the reported model from the teacher's cluster centres with W x
-the squared distance of its codes to the teacher's added to its loss (W = 0: an independent second
-model), and scores the two models' codes averaged (an ensemble of two); the teacher's numbers go in
-the row.
+(and on the test protocol the queries and database, all views in memory at once) over their
+mirrors and four diagonal shifts by P stored pixels; ``--distil W`` first trains a teacher with the
+same settings, then the reported model from the teacher's cluster centres (SCDH; HCLM's fixed
+proxies are shared anyway) with W x the mean over bits of the squared difference of its codes to
+the teacher's added to its loss (W = 0: no such term; the second model still starts from the
+teacher's centres and sees the same batches), and scores the two models' codes averaged on the
+curve (an ensemble of two); the teacher's numbers go in the row.
 
 Results accumulate in ``benchmarks/results/trunk_cache.{json,md}`` (a rerun replaces its row)::
 
@@ -103,8 +105,9 @@ def cached_recipe(args, cache_dir: str) -> FineTuning:
 
 
 def shifted(images: np.ndarray, dy: int, dx: int) -> np.ndarray:
-    """``images`` moved by ``dy`` rows and ``dx`` columns of stored pixels, the borders reflected
-    (the training views' pad-and-crop, :data:`tfhash.networks.AUGMENTATIONS`' ``"shift"``)."""
+    """``images`` moved by ``dy`` rows and ``dx`` columns of stored pixels (output row i is input
+    row i + dy), the borders reflected without repeating the edge pixel (numpy's ``"reflect"``;
+    the training views' shift, :data:`tfhash.networks.AUGMENTATIONS`' ``"shift"``, repeats it)."""
     pad = max(abs(dy), abs(dx))
     padded = np.pad(images, ((0, 0), (pad, pad), (pad, pad), (0, 0)), mode="reflect")
     return padded[:, pad + dy:pad + dy + images.shape[1], pad + dx:pad + dx + images.shape[2]]
@@ -118,10 +121,13 @@ def encoded_views(images: np.ndarray, shift: int) -> list[np.ndarray]:
 
 
 def distilled(student, teacher, weight: float):
-    """``student`` trained with ``weight`` x the mean squared distance of its continuous codes to
-    ``teacher``'s on the same (cached, possibly mixed) inputs added to its own loss (a
-    "born-again" distillation); an SCDH student starts from the teacher's cluster centres, so
-    both codes live in one frame."""
+    """``student`` trained with ``weight`` x the mean (over the batch and the bits) of the squared
+    difference of its continuous codes to ``teacher``'s on the same (cached, possibly mixed)
+    inputs added to its own loss (a "born-again" distillation); unchanged at weight 0. The codes
+    share a frame only if the student starts from the teacher's centres (:class:`CopyCentres`)
+    or proxies."""
+    if weight == 0:
+        return student
     own = student.compute_loss
 
     def compute_loss(x=None, y=None, y_pred=None, sample_weight=None, training=True):
@@ -147,16 +153,24 @@ class CopyCentres(keras.callbacks.Callback):
 def run(args, images, labels, split) -> dict:
     if args.distil is None:
         return train_row(args, images, labels, split, build(args.method, args.bits, args.seed, args.options))
-    teachers = []
+    teachers, students = [], []  # the cached models (fit_on_cache's first build; its second is the full model)
 
     def teacher_build(top):
-        teachers.append(build(args.method, args.bits, args.seed, args.options)(top))
-        return teachers[-1]
+        model = build(args.method, args.bits, args.seed, args.options)(top)
+        if not teachers:
+            teachers.append(model)
+        return model
 
-    teacher = train_row(args, images, labels, split, teacher_build)
+    def student_build(top):
+        model = build(args.method, args.bits, args.seed, args.options, student_seed)(top)
+        if students:
+            return model
+        students.append(model)
+        return distilled(model, teachers[0], args.distil)
+
     student_seed = args.seed + 1000 if args.student_seed is None else args.student_seed
-    student = train_row(args, images, labels, split,
-                        lambda top: distilled(build(args.method, args.bits, args.seed, args.options, student_seed)(top), teachers[0], args.distil),
+    teacher = train_row(args, images, labels, split, teacher_build)
+    student = train_row(args, images, labels, split, student_build,
                         extra_callbacks=[CopyCentres(teachers[0])] if hasattr(teachers[0], "clusters") else [], partner=teachers[0])  # fmt: skip
     teacher_keys = ("curve", "curve mAP@all with flips", "curve mAP@all with flips and shifts", "mAP@all", "mAP@all mirrored",
                     "mAP@all mirrored and shifted", "cache + train seconds")  # fmt: skip
@@ -210,7 +224,7 @@ def train_row(args, images, labels, split, build_model, extra_callbacks=(), part
         flips = FlipEval(activations)
         if args.ema:
             curve.append(WeightAverages(args.ema, args.eval_every, flips))
-        return [*curve, *extra_callbacks, flips]
+        return [*extra_callbacks, *curve, flips]
 
     class WeightAverages(keras.callbacks.Callback):
         """Exponential moving averages of the trained weights at each of ``momenta``, updated after
@@ -370,7 +384,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="also score codes averaged over mirrors and four diagonal shifts by this many stored pixels (0: mirrors only)")
     parser.add_argument("--distil", type=float, default=None,
                         help="train a teacher with these settings first, then the reported model with this weight x the mean squared "
-                             "distance of its codes to the teacher's added to its loss (0: a second model in the teacher's code frame); "
+                             "difference of its codes to the teacher's (a mean over bits) added to its loss (0: no such term; it still starts from "
+                             "the teacher's centres); "
                              "the two models' codes averaged are scored too (default: one model, no teacher)")
     parser.add_argument("--student-seed", type=int, default=None, help="with --distil: the second model's initial weights' seed (default: --seed + 1000)")
     parser.add_argument("--label", default="base", help="names the settings in the results (rows are keyed by it)")
@@ -404,7 +419,8 @@ def check_designs(parser: argparse.ArgumentParser, args) -> None:
     if args.student_seed is not None and args.distil is None:
         parser.error("--student-seed names the second model's seed; it needs --distil")
     if args.distil is not None and args.method == "HyP2":
-        parser.error("--distil: HyP2 learns its proxies, so a second model's codes are not in the teacher's frame; use SCDH or HCLM")
+        parser.error("--distil: HyP2's learned proxies are not copied to the second model, so its codes would not share the teacher's "
+                     "frame (SCDH's centres are copied, HCLM's proxies are fixed); use SCDH or HCLM")
     if args.timing and (args.distil is not None or args.test_shift):
         parser.error("--timing measures seconds per epoch; --distil and --test-shift score quality: drop them or --timing")
 

@@ -15,9 +15,9 @@ from tfhash.models.backbones import mlp
 def test_a_shift_moves_the_stored_pixels_and_reflects_the_border():
     images = np.arange(2 * 5 * 6 * 3, dtype=np.float32).reshape(2, 5, 6, 3)
     np.testing.assert_array_equal(shifted(images, 0, 0), images)
-    down = shifted(images, 1, 0)
-    np.testing.assert_array_equal(down[:, :-1], images[:, 1:])
-    np.testing.assert_array_equal(down[:, -1], images[:, -2])  # reflected, not wrapped or zero
+    up = shifted(images, 1, 0)  # output row i is input row i + 1
+    np.testing.assert_array_equal(up[:, :-1], images[:, 1:])
+    np.testing.assert_array_equal(up[:, -1], images[:, -2])  # reflected without the edge, not wrapped or zero
     left = shifted(images, 0, -2)
     np.testing.assert_array_equal(left[:, :, 2:], images[:, :, :-2])
     np.testing.assert_array_equal(left[:, :, 0], images[:, :, 2])
@@ -49,8 +49,25 @@ def test_distillation_adds_its_weight_times_the_codes_squared_distance_to_the_te
     assert gap > 0
     distilled(student, teacher, 2.5)
     np.testing.assert_allclose(float(student.compute_loss(x=x, y=labels, y_pred=y_pred)), own + 2.5 * gap, rtol=1e-5)
-    distilled(student, student, 0.0)  # weight 0 (and its own codes as the target): nothing more added
+    assert distilled(student, student, 0.0) is student  # weight 0: nothing more added
     np.testing.assert_allclose(float(student.compute_loss(x=x, y=labels, y_pred=y_pred)), own + 2.5 * gap, rtol=1e-5)
+
+
+def test_fit_trains_on_the_distilled_loss():
+    """Keras's train step calls the patched ``compute_loss``: one step at learning rate 0 logs
+    the student's own loss plus the term."""
+    x = np.random.default_rng(2).normal(size=(16, 6)).astype(np.float32)
+    labels = keras.utils.to_categorical(np.arange(16) % 3, 3)
+    keras.utils.set_random_seed(0)
+    teacher = build_scdh(mlp(6, (8,), dropout=0.0), 3, 8)
+    keras.utils.set_random_seed(1)
+    student = build_scdh(mlp(6, (8,), dropout=0.0), 3, 8)
+    y_pred = student(x)
+    own = float(student.compute_loss(x=x, y=labels, y_pred=y_pred))
+    gap = float(np.mean((np.asarray(y_pred["codes"]) - np.asarray(teacher(x)["codes"])) ** 2))
+    distilled(student, teacher, 3.0).compile(optimizer=keras.optimizers.SGD(0.0))
+    logged = student.fit(x, labels, batch_size=16, epochs=1, verbose=0, shuffle=False).history["loss"][0]
+    np.testing.assert_allclose(logged, own + 3.0 * gap, rtol=1e-4)
 
 
 @pytest.mark.parametrize(
@@ -61,7 +78,7 @@ def test_distillation_adds_its_weight_times_the_codes_squared_distance_to_the_te
         (["--distil", "nan"], "--distil nan"),
         (["--distil", "-0.5"], "--distil -0.5"),
         (["--student-seed", "3"], "needs --distil"),
-        (["--distil", "1", "--method", "HyP2"], "HyP2 learns its proxies"),
+        (["--distil", "1", "--method", "HyP2"], "HyP2's learned proxies"),
         (["--distil", "0", "--timing"], "--timing measures"),
     ],
 )
