@@ -36,8 +36,10 @@ def test_the_test_views_are_each_image_and_its_mirror_then_four_shifts_of_both()
     np.testing.assert_array_equal(views[3], shifted(images, -1, -1)[:, :, ::-1])
 
 
-def test_distillation_adds_its_weight_times_the_codes_squared_distance_to_the_teachers():
-    x = np.random.default_rng(1).normal(size=(16, 6)).astype(np.float32)
+def teacher_and_student(seed: int):
+    """Two small SCDH models of different initial weights, a batch, and the student's own loss
+    and its codes' per-bit mean squared difference to the teacher's on that batch."""
+    x = np.random.default_rng(seed).normal(size=(16, 6)).astype(np.float32)
     labels = keras.utils.to_categorical(np.arange(16) % 3, 3)
     keras.utils.set_random_seed(0)
     teacher = build_scdh(mlp(6, (8,), dropout=0.0), 3, 8)
@@ -47,6 +49,11 @@ def test_distillation_adds_its_weight_times_the_codes_squared_distance_to_the_te
     own = float(student.compute_loss(x=x, y=labels, y_pred=y_pred))
     gap = float(np.mean((np.asarray(y_pred["codes"]) - np.asarray(teacher(x)["codes"])) ** 2))
     assert gap > 0
+    return x, labels, y_pred, teacher, student, own, gap
+
+
+def test_distillation_adds_its_weight_times_the_codes_squared_distance_to_the_teachers():
+    x, labels, y_pred, teacher, student, own, gap = teacher_and_student(1)
     distilled(student, teacher, 2.5)
     np.testing.assert_allclose(float(student.compute_loss(x=x, y=labels, y_pred=y_pred)), own + 2.5 * gap, rtol=1e-5)
     assert distilled(student, student, 0.0) is student  # weight 0: nothing more added
@@ -56,15 +63,7 @@ def test_distillation_adds_its_weight_times_the_codes_squared_distance_to_the_te
 def test_fit_trains_on_the_distilled_loss():
     """Keras's train step calls the patched ``compute_loss``: one step at learning rate 0 logs
     the student's own loss plus the term."""
-    x = np.random.default_rng(2).normal(size=(16, 6)).astype(np.float32)
-    labels = keras.utils.to_categorical(np.arange(16) % 3, 3)
-    keras.utils.set_random_seed(0)
-    teacher = build_scdh(mlp(6, (8,), dropout=0.0), 3, 8)
-    keras.utils.set_random_seed(1)
-    student = build_scdh(mlp(6, (8,), dropout=0.0), 3, 8)
-    y_pred = student(x)
-    own = float(student.compute_loss(x=x, y=labels, y_pred=y_pred))
-    gap = float(np.mean((np.asarray(y_pred["codes"]) - np.asarray(teacher(x)["codes"])) ** 2))
+    x, labels, _, teacher, student, own, gap = teacher_and_student(2)
     distilled(student, teacher, 3.0).compile(optimizer=keras.optimizers.SGD(0.0))
     logged = student.fit(x, labels, batch_size=16, epochs=1, verbose=0, shuffle=False).history["loss"][0]
     np.testing.assert_allclose(logged, own + 3.0 * gap, rtol=1e-4)
