@@ -120,6 +120,28 @@ def encoded_views(images: np.ndarray, shift: int) -> list[np.ndarray]:
     return [view for m in moved for view in (m, m[:, :, ::-1])]
 
 
+def averaged_codes(models, views: list[np.ndarray]) -> np.ndarray:
+    """The codes of images seen as ``views`` (each the same images, e.g. :func:`encoded_views`):
+    every model's continuous codes of every view summed before the sign (one model: encoding
+    over the views; two: an ensemble)."""
+    return sign_codes(sum(m.continuous_codes(v) for v in views for m in models))
+
+
+def keeping_first(kept: list, make, wrap=lambda model: model):
+    """A build for :func:`tfhash.trunk_cache.fit_on_cache` from ``make`` (the cached top -> the
+    model) that keeps the first model it builds (the one trained on the cache; the second is the
+    full model) in ``kept`` and returns it through ``wrap``."""
+
+    def build_model(top):
+        model = make(top)
+        if kept:
+            return model
+        kept.append(model)
+        return wrap(model)
+
+    return build_model
+
+
 def distilled(student, teacher, weight: float):
     """``student`` trained with ``weight`` x the mean (over the batch and the bits) of the squared
     difference of its continuous codes to ``teacher``'s on the same (cached, possibly mixed)
@@ -154,21 +176,10 @@ def run(args, images, labels, split) -> dict:
     if args.distil is None:
         return train_row(args, images, labels, split, build(args.method, args.bits, args.seed, args.options))
     teachers, students = [], []  # the cached models (fit_on_cache's first build; its second is the full model)
-
-    def teacher_build(top):
-        model = build(args.method, args.bits, args.seed, args.options)(top)
-        if not teachers:
-            teachers.append(model)
-        return model
-
-    def student_build(top):
-        model = build(args.method, args.bits, args.seed, args.options, student_seed)(top)
-        if students:
-            return model
-        students.append(model)
-        return distilled(model, teachers[0], args.distil)
-
     student_seed = args.seed + 1000 if args.student_seed is None else args.student_seed
+    teacher_build = keeping_first(teachers, build(args.method, args.bits, args.seed, args.options))
+    student_build = keeping_first(students, build(args.method, args.bits, args.seed, args.options, student_seed),
+                                  lambda model: distilled(model, teachers[0], args.distil))
     teacher = train_row(args, images, labels, split, teacher_build)
     student = train_row(args, images, labels, split, student_build,
                         extra_callbacks=[CopyCentres(teachers[0])] if hasattr(teachers[0], "clusters") else [], partner=teachers[0])  # fmt: skip
@@ -206,15 +217,14 @@ def train_row(args, images, labels, split, build_model, extra_callbacks=(), part
             self.activations = activations
 
         def on_train_end(self, logs=None):
-            codes = lambda views: sign_codes(sum(self.model.continuous_codes(v) for v in views))  # noqa: E731
-            score = lambda q, db: evaluate_retrieval(codes(q), codes(db), labels[curve_q], labels[curve_db]).mean_average_precision()  # noqa: E731
+            score = lambda q, db, models: evaluate_retrieval(averaged_codes(models, q), averaged_codes(models, db), labels[curve_q],  # noqa: E731
+                                                             labels[curve_db]).mean_average_precision()  # fmt: skip
             (q, db) = self.activations
-            flipped["mAP@all"] = score(q[:2], db[:2])
+            flipped["mAP@all"] = score(q[:2], db[:2], (self.model,))
             if partner is not None:
-                pair = lambda views: sign_codes(sum(m.continuous_codes(v) for v in views for m in (self.model, partner)))  # noqa: E731
-                flipped["ensemble"] = evaluate_retrieval(pair(q[:2]), pair(db[:2]), labels[curve_q], labels[curve_db]).mean_average_precision()
+                flipped["ensemble"] = score(q[:2], db[:2], (self.model, partner))
             if args.test_shift:
-                flipped["shifts"] = score(q, db)
+                flipped["shifts"] = score(q, db, (self.model,))
 
     def callbacks(cut):
         trunk = lambda x: np.asarray(cut.trunk.predict(x, batch_size=256, verbose=0), np.float32)  # noqa: E731
@@ -300,13 +310,12 @@ def train_row(args, images, labels, split, build_model, extra_callbacks=(), part
                                     labels[split.query], labels[split.database])  # fmt: skip
         row.update({"mAP@all": report.mean_average_precision(), "P@H<=2": float(report.precision_at_radius(2)),
                     "encode + score seconds": round(time.perf_counter() - start, 1)})  # fmt: skip
-        mirrored = lambda rows: sign_codes(model.continuous_codes(images[rows]) + model.continuous_codes(images[rows][:, :, ::-1]))  # noqa: E731
-        report = evaluate_retrieval(mirrored(split.query), mirrored(split.database), labels[split.query], labels[split.database])
+        viewed = lambda rows, shift: averaged_codes((model,), encoded_views(images[rows], shift))  # noqa: E731
+        report = evaluate_retrieval(viewed(split.query, 0), viewed(split.database, 0), labels[split.query], labels[split.database])
         row.update({"mAP@all mirrored": report.mean_average_precision(), "P@H<=2 mirrored": float(report.precision_at_radius(2))})
         if args.test_shift:
-            viewed = lambda rows: sign_codes(sum(model.continuous_codes(v) for v in encoded_views(images[rows], args.test_shift)))  # noqa: E731
-            row["mAP@all mirrored and shifted"] = evaluate_retrieval(viewed(split.query), viewed(split.database), labels[split.query],
-                                                                     labels[split.database]).mean_average_precision()  # fmt: skip
+            row["mAP@all mirrored and shifted"] = evaluate_retrieval(viewed(split.query, args.test_shift), viewed(split.database, args.test_shift),
+                                                                     labels[split.query], labels[split.database]).mean_average_precision()  # fmt: skip
     row["peak RSS GB"] = round(peak_rss_gb(), 2)
     return row
 

@@ -1,5 +1,6 @@
-"""The CIFAR-10 trunk-cache benchmark's own pieces: the views encoded at test time and the
-distillation term (``python -m benchmarks.trunk_cache --test-shift / --distil``)."""
+"""The CIFAR-10 trunk-cache benchmark's own pieces: the views encoded at test time, codes summed
+over views and models (an ensemble), and the distillation's term, centres and build
+(``python -m benchmarks.trunk_cache --test-shift / --distil``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,16 @@ import keras
 import numpy as np
 import pytest
 
-from benchmarks.trunk_cache import distilled, encoded_views, parse_args, shifted
+from benchmarks.trunk_cache import (
+    CopyCentres,
+    averaged_codes,
+    distilled,
+    encoded_views,
+    keeping_first,
+    parse_args,
+    shifted,
+)
+from tfhash.codes import sign_codes
 from tfhash.models import build_scdh
 from tfhash.models.backbones import mlp
 
@@ -58,6 +68,30 @@ def test_distillation_adds_its_weight_times_the_codes_squared_distance_to_the_te
     np.testing.assert_allclose(float(student.compute_loss(x=x, y=labels, y_pred=y_pred)), own + 2.5 * gap, rtol=1e-5)
     assert distilled(student, student, 0.0) is student  # weight 0: nothing more added
     np.testing.assert_allclose(float(student.compute_loss(x=x, y=labels, y_pred=y_pred)), own + 2.5 * gap, rtol=1e-5)
+
+
+def test_codes_over_views_and_models_sum_every_continuous_code_before_the_sign():
+    x, _, _, teacher, student, _, _ = teacher_and_student(2)
+    mirror = x[:, ::-1]
+    np.testing.assert_array_equal(averaged_codes((student,), [x]), sign_codes(student.continuous_codes(x)))
+    pair = averaged_codes((student, teacher), [x, mirror])
+    total = sum(np.asarray(m.continuous_codes(v)) for v in (x, mirror) for m in (student, teacher))
+    np.testing.assert_array_equal(pair, sign_codes(total))
+    assert not np.array_equal(pair, averaged_codes((student,), [x, mirror]))  # the partner's codes count
+
+
+def test_the_second_model_starts_from_the_teachers_centres_and_only_the_cached_build_is_kept():
+    _, _, _, teacher, student, _, _ = teacher_and_student(3)
+    assert not np.allclose(student.clusters.get_weights()[0], teacher.clusters.get_weights()[0])
+    copy = CopyCentres(teacher)
+    copy.set_model(student)
+    copy.on_train_begin()
+    np.testing.assert_array_equal(student.clusters.get_weights()[0], teacher.clusters.get_weights()[0])
+    kept, wrapped = [], []
+    build = keeping_first(kept, lambda top: ("model", top), lambda model: wrapped.append(model) or ("wrapped", model))
+    assert build("cached") == ("wrapped", ("model", "cached"))
+    assert build("full") == ("model", "full")  # the second build (the full model) is neither kept nor wrapped
+    assert kept == wrapped == [("model", "cached")]
 
 
 def test_fit_trains_on_the_distilled_loss():
