@@ -434,21 +434,32 @@ def check_designs(parser: argparse.ArgumentParser, args) -> None:
         parser.error("--timing measures seconds per epoch; --distil and --test-shift score quality: drop them or --timing")
 
 
+def paired_designs(row: dict) -> str:
+    """A row's numbers from its paired designs (``--test-shift``, ``--distil``), for its table:
+    with shifts, the teacher's, and the ensemble of the two, which only the curve scores (empty
+    without them)."""
+    test = row["mode"] == "test"
+    named = {"teacher": row.get("teacher", {}).get("mAP@all mirrored" if test else "curve mAP@all with flips"),
+             f"{row.get('test shift')}-px shifts": row.get("mAP@all mirrored and shifted", row.get("curve mAP@all with flips and shifts")),
+             "ensemble (on the curve)" if test else "ensemble": row.get("curve mAP@all with flips, with the teacher's codes")}  # fmt: skip
+    return "; ".join(f"{name} {value:.4f}" for name, value in named.items() if value is not None)
+
+
 def markdown(rows: list[dict]) -> str:
-    rows = [{"backbone": "squeezenet", **r} for r in rows]
+    rows = [{"backbone": "squeezenet", **r, "paired designs": paired_designs(r)} for r in rows]
     lines = ["# CIFAR-10, an ImageNet network trained above a cached frozen trunk (python -m benchmarks.trunk_cache)", "",
              "SCDH Table I, AlexNet fine-tuned, mAP@all: " + ", ".join(f"{b} bits {v}" for b, v in SCDH_TABLE_I_ALEXNET.items()),
              "", "## Test protocol (last epoch)", "",
              markdown_table([r for r in rows if r["mode"] == "test"],
                             ["label", "backbone", "method", "bits", "size", "cut", "views", "mixup", "precision", "epochs", "mAP@all", "P@H<=2",
-                             "mAP@all mirrored", "P@H<=2 mirrored",
+                             "mAP@all mirrored", "P@H<=2 mirrored", "paired designs",
                              "cache + train seconds", "cache GB", "peak RSS GB", "seed", "cpu", "note"]), "",
              "## Validation (500 held-out training images against the other 500; 4,000 train)", "",
              markdown_table([{**r, "last mAP@all": r["curve"][-1]["mAP@all"] if r["curve"] else None,
                               "settings": json.dumps({**r["recipe"], **({"options": r["options"]} if r.get("options") else {})})}
                              for r in rows if r["mode"] == "validation"],
                             ["label", "backbone", "method", "bits", "size", "cut", "views", "mixup", "precision", "epochs", "last mAP@all",
-                             "curve mAP@all with flips", "settings", "cache + train seconds", "seed", "cpu", "note"]), "",
+                             "curve mAP@all with flips", "paired designs", "settings", "cache + train seconds", "seed", "cpu", "note"]), "",
              "## Seconds per epoch: cache against full fine-tuning (5,000 images, batch 64)", "",
              markdown_table([r for r in rows if r["mode"] == "timing"],
                             ["label", "backbone", "size", "cut", "views", "precision", "measured epochs", "cached seconds per epoch",

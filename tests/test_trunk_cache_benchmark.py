@@ -14,6 +14,7 @@ from benchmarks.trunk_cache import (
     distilled,
     encoded_views,
     keeping_first,
+    paired_designs,
     parse_args,
     shifted,
 )
@@ -122,3 +123,12 @@ def test_designs_the_run_cannot_honour_are_refused_before_anything_loads(flags, 
     assert names in capsys.readouterr().err
     args = parse_args(["--test-shift", "2", "--distil", "0", "--student-seed", "0", "--method", "HCLM"])
     assert (args.test_shift, args.distil, args.student_seed) == (2, 0.0, 0)
+
+
+def test_the_tables_show_a_rows_paired_designs_in_its_own_protocol():
+    assert paired_designs({"mode": "validation", "curve mAP@all with flips": 0.85}) == ""
+    validation = {"mode": "validation", "test shift": 2, "curve mAP@all with flips and shifts": 0.84071,
+                  "curve mAP@all with flips, with the teacher's codes": 0.855, "teacher": {"curve mAP@all with flips": 0.8507, "mAP@all mirrored": 0.1}}
+    assert paired_designs(validation) == "teacher 0.8507; 2-px shifts 0.8407; ensemble 0.8550"
+    test = {**validation, "mode": "test", "mAP@all mirrored and shifted": 0.83, "teacher": {"curve mAP@all with flips": 0.2, "mAP@all mirrored": 0.8406}}
+    assert paired_designs(test) == "teacher 0.8406; 2-px shifts 0.8300; ensemble (on the curve) 0.8550"
