@@ -10,7 +10,8 @@ search; a row counts what was answered wrongly and what was lost.
   --processes 2``: the failed requests and their codes, the time until the supervisor's new
   process serves (the service reports every process ready), the rate after against before.
 * **parent_killed**: SIGKILL of the supervising parent: the time until every child has exited and
-  the port can be bound again, and a new service serving on it.
+  the port can be bound again, the failed requests' codes and the longest a client waited for one,
+  and a new service serving on it.
 * **model_server_killed**: SIGKILL of ``tfhash serve model`` while a search service encodes through
   it: code queries keep being answered; feature queries fail UNAVAILABLE naming the model server;
   both are answered again once a model server returns on the port.
@@ -253,8 +254,12 @@ def parent_killed(setup: dict, rng: random.Random) -> dict:
         serves_again = sum(o[3] == "OK" for o in after.outcomes) > 0 and after.wrong() == 0
     finally:
         _end(again)
+    failures = [o for o in load.outcomes if o[3] != "OK"]
+    longest = max(failures, key=lambda o: o[1] - o[0], default=None)  # the failure a client waited longest for, as it read
     return {"children_exited": exited, "children_exit_s": round(children_exit_s, 2), "port_freed": freed, "port_free_s": round(port_free_s, 2),
-            "wrong": load.wrong() + after.wrong(), "failure_codes": dict(Counter(o[3] for o in load.outcomes if o[3] != "OK")),
+            "wrong": load.wrong() + after.wrong(), "failure_codes": dict(Counter(o[3] for o in failures)),
+            "longest_failure_s": round(longest[1] - longest[0], 2) if longest else 0.0,
+            "longest_failure": f"{longest[3]}: {longest[5][:120]}" if longest else "",
             "new_service_serves": serves_again}  # fmt: skip
 
 
