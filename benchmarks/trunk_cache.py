@@ -120,11 +120,33 @@ def encoded_views(images: np.ndarray, shift: int) -> list[np.ndarray]:
     return [view for m in moved for view in (m, m[:, :, ::-1])]
 
 
-def averaged_codes(models, views: list[np.ndarray]) -> np.ndarray:
-    """The codes of images seen as ``views`` (each the same images, e.g. :func:`encoded_views`):
-    every model's continuous codes of every view summed before the sign (one model: encoding
-    over the views; two: an ensemble)."""
-    return sign_codes(sum(m.continuous_codes(v) for v in views for m in models))
+def averaged_codes(continuous: list[np.ndarray]) -> np.ndarray:
+    """The codes of images from several continuous codes of them (each view of them, e.g.
+    :func:`encoded_views`, through each model): summed before the sign (one model: encoding over
+    the views; two: an ensemble)."""
+    return sign_codes(sum(continuous))
+
+
+def protocol_scores(model, images: np.ndarray, labels: np.ndarray, split, shift: int) -> dict:
+    """The test protocol's fields of ``model`` (``split.query`` against ``split.database``):
+    mAP@all and P@H<=2 of the plain images' codes, with the seconds to encode and score them;
+    the same encoded with mirrors; with ``shift`` > 0, mAP@all encoded over the ten views of
+    :func:`encoded_views`. Every view of every image goes through the model once."""
+    splits = (split.query, split.database)
+    scored = lambda codes, views: evaluate_retrieval(*(averaged_codes(c[:views]) for c in codes),  # noqa: E731
+                                                     labels[split.query], labels[split.database])  # fmt: skip
+    start = time.perf_counter()
+    codes = [[model.continuous_codes(images[rows])] for rows in splits]
+    plain = scored(codes, 1)
+    fields = {"mAP@all": plain.mean_average_precision(), "P@H<=2": float(plain.precision_at_radius(2)),
+              "encode + score seconds": round(time.perf_counter() - start, 1)}  # fmt: skip
+    for known, rows in zip(codes, splits, strict=True):
+        known.extend(model.continuous_codes(view) for view in encoded_views(images[rows], shift)[1:])  # view 0: the plain images
+    mirrored = scored(codes, 2)
+    fields.update({"mAP@all mirrored": mirrored.mean_average_precision(), "P@H<=2 mirrored": float(mirrored.precision_at_radius(2))})
+    if shift:
+        fields["mAP@all mirrored and shifted"] = scored(codes, len(codes[0])).mean_average_precision()
+    return fields
 
 
 def keeping_first(kept: list, make, wrap=lambda model: model):
@@ -217,8 +239,8 @@ def train_row(args, images, labels, split, build_model, extra_callbacks=(), part
             self.activations = activations
 
         def on_train_end(self, logs=None):
-            score = lambda q, db, models: evaluate_retrieval(averaged_codes(models, q), averaged_codes(models, db), labels[curve_q],  # noqa: E731
-                                                             labels[curve_db]).mean_average_precision()  # fmt: skip
+            score = lambda q, db, models: evaluate_retrieval(*(averaged_codes([m.continuous_codes(v) for v in views for m in models]) for views in (q, db)),  # noqa: E731
+                                                             labels[curve_q], labels[curve_db]).mean_average_precision()  # fmt: skip
             (q, db) = self.activations
             flipped["mAP@all"] = score(q[:2], db[:2], (self.model,))
             if partner is not None:
@@ -305,17 +327,7 @@ def train_row(args, images, labels, split, build_model, extra_callbacks=(), part
            **({"curve mAP@all with flips, with the teacher's codes": flipped["ensemble"]} if partner is not None else {}),
            **{f"curve mAP@all with flips, ema {m}": flipped[f"ema{m}"] for m in args.ema}}  # fmt: skip
     if not args.validation:
-        start = time.perf_counter()
-        report = evaluate_retrieval(model.encode(images[split.query]), model.encode(images[split.database]),
-                                    labels[split.query], labels[split.database])  # fmt: skip
-        row.update({"mAP@all": report.mean_average_precision(), "P@H<=2": float(report.precision_at_radius(2)),
-                    "encode + score seconds": round(time.perf_counter() - start, 1)})  # fmt: skip
-        viewed = lambda rows, shift: averaged_codes((model,), encoded_views(images[rows], shift))  # noqa: E731
-        report = evaluate_retrieval(viewed(split.query, 0), viewed(split.database, 0), labels[split.query], labels[split.database])
-        row.update({"mAP@all mirrored": report.mean_average_precision(), "P@H<=2 mirrored": float(report.precision_at_radius(2))})
-        if args.test_shift:
-            row["mAP@all mirrored and shifted"] = evaluate_retrieval(viewed(split.query, args.test_shift), viewed(split.database, args.test_shift),
-                                                                     labels[split.query], labels[split.database]).mean_average_precision()  # fmt: skip
+        row.update(protocol_scores(model, images, labels, split, args.test_shift))
     row["peak RSS GB"] = round(peak_rss_gb(), 2)
     return row
 

@@ -16,9 +16,12 @@ from benchmarks.trunk_cache import (
     keeping_first,
     paired_designs,
     parse_args,
+    protocol_scores,
     shifted,
 )
 from tfhash.codes import sign_codes
+from tfhash.data.splits import Split
+from tfhash.metrics import evaluate_retrieval
 from tfhash.models import build_scdh
 from tfhash.models.backbones import mlp
 
@@ -74,11 +77,45 @@ def test_distillation_adds_its_weight_times_the_codes_squared_distance_to_the_te
 def test_codes_over_views_and_models_sum_every_continuous_code_before_the_sign():
     x, _, _, teacher, student, _, _ = teacher_and_student(2)
     mirror = x[:, ::-1]
-    np.testing.assert_array_equal(averaged_codes((student,), [x]), sign_codes(student.continuous_codes(x)))
-    pair = averaged_codes((student, teacher), [x, mirror])
-    total = sum(np.asarray(m.continuous_codes(v)) for v in (x, mirror) for m in (student, teacher))
-    np.testing.assert_array_equal(pair, sign_codes(total))
-    assert not np.array_equal(pair, averaged_codes((student,), [x, mirror]))  # the partner's codes count
+    np.testing.assert_array_equal(averaged_codes([student.continuous_codes(x)]), sign_codes(student.continuous_codes(x)))
+    continuous = [np.asarray(m.continuous_codes(v)) for v in (x, mirror) for m in (student, teacher)]
+    pair = averaged_codes(continuous)
+    np.testing.assert_array_equal(pair, sign_codes(sum(continuous)))
+    assert not np.array_equal(pair, averaged_codes(continuous[::2]))  # the partner's codes count
+
+
+class CountingEncoder:
+    """Continuous codes of small pictures (their pixels through a small SCDH model), counting the
+    pictures encoded."""
+
+    def __init__(self):
+        keras.utils.set_random_seed(0)
+        self.model, self.images = build_scdh(mlp(4 * 4 * 3, (8,), dropout=0.0), 3, 8), 0
+
+    def continuous_codes(self, x):
+        self.images += len(x)
+        return self.model.continuous_codes(np.reshape(x, (len(x), -1)))
+
+
+@pytest.mark.parametrize("shift", [0, 1])
+def test_the_test_protocol_scores_plain_mirrored_and_shifted_codes_encoding_every_view_once(shift):
+    images = np.random.default_rng(0).normal(size=(30, 4, 4, 3)).astype(np.float32)
+    labels = np.arange(30) % 3
+    split = Split(query=np.arange(6), database=np.arange(6, 30), train=np.arange(6, 30), seed=0, protocol="test")
+    counting = CountingEncoder()
+    fields = protocol_scores(counting, images, labels, split, shift)
+    assert counting.images == 30 * (10 if shift else 2)  # every view of every image once
+    codes = lambda rows, views: averaged_codes([counting.continuous_codes(v) for v in encoded_views(images[rows], shift)[:views]])  # noqa: E731
+    assert not np.array_equal(codes(split.database, 1), codes(split.database, 2))  # the mirrors change codes here
+    expect = lambda views: evaluate_retrieval(codes(split.query, views), codes(split.database, views), labels[:6], labels[6:])  # noqa: E731
+    assert fields["mAP@all"] == pytest.approx(expect(1).mean_average_precision())
+    assert fields["P@H<=2"] == pytest.approx(float(expect(1).precision_at_radius(2)))
+    assert fields["mAP@all mirrored"] == pytest.approx(expect(2).mean_average_precision())
+    assert fields["P@H<=2 mirrored"] == pytest.approx(float(expect(2).precision_at_radius(2)))
+    assert ("mAP@all mirrored and shifted" in fields) == bool(shift)
+    if shift:
+        assert fields["mAP@all mirrored and shifted"] == pytest.approx(expect(10).mean_average_precision())
+    assert fields["encode + score seconds"] >= 0
 
 
 def test_the_second_model_starts_from_the_teachers_centres_and_only_the_cached_build_is_kept():
