@@ -426,8 +426,10 @@ def test_a_recipe_fills_the_training_section_under_its_own_keys():
     tags[np.arange(32), rng.integers(0, 5, 32)] = 1.0  # every row has a label
     history = model.fit(rng.normal(size=(32, 12)).astype("float32"), tags, epochs=2, batch_size=16, verbose=0)
     assert np.isfinite(history.history["loss"]).all()
-    with pytest.raises(ValueError, match="unknown kind of data"):
+    with pytest.raises(ValueError, match="unknown kind of data.*'single-label photos' for single-label images"):
         PipelineConfig(name="x", training={"recipe": "audio"})
+    with pytest.raises(ValueError, match="'single-label photo' names an unknown kind.*'single-label photos' for single"):
+        PipelineConfig(name="x", training={"recipe": "single-label photo"})
     with pytest.raises(ValueError, match="trains an MLP on feature vectors"):
         PipelineConfig(name="x", modality="text", training={"recipe": "multi-label", "backbone": "small_cnn"})
     for kind in ("single-label", "single-label pixels"):  # fixed feature vectors only; the pipeline's are images

@@ -198,6 +198,8 @@ def test_uneven_classes_are_held_out_at_random_and_a_wrong_kind_is_refused():
     assert len(split.query) == int(len(keep) * 0.2) // 2
     with pytest.raises(TuningError, match="kind 'multi-label' does not fit.*single-label"):
         tune(x, y, bits=16, kind="multi-label", budget=SMALL)
+    with pytest.raises(TuningError, match="unknown kind of data 'single-label photo'; choose one of .*'single-label photos'"):
+        tune(x, y, bits=16, kind="single-label photo", budget=SMALL)  # the photos' kind is named among the choices
     with pytest.raises(TuningError, match="the pipeline's Tuner searches the recipes of.*these are single-label data"):
         prepare(x, y, bits=16, in_pipeline=True)  # as the Tuner component calls it
     with pytest.raises(ValueError, match="dict of 3 modalities"):

@@ -423,8 +423,7 @@ def pipeline_recipe(kind: str):
     Raises:
         ValueError: an unknown kind, or one the pipeline does not train.
     """
-    recipe = recommended(kind)
     if kind not in PIPELINE_KINDS:
-        raise ValueError(f"training.recipe {kind!r} is for fixed feature vectors (python -m benchmarks.peers); the "
-                         f"pipeline takes {PIPELINE_KINDS}, and {PHOTOS!r} for single-label images")  # fmt: skip
-    return recipe
+        why = "is for fixed feature vectors (python -m benchmarks.peers)" if kind in DATA_KINDS else "names an unknown kind of data"
+        raise ValueError(f"training.recipe {kind!r} {why}; the pipeline takes {PIPELINE_KINDS}, and {PHOTOS!r} for single-label images")
+    return recommended(kind)

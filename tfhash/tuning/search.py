@@ -568,7 +568,7 @@ def prepare(x, labels, bits: int, seed: int = 0, budget: Budget | None = None, *
     found = data_kind(x, labels)
     kind = found if kind is None else kind
     if kind not in SEARCH_SPACES:
-        raise TuningError(f"unknown kind of data {kind!r}; choose one of {sorted(SEARCH_SPACES)}")
+        raise TuningError(f"unknown kind of data {kind!r}; choose one of {sorted([*SEARCH_SPACES, PHOTOS])}")
     if kind.split()[0] != found:  # "single-label pixels" is single-label data
         raise TuningError(f"kind {kind!r} does not fit these inputs and labels, which are {found} data")
     if in_pipeline and kind not in PIPELINE_KINDS:
